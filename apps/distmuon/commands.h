@@ -1,0 +1,30 @@
+#pragma once
+// Subcommands of the distmuon CLI. Each file cmd_<name>.cpp adds one subcommand; its callback
+// runs the command and may throw: main() catches once, prints the error and exits non-zero
+// (aborting the MPI job when other ranks could be left waiting).
+
+#include <CLI/CLI.hpp>
+
+#include "distmuon/comm.h"
+#include "distmuon/newton_schulz.h"
+
+namespace distmuon::cli {
+
+struct Context {
+  Communicator world = local_communicator();
+};
+
+// Options shared by commands that run Newton-Schulz.
+struct NsCliOptions {
+  std::string coefficients = "quintic";
+  std::string custom;  // "a,b,c;a,b,c" when coefficients == "custom"
+  int steps = 5;
+  bool syrk = true;
+  void add_to(CLI::App& app);
+  NsOptions resolve() const;
+};
+
+void add_demo_command(CLI::App& app, Context& ctx);
+void add_orthogonalize_command(CLI::App& app, Context& ctx);
+
+}  // namespace distmuon::cli

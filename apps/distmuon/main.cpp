@@ -1,0 +1,50 @@
+// distmuon command-line tool. Runs as one process or under mpirun.
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "commands.h"
+#include "distmuon/error.h"
+
+int main(int argc, char** argv) {
+  using namespace distmuon;
+  std::optional<MpiRuntime> mpi;
+  cli::Context ctx;
+  try {
+    if (launched_by_mpi()) {
+      mpi.emplace(&argc, &argv);
+      ctx.world = mpi_world();
+    }
+    spdlog::set_pattern(ctx.world.size() > 1 ? "[%l] [rank " + std::to_string(ctx.world.rank()) + "] %v" : "[%l] %v");
+    if (ctx.world.rank() != 0) spdlog::set_level(spdlog::level::warn);
+
+    CLI::App app{"distmuon: Muon's Newton-Schulz orthogonalisation on sharded weights"};
+    app.require_subcommand(1);
+    std::string log_level = "info";
+    app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+    app.parse_complete_callback([&] {
+      if (ctx.world.rank() == 0) spdlog::set_level(spdlog::level::from_str(log_level));
+    });
+    cli::add_demo_command(app, ctx);
+    cli::add_orthogonalize_command(app, ctx);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      const int rc = ctx.world.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+      return rc;
+    }
+    return 0;
+  } catch (const CollectiveError& e) {
+    if (ctx.world.rank() == 0) std::cerr << "distmuon: error: " << e.what() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "distmuon: error" << (ctx.world.size() > 1 ? " on rank " + std::to_string(ctx.world.rank()) : "")
+              << ": " << e.what() << std::endl;
+    // Rank-local failures would leave the other ranks waiting in a collective; errors that every
+    // rank agreed on (Communicator::agree_or_throw) end each rank on its own.
+    if (ctx.world.size() > 1) ctx.world.abort(1);
+    return 1;
+  }
+}

@@ -1,0 +1,31 @@
+#include "commands.h"
+#include "distmuon/error.h"
+
+namespace distmuon::cli {
+
+void NsCliOptions::add_to(CLI::App& app) {
+  app.add_option("--coefficients", coefficients, "Coefficient set: simple, quintic, polar_express, cans, aol, "
+                                                  "deepseekv4, cubic5, custom")
+      ->capture_default_str();
+  app.add_option("--custom-coefficients", custom, "With --coefficients custom: 'a,b,c;a,b,c;...'");
+  app.add_option("--steps", steps, "Newton-Schulz steps (>= 1)")->capture_default_str();
+  app.add_flag("--syrk,!--no-syrk", syrk, "Symmetric products with BLAS syrk (default) or gemm")
+      ->capture_default_str();
+}
+
+NsOptions NsCliOptions::resolve() const {
+  NsOptions o;
+  if (coefficients == "custom") {
+    if (custom.empty()) throw Error("--coefficients custom needs --custom-coefficients 'a,b,c;...'");
+    o.coefficients = parse_custom_coefficients(custom);
+  } else {
+    if (!custom.empty()) throw Error("--custom-coefficients is only valid with --coefficients custom");
+    o.coefficients = coefficient_set(coefficients);
+  }
+  o.steps = steps;
+  o.use_syrk = syrk;
+  o.validate();
+  return o;
+}
+
+}  // namespace distmuon::cli

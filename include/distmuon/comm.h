@@ -1,0 +1,147 @@
+#pragma once
+// Communicators: a small value type (Communicator) over a shared implementation (CommImpl).
+// Backends: "local" (one rank, collectives are real no-ops), "mpi" (OpenMPI), and a counting
+// decorator for tests. The interface speaks in buffers, counts and element types so that a
+// device backend (NCCL) can implement it on device memory.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace distmuon {
+
+enum class DType { kF32, kF64, kI32, kI64, kU8 };
+std::size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::kF32;
+  else if constexpr (std::is_same_v<T, double>) return DType::kF64;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::kI32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::kI64;
+  else {
+    static_assert(std::is_same_v<T, std::uint8_t> || std::is_same_v<T, char>, "unsupported element type");
+    return DType::kU8;
+  }
+}
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+class CommImpl {
+ public:
+  virtual ~CommImpl() = default;
+  virtual std::string backend() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // recv[r * count + i] = send_of_rank_r[i]; recv holds size() * count elements.
+  virtual void all_gather(const void* send, void* recv, std::size_t count, DType t) = 0;
+  // In-place reduction of count elements across all ranks.
+  virtual void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) = 0;
+  // recv (count elements) = reduction over ranks of send[rank * count, (rank + 1) * count).
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) = 0;
+  virtual void broadcast(void* buf, std::size_t count, DType t, int root) = 0;
+  virtual void barrier() = 0;
+  // Ranks with the same color form a new communicator, ordered by (key, old rank).
+  virtual std::shared_ptr<CommImpl> split(int color, int key) = 0;
+  // Aborts every process of the job (used by the CLI after an unrecoverable rank-local error).
+  virtual void abort(int code) = 0;
+};
+
+class Communicator {
+ public:
+  explicit Communicator(std::shared_ptr<CommImpl> impl);
+
+  int rank() const { return impl_->rank(); }
+  int size() const { return impl_->size(); }
+  std::string backend() const { return impl_->backend(); }
+  CommImpl& impl() const { return *impl_; }
+  const std::shared_ptr<CommImpl>& impl_ptr() const { return impl_; }
+
+  // Typed helpers; sizes are checked (recv.size() == size() * send.size()).
+  template <typename T>
+  void all_gather(std::span<const T> send, std::span<T> recv) const {
+    check_gather(send.size(), recv.size());
+    impl_->all_gather(send.data(), recv.data(), send.size(), dtype_of<T>());
+  }
+  template <typename T>
+  std::vector<T> all_gather(const T& value) const {
+    std::vector<T> out(static_cast<std::size_t>(size()));
+    impl_->all_gather(&value, out.data(), 1, dtype_of<T>());
+    return out;
+  }
+  template <typename T>
+  void all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::kSum) const {
+    impl_->all_reduce(buf.data(), buf.size(), dtype_of<T>(), op);
+  }
+  template <typename T>
+  T all_reduce(T value, ReduceOp op = ReduceOp::kSum) const {
+    impl_->all_reduce(&value, 1, dtype_of<T>(), op);
+    return value;
+  }
+  template <typename T>
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op = ReduceOp::kSum) const {
+    check_gather(recv.size(), send.size());
+    impl_->reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>(), op);
+  }
+  template <typename T>
+  void broadcast(std::span<T> buf, int root) const {
+    impl_->broadcast(buf.data(), buf.size(), dtype_of<T>(), root);
+  }
+  // Broadcasts a string of any length from root.
+  std::string broadcast_string(const std::string& s, int root) const;
+  void barrier() const { impl_->barrier(); }
+  Communicator split(int color, int key) const;
+  [[noreturn]] void abort(int code) const;
+
+  // True on every rank if ok is true on every rank. Use it before a collective whose
+  // preconditions are checked rank-locally, so that one rank's failure does not hang the others.
+  bool all_ok(bool ok) const;
+  // Throws distmuon::Error on every rank when any rank passes ok == false; the message carries
+  // the failing ranks and the first failing rank's reason.
+  void agree_or_throw(bool ok, const std::string& what, const std::string& reason = {}) const;
+
+ private:
+  void check_gather(std::size_t send, std::size_t recv) const;
+  std::shared_ptr<CommImpl> impl_;
+};
+
+// A single-rank communicator whose collectives are copies or no-ops.
+Communicator local_communicator();
+
+// MPI. MpiRuntime initialises MPI (if not yet initialised) and finalises it on destruction
+// when it did the initialisation. mpi_world() requires an initialised MPI.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  static bool available();  // built with MPI support
+ private:
+  bool owns_ = false;
+};
+Communicator mpi_world();
+// True when this process was launched by mpirun/mpiexec (so MPI should be initialised).
+bool launched_by_mpi();
+// The world communicator a program should use: MPI's when launched by mpirun, else local.
+Communicator world_communicator();
+
+// Counting decorator: forwards to an inner communicator and records, per operation, how many
+// calls were made and how many bytes this rank contributed (the payload size per call, as the
+// cost model counts it: all_gather = count * size * elem, all_reduce = count * elem).
+struct CommStats {
+  struct Op {
+    std::size_t calls = 0;
+    std::size_t bytes = 0;
+  };
+  Op all_gather, all_reduce, reduce_scatter, broadcast, barrier;
+  void reset() { *this = CommStats{}; }
+};
+Communicator counting_communicator(Communicator inner, std::shared_ptr<CommStats> stats);
+
+}  // namespace distmuon

@@ -1,0 +1,97 @@
+#pragma once
+// Newton-Schulz orthogonalisation, as Muon uses it.
+//
+// For an M x N input G the iteration works along the smaller dimension s = min(M, N):
+//   X = G / max(||G||_F, eps)
+//   per step with coefficients (a, b, c):  A = X X^T (s x s),  B = b A + c A A,  X = a X + B X
+//   (when c == 0: X = a X + b A X, without forming A A).
+// A wide G (M <= N) is iterated as is. A tall G is iterated as X = G^T without any copy: with
+// Y = G the same step reads A = Y^T Y, Y = a Y + Y B (B is symmetric), i.e. the Gram matrix is
+// taken on the right. The caller may force either side.
+//
+// The same step is written once for local and distributed matrices: when a group is given, the
+// local sum of squares and every Gram matrix are summed over the group before use. That is the
+// `distributed` tensor-parallel mode; group size 1 is plain NS.
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distmuon/comm.h"
+#include "distmuon/compute.h"
+#include "distmuon/matrix.h"
+
+namespace distmuon {
+
+struct NsCoefficients {
+  double a = 0, b = 0, c = 0;
+  friend bool operator==(const NsCoefficients&, const NsCoefficients&) = default;
+};
+
+// A named schedule of coefficient tuples. Past the end of the table a schedule either cycles
+// or repeats its last tuple.
+struct CoefficientSet {
+  enum class Tail { kCycle, kRepeatLast };
+  std::string name;
+  std::vector<NsCoefficients> table;
+  Tail tail = Tail::kCycle;
+  std::optional<int> required_steps;  // cubic5 must run exactly 5 steps
+
+  // The coefficients of step `step` (0-based).
+  const NsCoefficients& at(int step) const;
+  // Throws distmuon::Error when `steps` is not valid for this set.
+  void validate_steps(int steps) const;
+};
+
+// Built-in sets: simple, quintic, polar_express, cans, aol, deepseekv4, cubic5.
+const CoefficientSet& coefficient_set(std::string_view name);  // throws, listing valid names
+std::vector<std::string> coefficient_set_names();
+// A user-defined schedule (cycles).
+CoefficientSet custom_coefficients(std::vector<NsCoefficients> table);
+// Parses "a,b,c;a,b,c;..." into a custom schedule.
+CoefficientSet parse_custom_coefficients(std::string_view text);
+
+// Which side the Gram matrix is taken on: kRows: A = X X^T (rows x rows), kCols: A = X^T X.
+enum class GramSide { kAuto, kRows, kCols };
+
+struct NsOptions {
+  CoefficientSet coefficients = coefficient_set("quintic");
+  int steps = 5;
+  bool use_syrk = true;       // symmetric products with syrk (measured faster, see README)
+  double eps = 1e-15;         // X / max(||X||_F, eps)
+  bool norm_in_double = true; // accumulate the Frobenius norm in double
+  GramSide side = GramSide::kAuto;  // kAuto: the smaller dimension
+
+  void validate() const;  // throws distmuon::Error with the valid values
+};
+
+// Reusable scratch for the iteration (avoids reallocations across calls of the same shape).
+struct NsWorkspace {
+  Matrix gram, poly, next;
+};
+
+// Orthogonalises x in place. With a group, x is this rank's piece of a matrix split along the
+// side that is NOT the Gram side, and the norm and Gram matrices are summed over the group.
+// Non-finite input throws; an all-zero input returns zeros.
+void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute = cpu_compute(),
+                           const Communicator* group = nullptr, NsWorkspace* ws = nullptr);
+
+// Convenience: a new orthogonalised matrix.
+Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts = {}, Compute& compute = cpu_compute());
+
+// FLOPs of one NS run of an m x n matrix as executed (Gram on the side given, syrk or gemm).
+double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side = GramSide::kAuto,
+                const CoefficientSet* coefficients = nullptr);
+// The plain-GEMM count used for reporting GFLOP/s: steps * (4 s^2 L + 2 s^3).
+double ns_gemm_flops(Index m, Index n, int steps);
+
+}  // namespace distmuon
+
+namespace distmuon {
+
+// Singular values of a (descending), computed in double through LAPACK (eigenvalues of the
+// smaller Gram matrix). For diagnostics and tests: how orthogonal a result is.
+std::vector<double> singular_values(ConstMatrixView a);
+
+}  // namespace distmuon

@@ -1,0 +1,56 @@
+#pragma once
+// Tensor-parallel Newton-Schulz: orthogonalising a matrix whose equal shards live on the ranks
+// of a group, and the process groups (TP x GTP x data-parallel replicas) that hold them.
+//
+// Modes (for a full M x N matrix split along partition_dim over G ranks):
+//  - blockwise:   NS of the local shard on its own; no communication (changes the maths).
+//  - duplicated:  all-gather the shards, NS of the full matrix along min(M, N) on every rank,
+//                 keep this rank's slice. One all-gather of M N elements.
+//  - distributed: keep the shard; normalise by the global Frobenius norm (one all-reduce of a
+//                 double) and all-reduce the Gram matrix once per step. partition_dim 0 iterates
+//                 on shard^T (Gram N x N), partition_dim 1 on the shard (Gram M x M).
+//  - auto:        resolved per weight by the cost model (see cost_model.h) before calling here.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "distmuon/comm.h"
+#include "distmuon/compute.h"
+#include "distmuon/matrix.h"
+#include "distmuon/newton_schulz.h"
+
+namespace distmuon {
+
+enum class TpMode { kBlockwise, kDuplicated, kDistributed, kAuto };
+TpMode parse_tp_mode(std::string_view name);  // throws, listing the valid names
+const char* to_string(TpMode mode);
+
+// Partition dimension of a sharded matrix: kNone (replicated), 0 (rows) or 1 (columns).
+inline constexpr int kNoPartition = -1;
+int parse_partition_dim(std::string_view text);  // "none", "0", "1"
+
+// Orthogonalises this rank's shard in place. Shards must be equal on every rank of the group;
+// a mismatch throws distmuon::CollectiveError on every rank (checked once per distinct shape).
+// partition_dim kNoPartition (or a group of one) is the local NS whatever the mode.
+// mode must not be kAuto (resolve it first).
+void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& group, TpMode mode,
+                      const NsOptions& opts, Compute& compute = cpu_compute());
+
+// Splits a full matrix into `parts` equal shards along dim (throws if not divisible), and
+// reassembles shards (in rank order) into the full matrix.
+Matrix shard_of(ConstMatrixView full, int dim, int parts, int index);
+Matrix unshard(const std::vector<Matrix>& shards, int dim);
+
+// Communicators of one rank for world = TP x GTP x replicas, TP varying fastest (Megatron):
+// world_rank = tp_rank + tp * (gtp_rank + gtp * replica).
+struct ProcessGroups {
+  Communicator world;
+  Communicator tp;   // ranks that share gtp_rank and replica
+  Communicator gtp;  // ranks that share tp_rank and replica
+  Communicator dp;   // all ranks with the same tp_rank (the data-parallel ranks: GTP x replicas)
+  int tp_size = 1, gtp_size = 1, replicas = 1;
+};
+ProcessGroups make_process_groups(const Communicator& world, int tp_size, int gtp_size);
+
+}  // namespace distmuon

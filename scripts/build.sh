@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Configures and builds distmuon (Release) into build/. Installs missing dependencies first.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/install-deps.sh"
+cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$root/build" --parallel "$(nproc)"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command: installs missing dependencies, builds, and runs every test (1, 2 and 4 ranks).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/build.sh"
+cd "$root/build"
+ctest --output-on-failure --timeout 300 "$@"

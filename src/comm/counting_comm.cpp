@@ -1,0 +1,54 @@
+// Counting decorator used by tests to check what each mode sends.
+#include "distmuon/comm.h"
+
+namespace distmuon {
+namespace {
+
+class CountingComm final : public CommImpl {
+ public:
+  CountingComm(std::shared_ptr<CommImpl> inner, std::shared_ptr<CommStats> stats)
+      : inner_(std::move(inner)), stats_(std::move(stats)) {}
+  std::string backend() const override { return "counting(" + inner_->backend() + ")"; }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
+    record(stats_->all_gather, count * static_cast<std::size_t>(size()) * dtype_size(t));
+    inner_->all_gather(send, recv, count, t);
+  }
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
+    record(stats_->all_reduce, count * dtype_size(t));
+    inner_->all_reduce(buf, count, t, op);
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    record(stats_->reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(t));
+    inner_->reduce_scatter(send, recv, count, t, op);
+  }
+  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    record(stats_->broadcast, count * dtype_size(t));
+    inner_->broadcast(buf, count, t, root);
+  }
+  void barrier() override {
+    record(stats_->barrier, 0);
+    inner_->barrier();
+  }
+  std::shared_ptr<CommImpl> split(int color, int key) override {
+    return std::make_shared<CountingComm>(inner_->split(color, key), stats_);
+  }
+  void abort(int code) override { inner_->abort(code); }
+
+ private:
+  static void record(CommStats::Op& op, std::size_t bytes) {
+    ++op.calls;
+    op.bytes += bytes;
+  }
+  std::shared_ptr<CommImpl> inner_;
+  std::shared_ptr<CommStats> stats_;
+};
+
+}  // namespace
+
+Communicator counting_communicator(Communicator inner, std::shared_ptr<CommStats> stats) {
+  return Communicator(std::make_shared<CountingComm>(inner.impl_ptr(), std::move(stats)));
+}
+
+}  // namespace distmuon

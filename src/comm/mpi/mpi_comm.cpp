@@ -1,0 +1,149 @@
+// MPI backend (OpenMPI). Every call's return code is checked; errors become distmuon::Error with
+// the MPI error string, the operation and the rank.
+#include <fmt/format.h>
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include "distmuon/comm.h"
+#include "distmuon/error.h"
+
+#include <cstring>
+#include <limits>
+
+namespace distmuon {
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kF64: return MPI_DOUBLE;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kI64: return MPI_INT64_T;
+    case DType::kU8: return MPI_UINT8_T;
+  }
+  DISTMUON_ASSERT(false, "unknown dtype");
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  DISTMUON_ASSERT(false, "unknown reduce op");
+}
+
+int world_rank_or_minus_one() {
+  int init = 0;
+  if (MPI_Initialized(&init) != MPI_SUCCESS || !init) return -1;
+  int r = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+void check_mpi(int rc, const char* op, const std::string& detail = {}) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(fmt::format("MPI {}{}{} failed on world rank {}: {}", op, detail.empty() ? "" : " ", detail,
+                          world_rank_or_minus_one(), std::string(msg, static_cast<std::size_t>(len))));
+}
+
+int checked_count(std::size_t count, const char* op) {
+  if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    throw Error(fmt::format("MPI {}: {} elements exceed MPI's int count", op, count));
+  }
+  return static_cast<int>(count);
+}
+
+class MpiComm final : public CommImpl {
+ public:
+  MpiComm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "Comm_set_errhandler");
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "Comm_size");
+  }
+  ~MpiComm() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);  // best effort in a destructor
+  }
+
+  std::string backend() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
+    const int n = checked_count(count, "Allgather");
+    const void* src = send == recv ? MPI_IN_PLACE : send;
+    if (send == recv) {
+      // In place: our chunk must already sit at recv[rank * count]; move it there.
+      std::memmove(static_cast<char*>(recv) + static_cast<std::size_t>(rank_) * count * dtype_size(t), send,
+                   count * dtype_size(t));
+    }
+    check_mpi(MPI_Allgather(src, n, mpi_type(t), recv, n, mpi_type(t), comm_), "Allgather",
+              detail(count, t));
+  }
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count, "Allreduce"), mpi_type(t), mpi_op(op), comm_),
+              "Allreduce", detail(count, t));
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    check_mpi(MPI_Reduce_scatter_block(send, recv, checked_count(count, "Reduce_scatter_block"), mpi_type(t),
+                                       mpi_op(op), comm_),
+              "Reduce_scatter_block", detail(count, t));
+  }
+  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    if (root < 0 || root >= size_) {
+      throw Error(fmt::format("MPI Bcast: root {} outside a group of {}", root, size_));
+    }
+    check_mpi(MPI_Bcast(buf, checked_count(count, "Bcast"), mpi_type(t), root, comm_), "Bcast", detail(count, t));
+  }
+  void barrier() override { check_mpi(MPI_Barrier(comm_), "Barrier"); }
+  std::shared_ptr<CommImpl> split(int color, int key) override {
+    if (color < 0) throw Error(fmt::format("MPI Comm_split: color {} must be non-negative", color));
+    MPI_Comm out = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color, key, &out), "Comm_split", fmt::format("(color {}, key {})", color, key));
+    return std::make_shared<MpiComm>(out, true);
+  }
+  void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
+
+ private:
+  std::string detail(std::size_t count, DType t) const {
+    return fmt::format("({} x {} on rank {} of {})", count, dtype_name(t), rank_, size_);
+  }
+  MPI_Comm comm_;
+  bool owned_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int init = 0;
+  check_mpi(MPI_Initialized(&init), "Initialized");
+  if (!init) {
+    check_mpi(MPI_Init(argc, argv), "Init");
+    owns_ = true;
+  }
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_ && !finalized) MPI_Finalize();
+}
+
+bool MpiRuntime::available() { return true; }
+
+Communicator mpi_world() {
+  int init = 0;
+  check_mpi(MPI_Initialized(&init), "Initialized");
+  if (!init) throw Error("mpi_world: MPI is not initialised (create a distmuon::MpiRuntime first)");
+  return Communicator(std::make_shared<MpiComm>(MPI_COMM_WORLD, false));
+}
+
+}  // namespace distmuon

@@ -1,0 +1,160 @@
+// CPU compute backend over CBLAS (OpenBLAS).
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+
+#include "distmuon/compute.h"
+#include "distmuon/error.h"
+
+namespace distmuon {
+namespace {
+
+CBLAS_TRANSPOSE cblas_trans(Trans t) { return t == Trans::kYes ? CblasTrans : CblasNoTrans; }
+Index op_rows(ConstMatrixView a, Trans t) { return t == Trans::kYes ? a.cols : a.rows; }
+Index op_cols(ConstMatrixView a, Trans t) { return t == Trans::kYes ? a.rows : a.cols; }
+
+void check_ld(const char* op, const char* name, Index cols, Index ld) {
+  if (ld < std::max<Index>(1, cols)) {
+    throw Error(fmt::format("{}: leading dimension {} of {} is smaller than its {} columns", op, ld, name, cols));
+  }
+}
+
+std::once_flag threads_once;
+void init_threads() {
+  std::call_once(threads_once, [] {
+    int threads = 1;
+    if (const char* env = std::getenv("DISTMUON_BLAS_THREADS")) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (end == env || *end != '\0' || v < 1 || v > 1024) {
+        throw Error(fmt::format("DISTMUON_BLAS_THREADS='{}' is not a thread count in [1, 1024]", env));
+      }
+      threads = static_cast<int>(v);
+    }
+    openblas_set_num_threads(threads);
+  });
+}
+
+class CpuCompute final : public Compute {
+ public:
+  std::string name() const override { return "cpu-openblas"; }
+
+  void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
+            MatrixView c) override {
+    init_threads();
+    const Index m = op_rows(a, ta), k = op_cols(a, ta), n = op_cols(b, tb);
+    if (op_rows(b, tb) != k || c.rows != m || c.cols != n) {
+      throw Error(fmt::format("gemm: op(a) {} x op(b) {} does not fit c {}", shape_str(m, k),
+                              shape_str(op_rows(b, tb), n), shape_str(c.rows, c.cols)));
+    }
+    check_ld("gemm", "a", a.cols, a.ld);
+    check_ld("gemm", "b", b.cols, b.ld);
+    check_ld("gemm", "c", c.cols, c.ld);
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      scale(c, beta);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), static_cast<blasint>(m),
+                static_cast<blasint>(n), static_cast<blasint>(k), alpha, a.data,
+                static_cast<blasint>(a.ld), b.data, static_cast<blasint>(b.ld), beta, c.data,
+                static_cast<blasint>(c.ld));
+  }
+
+  void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
+    init_threads();
+    const Index n = op_rows(a, ta), k = op_cols(a, ta);
+    if (c.rows != n || c.cols != n) {
+      throw Error(fmt::format("syrk: op(a) {} needs a {} output, got {}", shape_str(n, k),
+                              shape_str(n, n), shape_str(c.rows, c.cols)));
+    }
+    check_ld("syrk", "a", a.cols, a.ld);
+    check_ld("syrk", "c", c.cols, c.ld);
+    if (n == 0) return;
+    if (k == 0) {
+      scale(c, beta);
+      return;
+    }
+    cblas_ssyrk(CblasRowMajor, CblasUpper, cblas_trans(ta), static_cast<blasint>(n),
+                static_cast<blasint>(k), alpha, a.data, static_cast<blasint>(a.ld), beta, c.data,
+                static_cast<blasint>(c.ld));
+    // Mirror the upper triangle into the lower one (O(n^2), against O(n^2 k) for the product).
+    for (Index i = 1; i < n; ++i) {
+      float* row = c.data + i * c.ld;
+      for (Index j = 0; j < i; ++j) row[j] = c.data[j * c.ld + i];
+    }
+  }
+
+  double sum_squares(ConstMatrixView a, bool in_double) override {
+    if (in_double) {
+      double s = 0.0;
+      for (Index i = 0; i < a.rows; ++i) {
+        const float* row = a.data + i * a.ld;
+        for (Index j = 0; j < a.cols; ++j) s += static_cast<double>(row[j]) * row[j];
+      }
+      return s;
+    }
+    float s = 0.0f;
+    for (Index i = 0; i < a.rows; ++i) {
+      const float* row = a.data + i * a.ld;
+      for (Index j = 0; j < a.cols; ++j) s += row[j] * row[j];
+    }
+    return s;
+  }
+
+  void scale(MatrixView a, float alpha) override {
+    for (Index i = 0; i < a.rows; ++i) {
+      float* row = a.data + i * a.ld;
+      if (alpha == 0.0f) {
+        for (Index j = 0; j < a.cols; ++j) row[j] = 0.0f;  // also clears NaN/Inf, like BLAS beta=0
+      } else {
+        for (Index j = 0; j < a.cols; ++j) row[j] *= alpha;
+      }
+    }
+  }
+
+  void axpby(float alpha, ConstMatrixView x, float beta, MatrixView y) override {
+    if (x.rows != y.rows || x.cols != y.cols) {
+      throw Error(fmt::format("axpby: shape mismatch {} vs {}", shape_str(x), shape_str(y.rows, y.cols)));
+    }
+    for (Index i = 0; i < y.rows; ++i) {
+      const float* xr = x.data + i * x.ld;
+      float* yr = y.data + i * y.ld;
+      if (beta == 0.0f) {
+        for (Index j = 0; j < y.cols; ++j) yr[j] = alpha * xr[j];
+      } else {
+        for (Index j = 0; j < y.cols; ++j) yr[j] = alpha * xr[j] + beta * yr[j];
+      }
+    }
+  }
+
+  void add_diagonal(MatrixView a, float alpha) override {
+    if (a.rows != a.cols) {
+      throw Error(fmt::format("add_diagonal: matrix {} is not square", shape_str(a.rows, a.cols)));
+    }
+    for (Index i = 0; i < a.rows; ++i) a(i, i) += alpha;
+  }
+};
+
+}  // namespace
+
+Compute& cpu_compute() {
+  static CpuCompute instance;
+  return instance;
+}
+
+void set_blas_threads(int threads) {
+  if (threads < 1) throw Error(fmt::format("set_blas_threads: {} is not a positive thread count", threads));
+  init_threads();
+  openblas_set_num_threads(threads);
+}
+
+int blas_threads() {
+  init_threads();
+  return openblas_get_num_threads();
+}
+
+}  // namespace distmuon

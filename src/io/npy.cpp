@@ -1,0 +1,151 @@
+#include "distmuon/npy.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "distmuon/error.h"
+
+namespace distmuon {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "distmuon's .npy support assumes a little-endian host");
+
+constexpr char kMagic[] = "\x93NUMPY";
+
+[[noreturn]] void bad(const std::filesystem::path& path, const std::string& what) {
+  throw Error(fmt::format("read_npy '{}': {}", path.string(), what));
+}
+
+std::string errno_str() { return std::strerror(errno); }
+
+// Extracts the value of 'key' from the header dict text.
+std::string header_field(const std::filesystem::path& path, const std::string& header, const std::string& key,
+                         const std::string& value_regex) {
+  const std::regex re("['\"]" + key + "['\"]\\s*:\\s*(" + value_regex + ")");
+  std::smatch m;
+  if (!std::regex_search(header, m, re)) bad(path, fmt::format("header has no valid '{}' field: {}", key, header));
+  return m[1].str();
+}
+
+}  // namespace
+
+Matrix read_npy(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) bad(path, "cannot open: " + errno_str());
+  char magic[6] = {};
+  if (!in.read(magic, 6) || std::memcmp(magic, kMagic, 6) != 0) bad(path, "not a .npy file (bad magic)");
+  unsigned char version[2] = {};
+  if (!in.read(reinterpret_cast<char*>(version), 2)) bad(path, "truncated before the version");
+  std::size_t header_len = 0;
+  if (version[0] == 1) {
+    unsigned char len[2];
+    if (!in.read(reinterpret_cast<char*>(len), 2)) bad(path, "truncated header length");
+    header_len = len[0] | (static_cast<std::size_t>(len[1]) << 8);
+  } else if (version[0] == 2 || version[0] == 3) {
+    unsigned char len[4];
+    if (!in.read(reinterpret_cast<char*>(len), 4)) bad(path, "truncated header length");
+    header_len = len[0] | (static_cast<std::size_t>(len[1]) << 8) | (static_cast<std::size_t>(len[2]) << 16) |
+                 (static_cast<std::size_t>(len[3]) << 24);
+  } else {
+    bad(path, fmt::format("unsupported format version {}.{}", version[0], version[1]));
+  }
+  if (header_len > (1u << 20)) bad(path, fmt::format("header length {} is implausible", header_len));
+  std::string header(header_len, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(header_len))) bad(path, "truncated header");
+
+  const std::string descr = header_field(path, header, "descr", "'[^']*'|\"[^\"]*\"");
+  const std::string dtype = descr.substr(1, descr.size() - 2);
+  if (dtype != "<f4" && dtype != "=f4" && dtype != "f4") {
+    bad(path, fmt::format("dtype '{}' is not float32 ('<f4'); convert with arr.astype(numpy.float32)", dtype));
+  }
+  if (header_field(path, header, "fortran_order", "True|False") != "False") {
+    bad(path, "Fortran-ordered arrays are not supported; save numpy.ascontiguousarray(arr)");
+  }
+  const std::string shape_text = header_field(path, header, "shape", "\\([^)]*\\)");
+  std::vector<Index> dims;
+  const std::regex num("\\d+");
+  for (auto it = std::sregex_iterator(shape_text.begin(), shape_text.end(), num); it != std::sregex_iterator(); ++it) {
+    dims.push_back(std::stoll(it->str()));
+  }
+  if (dims.size() != 2) bad(path, fmt::format("array has rank {} (shape {}); a 2-D matrix is required", dims.size(), shape_text));
+
+  Matrix m(dims[0], dims[1]);
+  const auto bytes = static_cast<std::streamsize>(sizeof(float) * static_cast<std::size_t>(m.size()));
+  if (bytes > 0 && !in.read(reinterpret_cast<char*>(m.data()), bytes)) {
+    bad(path, fmt::format("truncated data: {} needs {} bytes, file has {}", shape_str(dims[0], dims[1]), bytes, in.gcount()));
+  }
+  return m;
+}
+
+void write_file_atomic(const std::filesystem::path& path, const void* data, std::size_t size) {
+  const std::filesystem::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(fmt::format("write '{}': cannot create '{}': {}", path.string(), tmp.string(), errno_str()));
+  auto fail = [&](const std::string& what) {
+    const std::string err = errno_str();
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("write '{}': {}: {}", path.string(), what, err));
+  };
+  const char* p = static_cast<const char*>(data);
+  std::size_t left = size;
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("write failed");
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) fail("fsync failed");
+  if (::close(fd) != 0) {
+    const std::string err = errno_str();
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("write '{}': close failed: {}", path.string(), err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = errno_str();
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("write '{}': rename from '{}' failed: {}", path.string(), tmp.string(), err));
+  }
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {  // directory fsync makes the rename durable; not all file systems support it
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void write_npy(const std::filesystem::path& path, ConstMatrixView m) {
+  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}", m.rows, m.cols);
+  // Pad so that magic + version + length + header + '\n' is a multiple of 64 bytes.
+  const std::size_t preamble = 6 + 2 + 2;
+  const std::size_t total = preamble + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header.push_back('\n');
+  std::vector<char> buf;
+  buf.reserve(preamble + header.size() + sizeof(float) * static_cast<std::size_t>(m.size()));
+  buf.insert(buf.end(), kMagic, kMagic + 6);
+  buf.push_back(1);
+  buf.push_back(0);
+  buf.push_back(static_cast<char>(header.size() & 0xff));
+  buf.push_back(static_cast<char>((header.size() >> 8) & 0xff));
+  buf.insert(buf.end(), header.begin(), header.end());
+  for (Index i = 0; i < m.rows; ++i) {
+    const char* row = reinterpret_cast<const char*>(m.data + i * m.ld);
+    buf.insert(buf.end(), row, row + sizeof(float) * static_cast<std::size_t>(m.cols));
+  }
+  write_file_atomic(path, buf.data(), buf.size());
+}
+
+}  // namespace distmuon

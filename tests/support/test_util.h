@@ -1,0 +1,38 @@
+#pragma once
+// Shared test helpers: the world communicator of the test process, random matrices and a
+// float64 reference Newton-Schulz written straight from the definition (no BLAS).
+
+#include <cstdint>
+#include <vector>
+
+#include "distmuon/comm.h"
+#include "distmuon/matrix.h"
+#include "distmuon/newton_schulz.h"
+
+namespace distmuon::test {
+
+// MPI world when the test runs under mpirun, else the local communicator.
+const Communicator& world();
+
+// Gaussian N(0, 1) entries from a fixed seed (identical on every rank).
+Matrix random_matrix(Index rows, Index cols, std::uint64_t seed);
+
+// Row-major double matrix for references.
+struct DMatrix {
+  Index rows = 0, cols = 0;
+  std::vector<double> v;
+  double& operator()(Index i, Index j) { return v[static_cast<std::size_t>(i * cols + j)]; }
+  double operator()(Index i, Index j) const { return v[static_cast<std::size_t>(i * cols + j)]; }
+};
+
+// Newton-Schulz by its definition: transpose when tall, X = G / max(||G||, eps),
+// A = X X^T, B = b A + c A A, X = a X + B X (c == 0: X = a X + b A X).
+// Accumulates in T (double for the float64 reference, float for an independent fp32 one).
+template <typename T>
+Matrix reference_newton_schulz(ConstMatrixView g, const CoefficientSet& coefficients, int steps, double eps = 1e-15);
+
+// Rows [r0, r0 + n) / columns [c0, c0 + n) of m as a new matrix.
+Matrix slice_rows(ConstMatrixView m, Index r0, Index n);
+Matrix slice_cols(ConstMatrixView m, Index c0, Index n);
+
+}  // namespace distmuon::test
