@@ -98,8 +98,8 @@ class CharLm {
 
   // Mean cross-entropy of the batch in nats (accumulated in double). When grads is not null it
   // receives d(loss)/d(weights) for every parameter (overwritten, not accumulated); grads must
-  // have the config's shapes (CharLmWeights::zeros). Throws on a token or target outside
-  // [0, vocab), a batch of the wrong context, or weights of the wrong shapes.
+  // have the config's shapes (CharLmWeights::zeros). Throws on an empty batch, a token or target
+  // outside [0, vocab), a batch of the wrong context, or weights of the wrong shapes.
   double forward_backward(const CharLmWeights& weights, const CharBatch& batch,
                           CharLmWeights* grads, Compute& compute = cpu_compute());
   double loss(const CharLmWeights& weights, const CharBatch& batch,
@@ -132,7 +132,7 @@ class CharLm {
   std::vector<Block> blocks_;   // L
   std::vector<float> final_inv_rms_;
   Matrix final_normed_;         // [B, H]
-  Matrix probs_;                // [B, V]: softmax, then d(loss)/d(logits)
+  Matrix probs_;                // [B, V]: logits, then (with grads) d(loss)/d(logits)
   Matrix d_stream_, d_normed_;  // [B, H]
   Matrix d_act_;                // [B, F]
   Matrix d_x0_;                 // [B, C*E]
