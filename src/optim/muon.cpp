@@ -110,6 +110,7 @@ TpMode Muon::Impl::mode_of(ParamState& p) {
 Muon::Muon(MuonOptions options, Communicator world) {
   options.validate();
   impl_ = std::make_unique<Impl>(std::move(options), std::move(world));
+  if (impl_->options.tp_mode == TpMode::kAuto) impl_->auto_state = make_auto_state(impl_->options);
 }
 Muon::~Muon() = default;
 Muon::Muon(Muon&&) noexcept = default;

@@ -1,6 +1,6 @@
 #pragma once
 // The optimizer's state, shared by muon.cpp (registration, step), checkpoint.cpp (save, load)
-// and auto_mode.cpp (tp_mode=auto).
+// and muon_auto.cpp (tp_mode=auto).
 
 #include <map>
 #include <memory>
@@ -28,7 +28,7 @@ struct ParamState {
   bool sharded() const { return layout.tp_dim != kNoPartition || layout.gtp_size > 1; }
 };
 
-struct AutoState;  // auto_mode.cpp
+struct AutoState;  // muon_auto.cpp
 
 struct Muon::Impl {
   MuonOptions options;
@@ -54,7 +54,10 @@ struct Muon::Impl {
   TpMode mode_of(ParamState& p);
 };
 
-// tp_mode=auto (auto_mode.cpp): resolves p's mode over its groups and records it in p.
+// tp_mode=auto (muon_auto.cpp). The resolver of the options' profile and cost model; throws on
+// an invalid profile or model.
+std::unique_ptr<AutoState, void (*)(AutoState*)> make_auto_state(const MuonOptions& options);
+// Resolves p's mode over its groups and records it in p.
 TpMode resolve_auto_mode(Muon::Impl& impl, ParamState& p);
 // Restores a saved decision into the resolver's cache (checkpoint load).
 void restore_auto_decision(Muon::Impl& impl, const AutoKey& key, TpMode mode);
