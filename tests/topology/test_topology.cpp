@@ -2,6 +2,7 @@
 // fallback, and crosses_domain on sub-groups (np 4: ranks 0-1 in domain A and 2-3 in B, so {0,1}
 // is intra-domain and {0,2} crosses).
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <climits>
@@ -26,7 +27,11 @@ const char* kMissingNvml = "libdistmuon-test-no-such-nvml.so.1";
 // Clears the overrides before and after each test, and forgets the cached probe.
 class Topology : public ::testing::Test {
  protected:
-  void SetUp() override { clear(); }
+  void SetUp() override {
+    // The host-name fallback is logged once per process; only rank 0 of a test prints.
+    if (test::world().rank() != 0) spdlog::set_level(spdlog::level::warn);
+    clear();
+  }
   void TearDown() override { clear(); }
   static void clear() {
     unsetenv("DISTMUON_NVLINK_DOMAIN");
