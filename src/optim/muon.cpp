@@ -103,7 +103,6 @@ void Muon::Impl::prepare() {
 TpMode Muon::Impl::mode_of(ParamState& p) {
   if (p.mode) return *p.mode;
   if (options.tp_mode != TpMode::kAuto) return *(p.mode = options.tp_mode);
-  if (!p.sharded()) return *(p.mode = TpMode::kDuplicated);  // one full matrix: plain NS
   return resolve_auto_mode(*this, p);
 }
 
@@ -162,6 +161,8 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   p.muon = ps.use_muon && ps.role == ParamRole::kHidden;
   if (p.muon) {
     p.momentum = Matrix(ps.local.rows, ps.local.cols);
+    // One full matrix per rank: plain NS whatever the mode; auto has nothing to decide.
+    if (!p.sharded() && s.options.tp_mode == TpMode::kAuto) p.mode = TpMode::kDuplicated;
   } else {
     p.exp_avg = Matrix(ps.local.rows, ps.local.cols);
     p.exp_avg_sq = Matrix(ps.local.rows, ps.local.cols);

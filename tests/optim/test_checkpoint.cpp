@@ -170,7 +170,8 @@ TEST(Checkpoint, SaveLoadContinueIsBitForBit) {
   const int tp = w >= 4 ? 2 : 1;
   const Model m = make_model(tp, w / tp);
   SharedTempDir dir;
-  for (TpMode mode : {TpMode::kDuplicated, TpMode::kDistributed, TpMode::kBlockwise}) {
+  for (TpMode mode :
+       {TpMode::kDuplicated, TpMode::kDistributed, TpMode::kBlockwise, TpMode::kAuto}) {
     ModelRun whole(m, options(mode));
     whole.steps(m, 0, 6);
 
