@@ -187,6 +187,19 @@ void Muon::step(std::span<const ConstMatrixView> grads) {
       reason = fmt::format("gradient of '{}' is {}, its shard is {}", s.params[i].spec.name,
                            shape_str(grads[i]), shape_str(w));
     }
+    // Checked here, before any collective: a rank-local failure inside NS would strand the others.
+    // Padding rows (the shard's trailing local_pad rows) are ignored.
+    const ConstMatrixView g = grads[i];
+    const Index rows = reason.empty() ? g.rows - s.params[i].layout.local_pad() : 0;
+    for (Index r = 0; reason.empty() && r < rows; ++r) {
+      for (Index c = 0; c < g.cols; ++c) {
+        if (!std::isfinite(g(r, c))) {
+          reason = fmt::format("gradient of '{}' has a non-finite value at ({}, {}) of its shard",
+                               s.params[i].spec.name, r, c);
+          break;
+        }
+      }
+    }
   }
   s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
   ++s.step;

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -317,6 +318,23 @@ TEST(Checkpoint, ConfigurationDifferingBetweenRanksIsDetected) {
       ADD_FAILURE() << "different options were not detected";
     } catch (const CollectiveError& e) {
       EXPECT_NE(std::string(e.what()).find("/options/momentum"), std::string::npos) << e.what();
+    }
+  }
+  {
+    // A NaN gradient on one rank, in blockwise mode (no collective in NS): every rank raises.
+    ModelRun run(m, options(TpMode::kBlockwise));
+    std::vector<Matrix> g;
+    std::vector<ConstMatrixView> views;
+    for (const Matrix& x : run.local)
+      g.push_back(Matrix(x.rows(), x.cols()));
+    if (world.rank() == 1) g[0](0, 0) = std::nanf("");
+    for (const Matrix& x : g)
+      views.push_back(x.view());
+    try {
+      run.opt->step(views);
+      ADD_FAILURE() << "a non-finite gradient was not detected";
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
     }
   }
   {
