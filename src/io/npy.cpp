@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <regex>
@@ -17,7 +18,8 @@
 namespace distmuon {
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "distmuon's .npy support assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "distmuon's .npy support assumes a little-endian host");
 
 constexpr char kMagic[] = "\x93NUMPY";
 
@@ -25,14 +27,17 @@ constexpr char kMagic[] = "\x93NUMPY";
   throw Error(fmt::format("read_npy '{}': {}", path.string(), what));
 }
 
-std::string errno_str() { return std::strerror(errno); }
+std::string errno_str() {
+  return std::strerror(errno);
+}
 
 // Extracts the value of 'key' from the header dict text.
-std::string header_field(const std::filesystem::path& path, const std::string& header, const std::string& key,
-                         const std::string& value_regex) {
+std::string header_field(const std::filesystem::path& path, const std::string& header,
+                         const std::string& key, const std::string& value_regex) {
   const std::regex re("['\"]" + key + "['\"]\\s*:\\s*(" + value_regex + ")");
   std::smatch m;
-  if (!std::regex_search(header, m, re)) bad(path, fmt::format("header has no valid '{}' field: {}", key, header));
+  if (!std::regex_search(header, m, re))
+    bad(path, fmt::format("header has no valid '{}' field: {}", key, header));
   return m[1].str();
 }
 
@@ -42,7 +47,8 @@ Matrix read_npy(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) bad(path, "cannot open: " + errno_str());
   char magic[6] = {};
-  if (!in.read(magic, 6) || std::memcmp(magic, kMagic, 6) != 0) bad(path, "not a .npy file (bad magic)");
+  if (!in.read(magic, 6) || std::memcmp(magic, kMagic, 6) != 0)
+    bad(path, "not a .npy file (bad magic)");
   unsigned char version[2] = {};
   if (!in.read(reinterpret_cast<char*>(version), 2)) bad(path, "truncated before the version");
   std::size_t header_len = 0;
@@ -53,19 +59,24 @@ Matrix read_npy(const std::filesystem::path& path) {
   } else if (version[0] == 2 || version[0] == 3) {
     unsigned char len[4];
     if (!in.read(reinterpret_cast<char*>(len), 4)) bad(path, "truncated header length");
-    header_len = len[0] | (static_cast<std::size_t>(len[1]) << 8) | (static_cast<std::size_t>(len[2]) << 16) |
+    header_len = len[0] | (static_cast<std::size_t>(len[1]) << 8) |
+                 (static_cast<std::size_t>(len[2]) << 16) |
                  (static_cast<std::size_t>(len[3]) << 24);
   } else {
     bad(path, fmt::format("unsupported format version {}.{}", version[0], version[1]));
   }
-  if (header_len > (1u << 20)) bad(path, fmt::format("header length {} is implausible", header_len));
+  if (header_len > (1u << 20))
+    bad(path, fmt::format("header length {} is implausible", header_len));
   std::string header(header_len, '\0');
-  if (!in.read(header.data(), static_cast<std::streamsize>(header_len))) bad(path, "truncated header");
+  if (!in.read(header.data(), static_cast<std::streamsize>(header_len)))
+    bad(path, "truncated header");
 
   const std::string descr = header_field(path, header, "descr", "'[^']*'|\"[^\"]*\"");
   const std::string dtype = descr.substr(1, descr.size() - 2);
   if (dtype != "<f4" && dtype != "=f4" && dtype != "f4") {
-    bad(path, fmt::format("dtype '{}' is not float32 ('<f4'); convert with arr.astype(numpy.float32)", dtype));
+    bad(path,
+        fmt::format("dtype '{}' is not float32 ('<f4'); convert with arr.astype(numpy.float32)",
+                    dtype));
   }
   if (header_field(path, header, "fortran_order", "True|False") != "False") {
     bad(path, "Fortran-ordered arrays are not supported; save numpy.ascontiguousarray(arr)");
@@ -73,15 +84,42 @@ Matrix read_npy(const std::filesystem::path& path) {
   const std::string shape_text = header_field(path, header, "shape", "\\([^)]*\\)");
   std::vector<Index> dims;
   const std::regex num("\\d+");
-  for (auto it = std::sregex_iterator(shape_text.begin(), shape_text.end(), num); it != std::sregex_iterator(); ++it) {
-    dims.push_back(std::stoll(it->str()));
+  for (auto it = std::sregex_iterator(shape_text.begin(), shape_text.end(), num);
+       it != std::sregex_iterator(); ++it) {
+    const std::string digits = it->str();
+    if (digits.size() > 12)
+      bad(path, fmt::format("dimension {} in shape {} is implausible", digits, shape_text));
+    dims.push_back(std::stoll(digits));
   }
-  if (dims.size() != 2) bad(path, fmt::format("array has rank {} (shape {}); a 2-D matrix is required", dims.size(), shape_text));
+  if (dims.size() != 2)
+    bad(path, fmt::format("array has rank {} (shape {}); a 2-D matrix is required", dims.size(),
+                          shape_text));
 
+  // Compare with the file size before allocating, so that a corrupt shape cannot ask for an
+  // absurd allocation and a short or long file is reported as such.
+  std::error_code ec;
+  const auto file_size = std::filesystem::file_size(path, ec);
+  if (ec) bad(path, "cannot stat: " + ec.message());
+  const auto data_offset = static_cast<std::uintmax_t>(in.tellg());
+  const std::uintmax_t available = file_size - data_offset;
+  const auto rows = static_cast<std::uintmax_t>(dims[0]);
+  const auto cols = static_cast<std::uintmax_t>(dims[1]);
+  const bool fits = cols == 0 || rows <= available / sizeof(float) / cols;
+  const std::uintmax_t bytes = fits ? sizeof(float) * rows * cols : 0;
+  if (!fits || bytes > available) {
+    bad(path,
+        fmt::format(
+            "truncated data: a {} float32 matrix needs {} bytes, the file has {} after the header",
+            shape_str(dims[0], dims[1]), fits ? fmt::format("{}", bytes) : "more", available));
+  }
+  if (bytes < available) {
+    bad(path, fmt::format("{} unexpected bytes after the data of a {} float32 matrix",
+                          available - bytes, shape_str(dims[0], dims[1])));
+  }
   Matrix m(dims[0], dims[1]);
-  const auto bytes = static_cast<std::streamsize>(sizeof(float) * static_cast<std::size_t>(m.size()));
-  if (bytes > 0 && !in.read(reinterpret_cast<char*>(m.data()), bytes)) {
-    bad(path, fmt::format("truncated data: {} needs {} bytes, file has {}", shape_str(dims[0], dims[1]), bytes, in.gcount()));
+  if (bytes > 0 &&
+      !in.read(reinterpret_cast<char*>(m.data()), static_cast<std::streamsize>(bytes))) {
+    bad(path, fmt::format("read of {} data bytes failed: {}", bytes, errno_str()));
   }
   return m;
 }
@@ -89,7 +127,9 @@ Matrix read_npy(const std::filesystem::path& path) {
 void write_file_atomic(const std::filesystem::path& path, const void* data, std::size_t size) {
   const std::filesystem::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(fmt::format("write '{}': cannot create '{}': {}", path.string(), tmp.string(), errno_str()));
+  if (fd < 0)
+    throw Error(fmt::format("write '{}': cannot create '{}': {}", path.string(), tmp.string(),
+                            errno_str()));
   auto fail = [&](const std::string& what) {
     const std::string err = errno_str();
     ::close(fd);
@@ -116,9 +156,11 @@ void write_file_atomic(const std::filesystem::path& path, const void* data, std:
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string err = errno_str();
     ::unlink(tmp.c_str());
-    throw Error(fmt::format("write '{}': rename from '{}' failed: {}", path.string(), tmp.string(), err));
+    throw Error(
+        fmt::format("write '{}': rename from '{}' failed: {}", path.string(), tmp.string(), err));
   }
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const std::filesystem::path dir =
+      path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {  // directory fsync makes the rename durable; not all file systems support it
     ::fsync(dfd);
@@ -127,7 +169,8 @@ void write_file_atomic(const std::filesystem::path& path, const void* data, std:
 }
 
 void write_npy(const std::filesystem::path& path, ConstMatrixView m) {
-  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}", m.rows, m.cols);
+  std::string header = fmt::format(
+      "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}", m.rows, m.cols);
   // Pad so that magic + version + length + header + '\n' is a multiple of 64 bytes.
   const std::size_t preamble = 6 + 2 + 2;
   const std::size_t total = preamble + header.size() + 1;

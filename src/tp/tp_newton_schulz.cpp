@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -10,16 +12,33 @@
 namespace distmuon {
 namespace {
 
-// Shapes already verified equal across a group, keyed by the group's implementation.
-// A cheap all-gather of the shard shape runs the first time a (group, shape) pair is seen.
-void check_equal_shards(const Communicator& group, Index rows, Index cols, int partition_dim) {
-  static std::mutex mu;
-  static std::set<std::tuple<const void*, Index, Index, int>> seen;
-  const auto key = std::make_tuple(static_cast<const void*>(group.impl_ptr().get()), rows, cols, partition_dim);
-  {
+// Shapes already verified equal across a group. The cache is keyed by the group's implementation
+// through a weak_ptr (owner order), so a group created later at a reused address never inherits
+// another group's entries: every rank of a group sees the same cache state as long as all ranks
+// make the same calls, which keeps the one-time check itself collective.
+struct ShapeCache {
+  std::mutex mu;
+  std::map<std::weak_ptr<CommImpl>, std::set<std::tuple<Index, Index, int>>, std::owner_less<>>
+      seen;
+
+  bool contains(const Communicator& group, const std::tuple<Index, Index, int>& key) {
     std::lock_guard lock(mu);
-    if (seen.contains(key)) return;
+    const auto it = seen.find(group.impl_ptr());
+    return it != seen.end() && it->second.contains(key);
   }
+  void insert(const Communicator& group, const std::tuple<Index, Index, int>& key) {
+    std::lock_guard lock(mu);
+    std::erase_if(seen, [](const auto& entry) { return entry.first.expired(); });
+    seen[group.impl_ptr()].insert(key);
+  }
+};
+
+// A cheap all-gather of the shard shape runs the first time a (group, shape) pair is seen; a
+// mismatch throws CollectiveError on every rank, since every rank sees the same gathered shapes.
+void check_equal_shards(const Communicator& group, Index rows, Index cols, int partition_dim) {
+  static ShapeCache cache;
+  const auto key = std::make_tuple(rows, cols, partition_dim);
+  if (cache.contains(group, key)) return;
   const std::int64_t mine[3] = {rows, cols, partition_dim};
   std::vector<std::int64_t> all(3 * static_cast<std::size_t>(group.size()));
   group.all_gather<std::int64_t>(mine, all);
@@ -27,15 +46,16 @@ void check_equal_shards(const Communicator& group, Index rows, Index cols, int p
   for (int r = 0; r < group.size(); ++r) {
     const auto* s = &all[3 * static_cast<std::size_t>(r)];
     if (s[0] != all[0] || s[1] != all[1] || s[2] != all[2]) {
-      mismatch += fmt::format("{}rank {}: {} dim {}", mismatch.empty() ? "" : "; ", r, shape_str(s[0], s[1]), s[2]);
+      mismatch += fmt::format("{}rank {}: {} dim {}", mismatch.empty() ? "" : "; ", r,
+                              shape_str(s[0], s[1]), s[2]);
     }
   }
   if (!mismatch.empty()) {
-    throw CollectiveError(fmt::format("newton_schulz_tp: shards differ across the group of {} (rank 0: {} dim {}; {})",
-                                      group.size(), shape_str(all[0], all[1]), all[2], mismatch));
+    throw CollectiveError(fmt::format(
+        "newton_schulz_tp: shards differ across the group of {} (rank 0: {} dim {}; {})",
+        group.size(), shape_str(all[0], all[1]), all[2], mismatch));
   }
-  std::lock_guard lock(mu);
-  seen.insert(key);
+  cache.insert(group, key);
 }
 
 // All-gathers equal shards along dim into the full matrix (rank order).
@@ -54,7 +74,8 @@ Matrix gather_full(ConstMatrixView shard, int dim, const Communicator& group) {
   group.all_gather<float>({send, count}, stacked);
   Matrix full(shard.rows, shard.cols * g);
   for (int r = 0; r < g; ++r) {
-    const ConstMatrixView piece{stacked.data() + count * static_cast<std::size_t>(r), shard.rows, shard.cols, shard.cols};
+    const ConstMatrixView piece{stacked.data() + count * static_cast<std::size_t>(r), shard.rows,
+                                shard.cols, shard.cols};
     copy(piece, full.view().block(0, shard.cols * r, shard.rows, shard.cols));
   }
   return full;
@@ -67,15 +88,20 @@ TpMode parse_tp_mode(std::string_view name) {
   if (name == "duplicated") return TpMode::kDuplicated;
   if (name == "distributed") return TpMode::kDistributed;
   if (name == "auto") return TpMode::kAuto;
-  throw Error(fmt::format("unknown tp_mode '{}'; valid: blockwise, duplicated, distributed, auto", name));
+  throw Error(
+      fmt::format("unknown tp_mode '{}'; valid: blockwise, duplicated, distributed, auto", name));
 }
 
 const char* to_string(TpMode mode) {
   switch (mode) {
-    case TpMode::kBlockwise: return "blockwise";
-    case TpMode::kDuplicated: return "duplicated";
-    case TpMode::kDistributed: return "distributed";
-    case TpMode::kAuto: return "auto";
+    case TpMode::kBlockwise:
+      return "blockwise";
+    case TpMode::kDuplicated:
+      return "duplicated";
+    case TpMode::kDistributed:
+      return "distributed";
+    case TpMode::kAuto:
+      return "auto";
   }
   return "?";
 }
@@ -88,14 +114,16 @@ int parse_partition_dim(std::string_view text) {
 }
 
 Matrix shard_of(ConstMatrixView full, int dim, int parts, int index) {
-  if (dim != 0 && dim != 1) throw Error(fmt::format("shard_of: partition dim must be 0 or 1, got {}", dim));
+  if (dim != 0 && dim != 1)
+    throw Error(fmt::format("shard_of: partition dim must be 0 or 1, got {}", dim));
   const Index extent = dim == 0 ? full.rows : full.cols;
   if (parts < 1 || index < 0 || index >= parts || extent % parts != 0) {
-    throw Error(fmt::format("shard_of: cannot split {} into {} equal parts along dim {} (part {})", shape_str(full),
-                            parts, dim, index));
+    throw Error(fmt::format("shard_of: cannot split {} into {} equal parts along dim {} (part {})",
+                            shape_str(full), parts, dim, index));
   }
   const Index n = extent / parts;
-  return Matrix::from(dim == 0 ? full.block(n * index, 0, n, full.cols) : full.block(0, n * index, full.rows, n));
+  return Matrix::from(dim == 0 ? full.block(n * index, 0, n, full.cols)
+                               : full.block(0, n * index, full.rows, n));
 }
 
 Matrix unshard(const std::vector<Matrix>& shards, int dim) {
@@ -106,16 +134,19 @@ Matrix unshard(const std::vector<Matrix>& shards, int dim) {
   for (Index i = 0; i < g; ++i) {
     const Matrix& s = shards[static_cast<std::size_t>(i)];
     if (s.rows() != r || s.cols() != c) throw Error("unshard: shards differ in shape");
-    copy(s.view(), dim == 0 ? full.view().block(r * i, 0, r, c) : full.view().block(0, c * i, r, c));
+    copy(s.view(),
+         dim == 0 ? full.view().block(r * i, 0, r, c) : full.view().block(0, c * i, r, c));
   }
   return full;
 }
 
 void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& group, TpMode mode,
                       const NsOptions& opts, Compute& compute) {
-  if (mode == TpMode::kAuto) throw Error("newton_schulz_tp: tp_mode auto must be resolved before the call");
+  if (mode == TpMode::kAuto)
+    throw Error("newton_schulz_tp: tp_mode auto must be resolved before the call");
   if (partition_dim != kNoPartition && partition_dim != 0 && partition_dim != 1) {
-    throw Error(fmt::format("newton_schulz_tp: partition dim {} (valid: none, 0, 1)", partition_dim));
+    throw Error(
+        fmt::format("newton_schulz_tp: partition dim {} (valid: none, 0, 1)", partition_dim));
   }
   if (partition_dim == kNoPartition || group.size() == 1 || mode == TpMode::kBlockwise) {
     newton_schulz_inplace(shard, opts, compute);
@@ -140,16 +171,20 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
 ProcessGroups make_process_groups(const Communicator& world, int tp_size, int gtp_size) {
   const int w = world.size();
   if (tp_size < 1 || gtp_size < 1 || w % (tp_size * gtp_size) != 0) {
-    throw Error(fmt::format("process groups: world of {} ranks is not a multiple of TP {} x GTP {}", w, tp_size,
-                            gtp_size));
+    throw Error(fmt::format("process groups: world of {} ranks is not a multiple of TP {} x GTP {}",
+                            w, tp_size, gtp_size));
   }
   const int r = world.rank();
   const int tp_rank = r % tp_size;
   const int gtp_rank = (r / tp_size) % gtp_size;
   const int replica = r / (tp_size * gtp_size);
-  ProcessGroups g{world, world.split(gtp_rank + gtp_size * replica, tp_rank),
-                  world.split(tp_rank + tp_size * replica, gtp_rank), world.split(tp_rank, r),
-                  tp_size, gtp_size, w / (tp_size * gtp_size)};
+  ProcessGroups g{world,
+                  world.split(gtp_rank + gtp_size * replica, tp_rank),
+                  world.split(tp_rank + tp_size * replica, gtp_rank),
+                  world.split(tp_rank, r),
+                  tp_size,
+                  gtp_size,
+                  w / (tp_size * gtp_size)};
   return g;
 }
 

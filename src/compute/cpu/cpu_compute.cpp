@@ -2,6 +2,7 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
@@ -12,13 +13,39 @@
 namespace distmuon {
 namespace {
 
-CBLAS_TRANSPOSE cblas_trans(Trans t) { return t == Trans::kYes ? CblasTrans : CblasNoTrans; }
-Index op_rows(ConstMatrixView a, Trans t) { return t == Trans::kYes ? a.cols : a.rows; }
-Index op_cols(ConstMatrixView a, Trans t) { return t == Trans::kYes ? a.rows : a.cols; }
+CBLAS_TRANSPOSE cblas_trans(Trans t) {
+  return t == Trans::kYes ? CblasTrans : CblasNoTrans;
+}
+Index op_rows(ConstMatrixView a, Trans t) {
+  return t == Trans::kYes ? a.cols : a.rows;
+}
+Index op_cols(ConstMatrixView a, Trans t) {
+  return t == Trans::kYes ? a.rows : a.cols;
+}
 
 void check_ld(const char* op, const char* name, Index cols, Index ld) {
   if (ld < std::max<Index>(1, cols)) {
-    throw Error(fmt::format("{}: leading dimension {} of {} is smaller than its {} columns", op, ld, name, cols));
+    throw Error(fmt::format("{}: leading dimension {} of {} is smaller than its {} columns", op, ld,
+                            name, cols));
+  }
+}
+
+// Copies the upper triangle of a square c into its lower one: O(n^2) against O(n^2 k) for the
+// product, but a plain column walk misses the cache on every element for large n, so the copy
+// goes tile by tile (both tiles of a pair stay in L1).
+void mirror_upper_to_lower(MatrixView c) {
+  constexpr Index kTile = 64;
+  const Index n = c.rows;
+  for (Index ib = 0; ib < n; ib += kTile) {
+    const Index ie = std::min(ib + kTile, n);
+    for (Index jb = 0; jb <= ib; jb += kTile) {
+      for (Index i = ib; i < ie; ++i) {
+        float* row = c.data + i * c.ld;
+        const Index je = std::min(jb + kTile, i);
+        for (Index j = jb; j < je; ++j)
+          row[j] = c.data[j * c.ld + i];
+      }
+    }
   }
 }
 
@@ -30,7 +57,8 @@ void init_threads() {
       char* end = nullptr;
       const long v = std::strtol(env, &end, 10);
       if (end == env || *end != '\0' || v < 1 || v > 1024) {
-        throw Error(fmt::format("DISTMUON_BLAS_THREADS='{}' is not a thread count in [1, 1024]", env));
+        throw Error(
+            fmt::format("DISTMUON_BLAS_THREADS='{}' is not a thread count in [1, 1024]", env));
       }
       threads = static_cast<int>(v);
     }
@@ -81,11 +109,7 @@ class CpuCompute final : public Compute {
     cblas_ssyrk(CblasRowMajor, CblasUpper, cblas_trans(ta), static_cast<blasint>(n),
                 static_cast<blasint>(k), alpha, a.data, static_cast<blasint>(a.ld), beta, c.data,
                 static_cast<blasint>(c.ld));
-    // Mirror the upper triangle into the lower one (O(n^2), against O(n^2 k) for the product).
-    for (Index i = 1; i < n; ++i) {
-      float* row = c.data + i * c.ld;
-      for (Index j = 0; j < i; ++j) row[j] = c.data[j * c.ld + i];
-    }
+    mirror_upper_to_lower(c);
   }
 
   double sum_squares(ConstMatrixView a, bool in_double) override {
@@ -93,14 +117,16 @@ class CpuCompute final : public Compute {
       double s = 0.0;
       for (Index i = 0; i < a.rows; ++i) {
         const float* row = a.data + i * a.ld;
-        for (Index j = 0; j < a.cols; ++j) s += static_cast<double>(row[j]) * row[j];
+        for (Index j = 0; j < a.cols; ++j)
+          s += static_cast<double>(row[j]) * row[j];
       }
       return s;
     }
     float s = 0.0f;
     for (Index i = 0; i < a.rows; ++i) {
       const float* row = a.data + i * a.ld;
-      for (Index j = 0; j < a.cols; ++j) s += row[j] * row[j];
+      for (Index j = 0; j < a.cols; ++j)
+        s += row[j] * row[j];
     }
     return s;
   }
@@ -109,24 +135,29 @@ class CpuCompute final : public Compute {
     for (Index i = 0; i < a.rows; ++i) {
       float* row = a.data + i * a.ld;
       if (alpha == 0.0f) {
-        for (Index j = 0; j < a.cols; ++j) row[j] = 0.0f;  // also clears NaN/Inf, like BLAS beta=0
+        for (Index j = 0; j < a.cols; ++j)
+          row[j] = 0.0f;  // also clears NaN/Inf, like BLAS beta=0
       } else {
-        for (Index j = 0; j < a.cols; ++j) row[j] *= alpha;
+        for (Index j = 0; j < a.cols; ++j)
+          row[j] *= alpha;
       }
     }
   }
 
   void axpby(float alpha, ConstMatrixView x, float beta, MatrixView y) override {
     if (x.rows != y.rows || x.cols != y.cols) {
-      throw Error(fmt::format("axpby: shape mismatch {} vs {}", shape_str(x), shape_str(y.rows, y.cols)));
+      throw Error(
+          fmt::format("axpby: shape mismatch {} vs {}", shape_str(x), shape_str(y.rows, y.cols)));
     }
     for (Index i = 0; i < y.rows; ++i) {
       const float* xr = x.data + i * x.ld;
       float* yr = y.data + i * y.ld;
       if (beta == 0.0f) {
-        for (Index j = 0; j < y.cols; ++j) yr[j] = alpha * xr[j];
+        for (Index j = 0; j < y.cols; ++j)
+          yr[j] = alpha * xr[j];
       } else {
-        for (Index j = 0; j < y.cols; ++j) yr[j] = alpha * xr[j] + beta * yr[j];
+        for (Index j = 0; j < y.cols; ++j)
+          yr[j] = alpha * xr[j] + beta * yr[j];
       }
     }
   }
@@ -135,7 +166,8 @@ class CpuCompute final : public Compute {
     if (a.rows != a.cols) {
       throw Error(fmt::format("add_diagonal: matrix {} is not square", shape_str(a.rows, a.cols)));
     }
-    for (Index i = 0; i < a.rows; ++i) a(i, i) += alpha;
+    for (Index i = 0; i < a.rows; ++i)
+      a(i, i) += alpha;
   }
 };
 
@@ -147,7 +179,8 @@ Compute& cpu_compute() {
 }
 
 void set_blas_threads(int threads) {
-  if (threads < 1) throw Error(fmt::format("set_blas_threads: {} is not a positive thread count", threads));
+  if (threads < 1)
+    throw Error(fmt::format("set_blas_threads: {} is not a positive thread count", threads));
   init_threads();
   openblas_set_num_threads(threads);
 }
