@@ -58,6 +58,20 @@ struct TpTraffic {
 TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode, int steps,
                      int elem_size = 4);
 
+// The NS problem one rank really runs in newton_schulz_tp for a full M x N matrix: the local
+// matrix (rows x cols) and the Gram side, resolved (kRows or kCols). blockwise: the shard with
+// the requested side (kAuto: its smaller dimension); duplicated: the full matrix likewise;
+// distributed: the shard with kCols for partition_dim 0 and kRows for 1. Unsharded or a group of
+// one: the full matrix. Used for FLOP counts and for benchmarking the products NS issues.
+struct TpLocalNs {
+  Index rows = 0, cols = 0;
+  GramSide side = GramSide::kRows;
+  Index gram_dim() const { return side == GramSide::kRows ? rows : cols; }
+  Index long_dim() const { return side == GramSide::kRows ? cols : rows; }
+};
+TpLocalNs tp_local_ns(Index m, Index n, int group_size, int partition_dim, TpMode mode,
+                      GramSide requested = GramSide::kAuto);
+
 // FLOPs one rank executes in newton_schulz_tp for a full M x N matrix (ns_flops of the matrix the
 // mode really iterates on, with the Gram side it uses and opts' syrk setting and coefficients):
 // blockwise the shard, duplicated the full matrix, distributed the shard with the Gram side

@@ -51,29 +51,28 @@ TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode
   return t;
 }
 
+TpLocalNs tp_local_ns(Index m, Index n, int group_size, int partition_dim, TpMode mode,
+                      GramSide requested) {
+  check_args("tp_local_ns", m, n, group_size, partition_dim, mode);
+  const auto resolve = [requested](Index rows, Index cols) {
+    if (requested != GramSide::kAuto) return requested;
+    return rows <= cols ? GramSide::kRows : GramSide::kCols;
+  };
+  // Unsharded or a group of one: the local NS of the whole matrix, whatever the mode.
+  if (partition_dim == kNoPartition || group_size == 1 || mode == TpMode::kDuplicated) {
+    return {m, n, resolve(m, n)};
+  }
+  const Index sm = partition_dim == 0 ? m / group_size : m;
+  const Index sn = partition_dim == 1 ? n / group_size : n;
+  if (mode == TpMode::kBlockwise) return {sm, sn, resolve(sm, sn)};
+  return {sm, sn, partition_dim == 0 ? GramSide::kCols : GramSide::kRows};
+}
+
 double tp_flops(Index m, Index n, int group_size, int partition_dim, TpMode mode,
                 const NsOptions& opts) {
-  check_args("tp_flops", m, n, group_size, partition_dim, mode);
-  const CoefficientSet* set = &opts.coefficients;
-  // Unsharded or a group of one: the local NS of the whole matrix, whatever the mode.
-  if (partition_dim == kNoPartition || group_size == 1) {
-    return ns_flops(m, n, opts.steps, opts.use_syrk, opts.side, set);
-  }
-  const Index g = group_size;
-  const Index sm = partition_dim == 0 ? m / g : m;
-  const Index sn = partition_dim == 1 ? n / g : n;
-  switch (mode) {
-    case TpMode::kBlockwise:
-      return ns_flops(sm, sn, opts.steps, opts.use_syrk, opts.side, set);
-    case TpMode::kDuplicated:
-      return ns_flops(m, n, opts.steps, opts.use_syrk, opts.side, set);
-    case TpMode::kDistributed:
-      return ns_flops(sm, sn, opts.steps, opts.use_syrk,
-                      partition_dim == 0 ? GramSide::kCols : GramSide::kRows, set);
-    case TpMode::kAuto:
-      break;
-  }
-  DISTMUON_ASSERT(false, "unreachable tp mode");
+  const TpLocalNs local = tp_local_ns(m, n, group_size, partition_dim, mode, opts.side);
+  return ns_flops(local.rows, local.cols, opts.steps, opts.use_syrk, local.side,
+                  &opts.coefficients);
 }
 
 }  // namespace distmuon
