@@ -5,6 +5,7 @@
 #include <charconv>
 #include <iostream>
 
+#include "command_line_errors.h"
 #include "commands.h"
 #include "distmuon/bench.h"
 #include "distmuon/error.h"
@@ -67,18 +68,21 @@ void add_bench_command(CLI::App& app, Context& ctx) {
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the tables");
   o->ns.add_to(*cmd);
   cmd->callback([o, &ctx] {
-    TpBenchConfig config;
-    config.shapes.clear();
-    for (const auto& s : o->shapes)
-      config.shapes.push_back(parse_shape(s));
-    config.partition_dim = o->partition_dim;
-    config.modes.clear();
-    for (const auto& m : o->modes)
-      config.modes.push_back(parse_tp_mode(m));
-    config.ns = o->ns.resolve();
-    config.timing = {o->warmup, o->reps};
-    config.rate_timing = {1, o->rate_reps};
-    config.seed = o->seed;
+    const TpBenchConfig config = resolve_on_every_rank([&] {
+      TpBenchConfig c;
+      c.shapes.clear();
+      for (const auto& s : o->shapes)
+        c.shapes.push_back(parse_shape(s));
+      c.partition_dim = o->partition_dim;
+      c.modes.clear();
+      for (const auto& m : o->modes)
+        c.modes.push_back(parse_tp_mode(m));
+      c.ns = o->ns.resolve();
+      c.timing = {o->warmup, o->reps};
+      c.rate_timing = {1, o->rate_reps};
+      c.seed = o->seed;
+      return c;
+    });
     set_blas_threads(o->threads);
     const TpBenchReport report = run_tp_bench(ctx.world, config);
     if (ctx.world.rank() != 0) return;

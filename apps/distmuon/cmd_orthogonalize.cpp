@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "command_line_errors.h"
 #include "commands.h"
 #include "distmuon/error.h"
 #include "distmuon/npy.h"
@@ -67,7 +68,7 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
   o->ns.add_to(*cmd);
   cmd->callback([o, &ctx] {
     const Communicator& world = ctx.world;
-    const NsOptions opts = o->ns.resolve();
+    const NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
     const TpMode mode = parse_tp_mode(o->tp_mode);
     const int g = world.size(), dim = o->partition_dim;
 

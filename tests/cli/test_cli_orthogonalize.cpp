@@ -3,14 +3,13 @@
 // (non-zero exit, no output file, no hang).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "cli_runner.h"
 #include "distmuon/npy.h"
 #include "distmuon/tp.h"
 #include "test_util.h"
@@ -20,44 +19,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
+using RunResult = test::CliRun;
 
 class CliOrthogonalize : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           fmt::format("distmuon_cli_{}_{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = test::fresh_test_dir("distmuon_cli");
     input_ = test::random_matrix(64, 48, 31);
     write_npy(dir_ / "in.npy", input_.view());
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Runs the CLI (under mpirun when np > 0) with a hard time limit, so a hang fails the test.
   RunResult run(int np, const std::string& args) const {
-    // odls_base_sigkill_timeout 0: when ranks exit non-zero, mpirun tears the job down at once
-    // instead of waiting about 2 s per failing run.
-    const std::string launcher =
-        np > 0 ? fmt::format("{} -np {} {} --mca odls_base_sigkill_timeout 0 ",
-                             DISTMUON_TEST_MPIEXEC, np, DISTMUON_TEST_MPI_FLAGS)
-               : "";
-    const fs::path log = dir_ / "log.txt";
-    const std::string cmd = fmt::format("timeout 60 {}{} orthogonalize {} > '{}' 2>&1", launcher,
-                                        DISTMUON_CLI, args, log.string());
-    const int status = std::system(cmd.c_str());
-    RunResult r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    std::ifstream in(log);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.output = ss.str();
-    if (r.exit_code == 124) ADD_FAILURE() << "timed out (a hang?): " << cmd << "\n" << r.output;
-    return r;
+    return test::run_cli(np, "orthogonalize " + args, dir_ / "log.txt");
   }
 
   std::string in() const { return (dir_ / "in.npy").string(); }
