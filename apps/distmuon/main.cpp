@@ -17,13 +17,16 @@ int main(int argc, char** argv) {
       mpi.emplace(&argc, &argv);
       ctx.world = mpi_world();
     }
-    spdlog::set_pattern(ctx.world.size() > 1 ? "[%l] [rank " + std::to_string(ctx.world.rank()) + "] %v" : "[%l] %v");
+    spdlog::set_pattern(ctx.world.size() > 1
+                            ? "[%l] [rank " + std::to_string(ctx.world.rank()) + "] %v"
+                            : "[%l] %v");
     if (ctx.world.rank() != 0) spdlog::set_level(spdlog::level::warn);
 
     CLI::App app{"distmuon: Muon's Newton-Schulz orthogonalisation on sharded weights"};
     app.require_subcommand(1);
     std::string log_level = "info";
-    app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+    app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+        ->capture_default_str();
     app.parse_complete_callback([&] {
       if (ctx.world.rank() == 0) spdlog::set_level(spdlog::level::from_str(log_level));
     });
@@ -41,7 +44,8 @@ int main(int argc, char** argv) {
     if (ctx.world.rank() == 0) std::cerr << "distmuon: error: " << e.what() << std::endl;
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "distmuon: error" << (ctx.world.size() > 1 ? " on rank " + std::to_string(ctx.world.rank()) : "")
+    std::cerr << "distmuon: error"
+              << (ctx.world.size() > 1 ? " on rank " + std::to_string(ctx.world.rank()) : "")
               << ": " << e.what() << std::endl;
     // Rank-local failures would leave the other ranks waiting in a collective; errors that every
     // rank agreed on (Communicator::agree_or_throw) end each rank on its own.

@@ -4,8 +4,9 @@
 namespace distmuon::cli {
 
 void NsCliOptions::add_to(CLI::App& app) {
-  app.add_option("--coefficients", coefficients, "Coefficient set: simple, quintic, polar_express, cans, aol, "
-                                                  "deepseekv4, cubic5, custom")
+  app.add_option("--coefficients", coefficients,
+                 "Coefficient set: simple, quintic, polar_express, cans, aol, "
+                 "deepseekv4, cubic5, custom")
       ->capture_default_str();
   app.add_option("--custom-coefficients", custom, "With --coefficients custom: 'a,b,c;a,b,c;...'");
   app.add_option("--steps", steps, "Newton-Schulz steps (>= 1)")->capture_default_str();
@@ -16,10 +17,12 @@ void NsCliOptions::add_to(CLI::App& app) {
 NsOptions NsCliOptions::resolve() const {
   NsOptions o;
   if (coefficients == "custom") {
-    if (custom.empty()) throw Error("--coefficients custom needs --custom-coefficients 'a,b,c;...'");
+    if (custom.empty())
+      throw Error("--coefficients custom needs --custom-coefficients 'a,b,c;...'");
     o.coefficients = parse_custom_coefficients(custom);
   } else {
-    if (!custom.empty()) throw Error("--custom-coefficients is only valid with --coefficients custom");
+    if (!custom.empty())
+      throw Error("--custom-coefficients is only valid with --coefficients custom");
     o.coefficients = coefficient_set(coefficients);
   }
   o.steps = steps;

@@ -20,12 +20,17 @@ const char* dtype_name(DType t);
 
 template <typename T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::kF32;
-  else if constexpr (std::is_same_v<T, double>) return DType::kF64;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::kI32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::kI64;
+  if constexpr (std::is_same_v<T, float>)
+    return DType::kF32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::kF64;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return DType::kI32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return DType::kI64;
   else {
-    static_assert(std::is_same_v<T, std::uint8_t> || std::is_same_v<T, char>, "unsupported element type");
+    static_assert(std::is_same_v<T, std::uint8_t> || std::is_same_v<T, char>,
+                  "unsupported element type");
     return DType::kU8;
   }
 }
@@ -43,7 +48,8 @@ class CommImpl {
   // In-place reduction of count elements across all ranks.
   virtual void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) = 0;
   // recv (count elements) = reduction over ranks of send[rank * count, (rank + 1) * count).
-  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
+                              ReduceOp op) = 0;
   virtual void broadcast(void* buf, std::size_t count, DType t, int root) = 0;
   virtual void barrier() = 0;
   // Ranks with the same color form a new communicator, ordered by (key, old rank).
@@ -84,7 +90,8 @@ class Communicator {
     return value;
   }
   template <typename T>
-  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op = ReduceOp::kSum) const {
+  void reduce_scatter(std::span<const T> send, std::span<T> recv,
+                      ReduceOp op = ReduceOp::kSum) const {
     check_gather(recv.size(), send.size());
     impl_->reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>(), op);
   }

@@ -19,10 +19,11 @@ namespace distmuon {
 
 // What auto is resolved on: once per distinct key, identically on every rank of the group.
 struct AutoKey {
-  Index m = 0, n = 0;         // full, unpadded weight shape
-  int group_size = 1;         // ranks the weight is sharded over (the larger group in the two-step case)
-  int partition_dim = 0;      // 0: rows split over the group, 1: columns
-  int second_group_size = 1;  // two-step TP x GTP case: the smaller group, all-gathered first; else 1
+  Index m = 0, n = 0;  // full, unpadded weight shape
+  int group_size = 1;  // ranks the weight is sharded over (the larger group in the two-step case)
+  int partition_dim = 0;  // 0: rows split over the group, 1: columns
+  int second_group_size =
+      1;  // two-step TP x GTP case: the smaller group, all-gathered first; else 1
   bool crosses_domain = false;
   int steps = 5;
   bool use_syrk = true;
@@ -34,7 +35,8 @@ struct AutoKey {
 // and a cost model name ("refined" or "reference"); invalid values throw with the valid ones.
 class AutoModeResolver {
  public:
-  AutoModeResolver(const std::string& profile_spec = "none", const std::string& cost_model = "refined");
+  AutoModeResolver(const std::string& profile_spec = "none",
+                   const std::string& cost_model = "refined");
   ~AutoModeResolver();
   AutoModeResolver(AutoModeResolver&&) noexcept;
   AutoModeResolver& operator=(AutoModeResolver&&) noexcept;

@@ -27,7 +27,7 @@ namespace detail {
 
 }  // namespace distmuon
 
-#define DISTMUON_ASSERT(cond, msg)                                                 \
-  do {                                                                             \
+#define DISTMUON_ASSERT(cond, msg)                                                  \
+  do {                                                                              \
     if (!(cond)) ::distmuon::detail::assert_fail(#cond, __FILE__, __LINE__, (msg)); \
   } while (0)

@@ -75,7 +75,9 @@ void copy(ConstMatrixView src, MatrixView dst);
 Matrix transpose(ConstMatrixView a);
 // "MxN", for messages.
 std::string shape_str(Index rows, Index cols);
-inline std::string shape_str(ConstMatrixView v) { return shape_str(v.rows, v.cols); }
+inline std::string shape_str(ConstMatrixView v) {
+  return shape_str(v.rows, v.cols);
+}
 
 // Frobenius norm of a - b divided by the Frobenius norm of b (or of a - b when b is zero).
 double relative_error(ConstMatrixView a, ConstMatrixView b);

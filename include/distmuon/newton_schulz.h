@@ -58,9 +58,9 @@ enum class GramSide { kAuto, kRows, kCols };
 struct NsOptions {
   CoefficientSet coefficients = coefficient_set("quintic");
   int steps = 5;
-  bool use_syrk = true;       // symmetric products with syrk (measured faster, see README)
-  double eps = 1e-15;         // X / max(||X||_F, eps)
-  bool norm_in_double = true; // accumulate the Frobenius norm in double
+  bool use_syrk = true;             // symmetric products with syrk (measured faster, see README)
+  double eps = 1e-15;               // X / max(||X||_F, eps)
+  bool norm_in_double = true;       // accumulate the Frobenius norm in double
   GramSide side = GramSide::kAuto;  // kAuto: the smaller dimension
 
   void validate() const;  // throws distmuon::Error with the valid values
@@ -78,7 +78,8 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
                            const Communicator* group = nullptr, NsWorkspace* ws = nullptr);
 
 // Convenience: a new orthogonalised matrix.
-Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts = {}, Compute& compute = cpu_compute());
+Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts = {},
+                     Compute& compute = cpu_compute());
 
 // FLOPs of one NS run of an m x n matrix as executed (Gram on the side given, syrk or gemm).
 double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side = GramSide::kAuto,

@@ -9,22 +9,32 @@ namespace distmuon {
 
 std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kF64:
+      return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
   }
   DISTMUON_ASSERT(false, "unknown dtype");
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -35,8 +45,9 @@ Communicator::Communicator(std::shared_ptr<CommImpl> impl) : impl_(std::move(imp
 
 void Communicator::check_gather(std::size_t send, std::size_t recv) const {
   if (recv != send * static_cast<std::size_t>(size())) {
-    throw Error(fmt::format("collective on rank {} of {}: buffer of {} elements does not hold {} x {}",
-                            rank(), size(), recv, size(), send));
+    throw Error(
+        fmt::format("collective on rank {} of {}: buffer of {} elements does not hold {} x {}",
+                    rank(), size(), recv, size(), send));
   }
 }
 
@@ -48,7 +59,9 @@ std::string Communicator::broadcast_string(const std::string& s, int root) const
   return out;
 }
 
-Communicator Communicator::split(int color, int key) const { return Communicator(impl_->split(color, key)); }
+Communicator Communicator::split(int color, int key) const {
+  return Communicator(impl_->split(color, key));
+}
 
 void Communicator::abort(int code) const {
   impl_->abort(code);
@@ -59,7 +72,8 @@ bool Communicator::all_ok(bool ok) const {
   return all_reduce<std::int32_t>(ok ? 0 : 1, ReduceOp::kMax) == 0;
 }
 
-void Communicator::agree_or_throw(bool ok, const std::string& what, const std::string& reason) const {
+void Communicator::agree_or_throw(bool ok, const std::string& what,
+                                  const std::string& reason) const {
   const std::int32_t mine = ok ? 0 : 1;
   const std::vector<std::int32_t> flags = all_gather(mine);
   std::vector<int> failed;
@@ -67,11 +81,14 @@ void Communicator::agree_or_throw(bool ok, const std::string& what, const std::s
     if (flags[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
   if (failed.empty()) return;
   const std::string first_reason = broadcast_string(reason, failed.front());
-  throw CollectiveError(fmt::format("{} failed on rank(s) {} of {}{}{}", what, fmt::join(failed, ","), size(),
-                          first_reason.empty() ? "" : ": ", first_reason));
+  throw CollectiveError(fmt::format("{} failed on rank(s) {} of {}{}{}", what,
+                                    fmt::join(failed, ","), size(),
+                                    first_reason.empty() ? "" : ": ", first_reason));
 }
 
-Communicator world_communicator() { return launched_by_mpi() ? mpi_world() : local_communicator(); }
+Communicator world_communicator() {
+  return launched_by_mpi() ? mpi_world() : local_communicator();
+}
 
 bool launched_by_mpi() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {

@@ -19,7 +19,8 @@ class CountingComm final : public CommImpl {
     record(stats_->all_reduce, count * dtype_size(t));
     inner_->all_reduce(buf, count, t, op);
   }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
+                      ReduceOp op) override {
     record(stats_->reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(t));
     inner_->reduce_scatter(send, recv, count, t, op);
   }

@@ -18,19 +18,24 @@ void check_block(Index rows, Index cols, Index r0, Index c0, Index nr, Index nc)
 }
 }  // namespace
 
-ConstMatrixView ConstMatrixView::row_block(Index r0, Index n) const { return block(r0, 0, n, cols); }
+ConstMatrixView ConstMatrixView::row_block(Index r0, Index n) const {
+  return block(r0, 0, n, cols);
+}
 ConstMatrixView ConstMatrixView::block(Index r0, Index c0, Index nr, Index nc) const {
   check_block(rows, cols, r0, c0, nr, nc);
   return {data + r0 * ld + c0, nr, nc, ld};
 }
-MatrixView MatrixView::row_block(Index r0, Index n) const { return block(r0, 0, n, cols); }
+MatrixView MatrixView::row_block(Index r0, Index n) const {
+  return block(r0, 0, n, cols);
+}
 MatrixView MatrixView::block(Index r0, Index c0, Index nr, Index nc) const {
   check_block(rows, cols, r0, c0, nr, nc);
   return {data + r0 * ld + c0, nr, nc, ld};
 }
 
 Matrix::Matrix(Index rows, Index cols) : rows_(rows), cols_(cols) {
-  if (rows < 0 || cols < 0) throw Error("matrix shape must be non-negative, got " + shape_str(rows, cols));
+  if (rows < 0 || cols < 0)
+    throw Error("matrix shape must be non-negative, got " + shape_str(rows, cols));
   data_.assign(static_cast<size_t>(rows * cols), 0.0f);
 }
 
@@ -50,7 +55,8 @@ Matrix Matrix::from(ConstMatrixView v) {
 
 void copy(ConstMatrixView src, MatrixView dst) {
   if (src.rows != dst.rows || src.cols != dst.cols) {
-    throw Error(fmt::format("copy: shape mismatch {} -> {}", shape_str(src), shape_str(dst.rows, dst.cols)));
+    throw Error(fmt::format("copy: shape mismatch {} -> {}", shape_str(src),
+                            shape_str(dst.rows, dst.cols)));
   }
   if (src.size() == 0) return;
   if (src.contiguous() && dst.contiguous()) {
@@ -58,18 +64,22 @@ void copy(ConstMatrixView src, MatrixView dst) {
     return;
   }
   for (Index i = 0; i < src.rows; ++i) {
-    std::memmove(dst.data + i * dst.ld, src.data + i * src.ld, sizeof(float) * static_cast<size_t>(src.cols));
+    std::memmove(dst.data + i * dst.ld, src.data + i * src.ld,
+                 sizeof(float) * static_cast<size_t>(src.cols));
   }
 }
 
 Matrix transpose(ConstMatrixView a) {
   Matrix t(a.cols, a.rows);
   for (Index i = 0; i < a.rows; ++i)
-    for (Index j = 0; j < a.cols; ++j) t(j, i) = a(i, j);
+    for (Index j = 0; j < a.cols; ++j)
+      t(j, i) = a(i, j);
   return t;
 }
 
-std::string shape_str(Index rows, Index cols) { return fmt::format("{}x{}", rows, cols); }
+std::string shape_str(Index rows, Index cols) {
+  return fmt::format("{}x{}", rows, cols);
+}
 
 double relative_error(ConstMatrixView a, ConstMatrixView b) {
   if (a.rows != b.rows || a.cols != b.cols) {

@@ -11,7 +11,9 @@ namespace {
 
 using Tail = CoefficientSet::Tail;
 
-std::vector<NsCoefficients> repeat(NsCoefficients c, int n) { return std::vector<NsCoefficients>(n, c); }
+std::vector<NsCoefficients> repeat(NsCoefficients c, int n) {
+  return std::vector<NsCoefficients>(n, c);
+}
 
 const std::map<std::string, CoefficientSet, std::less<>>& registry() {
   static const auto sets = [] {
@@ -81,13 +83,15 @@ const NsCoefficients& CoefficientSet::at(int step) const {
 void CoefficientSet::validate_steps(int steps) const {
   if (steps < 1) throw Error(fmt::format("Newton-Schulz steps must be >= 1, got {}", steps));
   if (required_steps && steps != *required_steps) {
-    throw Error(fmt::format("coefficient set '{}' requires exactly {} steps, got {}", name, *required_steps, steps));
+    throw Error(fmt::format("coefficient set '{}' requires exactly {} steps, got {}", name,
+                            *required_steps, steps));
   }
 }
 
 std::vector<std::string> coefficient_set_names() {
   std::vector<std::string> names;
-  for (const auto& [name, set] : registry()) names.push_back(name);
+  for (const auto& [name, set] : registry())
+    names.push_back(name);
   names.push_back("custom");
   return names;
 }
@@ -95,8 +99,9 @@ std::vector<std::string> coefficient_set_names() {
 const CoefficientSet& coefficient_set(std::string_view name) {
   const auto& sets = registry();
   if (auto it = sets.find(name); it != sets.end()) return it->second;
-  throw Error(fmt::format("unknown coefficient set '{}'; valid: {} (custom takes a list of a,b,c tuples)",
-                          name, fmt::join(coefficient_set_names(), ", ")));
+  throw Error(
+      fmt::format("unknown coefficient set '{}'; valid: {} (custom takes a list of a,b,c tuples)",
+                  name, fmt::join(coefficient_set_names(), ", ")));
 }
 
 CoefficientSet custom_coefficients(std::vector<NsCoefficients> table) {
@@ -121,16 +126,20 @@ CoefficientSet parse_custom_coefficients(std::string_view text) {
   auto flush_tuple = [&] {
     flush_value();
     if (values.size() != 3) {
-      throw Error(fmt::format("custom coefficients '{}': each tuple needs 3 values a,b,c separated by ';'", text));
+      throw Error(fmt::format(
+          "custom coefficients '{}': each tuple needs 3 values a,b,c separated by ';'", text));
     }
     table.push_back({values[0], values[1], values[2]});
     values.clear();
   };
   for (char ch : text) {
     if (ch == ' ') continue;
-    if (ch == ',') flush_value();
-    else if (ch == ';') flush_tuple();
-    else token.push_back(ch);
+    if (ch == ',')
+      flush_value();
+    else if (ch == ';')
+      flush_tuple();
+    else
+      token.push_back(ch);
   }
   flush_tuple();
   return custom_coefficients(std::move(table));

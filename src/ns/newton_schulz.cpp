@@ -34,13 +34,14 @@ void gram(Compute& compute, GramSide side, bool use_syrk, ConstMatrixView x, Mat
 
 }  // namespace
 
-void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute, const Communicator* group,
-                           NsWorkspace* ws) {
+void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
+                           const Communicator* group, NsWorkspace* ws) {
   opts.validate();
   const bool distributed = group != nullptr && group->size() > 1;
   if (distributed && opts.side == GramSide::kAuto) {
-    throw Error("newton_schulz over a group needs an explicit Gram side (the local shard's shape does not "
-                "tell the global orientation)");
+    throw Error(
+        "newton_schulz over a group needs an explicit Gram side (the local shard's shape does not "
+        "tell the global orientation)");
   }
   if (x.size() == 0) return;
   const GramSide side = resolve_side(opts.side, x.rows, x.cols);
@@ -55,8 +56,9 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
   double ss = compute.sum_squares(x, opts.norm_in_double);
   if (distributed) ss = group->all_reduce(ss);
   if (!std::isfinite(ss)) {
-    throw Error(fmt::format("newton_schulz: input {}{} contains non-finite values (or its norm overflows)",
-                            shape_str(x), distributed ? fmt::format(" (rank {})", group->rank()) : ""));
+    throw Error(
+        fmt::format("newton_schulz: input {}{} contains non-finite values (or its norm overflows)",
+                    shape_str(x), distributed ? fmt::format(" (rank {})", group->rank()) : ""));
   }
   compute.scale(x, static_cast<float>(1.0 / std::max(std::sqrt(ss), opts.eps)));
 
@@ -66,7 +68,8 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
   for (int step = 0; step < opts.steps; ++step) {
     const NsCoefficients& k = opts.coefficients.at(step);
     gram(compute, side, opts.use_syrk, cur, a);
-    if (distributed) group->all_reduce(std::span<float>(a.data, static_cast<std::size_t>(a.size())));
+    if (distributed)
+      group->all_reduce(std::span<float>(a.data, static_cast<std::size_t>(a.size())));
     // B = c A A + b A + a I, so that the update a X + (b A + c A A) X is one product B X.
     MatrixView b = a;
     if (k.c != 0.0) {
@@ -98,7 +101,8 @@ Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute)
   return out;
 }
 
-double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side, const CoefficientSet* coefficients) {
+double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,
+                const CoefficientSet* coefficients) {
   const GramSide sd = resolve_side(side, m, n);
   const double s = static_cast<double>(sd == GramSide::kRows ? m : n);
   const double l = static_cast<double>(sd == GramSide::kRows ? n : m);

@@ -66,7 +66,8 @@ TEST(Coefficients, InvalidNamesAndStepsListValidValues) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    for (const auto& n : coefficient_set_names()) EXPECT_NE(msg.find(n), std::string::npos) << msg;
+    for (const auto& n : coefficient_set_names())
+      EXPECT_NE(msg.find(n), std::string::npos) << msg;
   }
   NsOptions o;
   o.steps = 0;

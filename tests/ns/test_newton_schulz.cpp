@@ -90,8 +90,8 @@ struct Band {
 };
 TEST(NewtonSchulz, SingularValuesInsideEachSetsBand) {
   const Band bands[] = {
-      {"simple", 5, 0.66, 1.16},  {"quintic", 5, 0.95, 1.06}, {"polar_express", 8, 0.98, 1.02},
-      {"cans", 5, 0.86, 1.14},    {"aol", 4, 0.96, 1.11},     {"deepseekv4", 10, 0.98, 1.02},
+      {"simple", 5, 0.66, 1.16}, {"quintic", 5, 0.95, 1.06}, {"polar_express", 8, 0.98, 1.02},
+      {"cans", 5, 0.86, 1.14},   {"aol", 4, 0.96, 1.11},     {"deepseekv4", 10, 0.98, 1.02},
       {"cubic5", 5, 0.75, 1.32},
   };
   const Matrix g = random_matrix(256, 512, 42);
@@ -102,7 +102,8 @@ TEST(NewtonSchulz, SingularValuesInsideEachSetsBand) {
     const auto sv = singular_values(newton_schulz(g.view(), o).view());
     EXPECT_GE(sv.back(), b.lo) << b.name;
     EXPECT_LE(sv.front(), b.hi) << b.name;
-    std::printf("  %-14s steps=%2d  sigma in [%.4f, %.4f]\n", b.name, b.steps, sv.back(), sv.front());
+    std::printf("  %-14s steps=%2d  sigma in [%.4f, %.4f]\n", b.name, b.steps, sv.back(),
+                sv.front());
   }
 }
 
@@ -117,7 +118,8 @@ TEST(NewtonSchulz, NonFiniteInputIsAnError) {
 TEST(NewtonSchulz, ZeroMatrixReturnsZeros) {
   const Matrix z(6, 9);
   const Matrix out = newton_schulz(z.view());
-  for (float v : out.values()) EXPECT_EQ(v, 0.0f);
+  for (float v : out.values())
+    EXPECT_EQ(v, 0.0f);
 }
 
 TEST(NewtonSchulz, VectorsWork) {
@@ -141,7 +143,8 @@ TEST(NewtonSchulz, StridedViewsAreHandled) {
 
 TEST(NewtonSchulz, FlopCounts) {
   // Plain GEMM count per step: 4 s^2 L + 2 s^3; syrk halves both symmetric products.
-  EXPECT_DOUBLE_EQ(ns_gemm_flops(1024, 4096, 5), 5 * (4.0 * 1024 * 1024 * 4096 + 2.0 * 1024.0 * 1024 * 1024));
+  EXPECT_DOUBLE_EQ(ns_gemm_flops(1024, 4096, 5),
+                   5 * (4.0 * 1024 * 1024 * 4096 + 2.0 * 1024.0 * 1024 * 1024));
   EXPECT_DOUBLE_EQ(ns_flops(4096, 1024, 5, false), ns_gemm_flops(4096, 1024, 5));
   EXPECT_DOUBLE_EQ(ns_flops(1024, 4096, 1, true), 3.0 * 1024 * 1024 * 4096 + 1024.0 * 1024 * 1024);
 }

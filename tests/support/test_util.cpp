@@ -10,7 +10,8 @@ Matrix random_matrix(Index rows, Index cols, std::uint64_t seed) {
   Matrix m(rows, cols);
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> dist;
-  for (float& x : m.values()) x = static_cast<float>(dist(rng));
+  for (float& x : m.values())
+    x = static_cast<float>(dist(rng));
   return m;
 }
 
@@ -21,49 +22,64 @@ std::vector<T> matmul(const std::vector<T>& a, const std::vector<T>& b, Index m,
   for (Index i = 0; i < m; ++i)
     for (Index p = 0; p < k; ++p) {
       const T aip = a[static_cast<std::size_t>(i * k + p)];
-      for (Index j = 0; j < n; ++j) c[static_cast<std::size_t>(i * n + j)] += aip * b[static_cast<std::size_t>(p * n + j)];
+      for (Index j = 0; j < n; ++j)
+        c[static_cast<std::size_t>(i * n + j)] += aip * b[static_cast<std::size_t>(p * n + j)];
     }
   return c;
 }
 }  // namespace
 
 template <typename T>
-Matrix reference_newton_schulz(ConstMatrixView g, const CoefficientSet& coefficients, int steps, double eps) {
+Matrix reference_newton_schulz(ConstMatrixView g, const CoefficientSet& coefficients, int steps,
+                               double eps) {
   const bool tall = g.rows > g.cols;
   const Index s = tall ? g.cols : g.rows, l = tall ? g.rows : g.cols;
   std::vector<T> x(static_cast<std::size_t>(s * l));
   for (Index i = 0; i < g.rows; ++i)
-    for (Index j = 0; j < g.cols; ++j) x[static_cast<std::size_t>(tall ? j * l + i : i * l + j)] = static_cast<T>(g(i, j));
+    for (Index j = 0; j < g.cols; ++j)
+      x[static_cast<std::size_t>(tall ? j * l + i : i * l + j)] = static_cast<T>(g(i, j));
   T ss = 0;
-  for (T v : x) ss += v * v;
+  for (T v : x)
+    ss += v * v;
   const T norm = std::max<T>(std::sqrt(ss), static_cast<T>(eps));
-  for (T& v : x) v /= norm;
+  for (T& v : x)
+    v /= norm;
   for (int step = 0; step < steps; ++step) {
     const auto& k = coefficients.at(step);
     std::vector<T> xt(x.size());
     for (Index i = 0; i < s; ++i)
-      for (Index j = 0; j < l; ++j) xt[static_cast<std::size_t>(j * s + i)] = x[static_cast<std::size_t>(i * l + j)];
+      for (Index j = 0; j < l; ++j)
+        xt[static_cast<std::size_t>(j * s + i)] = x[static_cast<std::size_t>(i * l + j)];
     const std::vector<T> a = matmul(x, xt, s, l, s);
     std::vector<T> b(a.size());
     if (k.c != 0.0) {
       const std::vector<T> aa = matmul(a, a, s, s, s);
-      for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<T>(k.b) * a[i] + static_cast<T>(k.c) * aa[i];
+      for (std::size_t i = 0; i < b.size(); ++i)
+        b[i] = static_cast<T>(k.b) * a[i] + static_cast<T>(k.c) * aa[i];
     } else {
-      for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<T>(k.b) * a[i];
+      for (std::size_t i = 0; i < b.size(); ++i)
+        b[i] = static_cast<T>(k.b) * a[i];
     }
     const std::vector<T> bx = matmul(b, x, s, s, l);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<T>(k.a) * x[i] + bx[i];
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<T>(k.a) * x[i] + bx[i];
   }
   Matrix out(g.rows, g.cols);
   for (Index i = 0; i < g.rows; ++i)
-    for (Index j = 0; j < g.cols; ++j) out(i, j) = static_cast<float>(x[static_cast<std::size_t>(tall ? j * l + i : i * l + j)]);
+    for (Index j = 0; j < g.cols; ++j)
+      out(i, j) = static_cast<float>(x[static_cast<std::size_t>(tall ? j * l + i : i * l + j)]);
   return out;
 }
 
-template Matrix reference_newton_schulz<double>(ConstMatrixView, const CoefficientSet&, int, double);
+template Matrix reference_newton_schulz<double>(ConstMatrixView, const CoefficientSet&, int,
+                                                double);
 template Matrix reference_newton_schulz<float>(ConstMatrixView, const CoefficientSet&, int, double);
 
-Matrix slice_rows(ConstMatrixView m, Index r0, Index n) { return Matrix::from(m.block(r0, 0, n, m.cols)); }
-Matrix slice_cols(ConstMatrixView m, Index c0, Index n) { return Matrix::from(m.block(0, c0, m.rows, n)); }
+Matrix slice_rows(ConstMatrixView m, Index r0, Index n) {
+  return Matrix::from(m.block(r0, 0, n, m.cols));
+}
+Matrix slice_cols(ConstMatrixView m, Index c0, Index n) {
+  return Matrix::from(m.block(0, c0, m.rows, n));
+}
 
 }  // namespace distmuon::test

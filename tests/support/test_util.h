@@ -29,7 +29,8 @@ struct DMatrix {
 // A = X X^T, B = b A + c A A, X = a X + B X (c == 0: X = a X + b A X).
 // Accumulates in T (double for the float64 reference, float for an independent fp32 one).
 template <typename T>
-Matrix reference_newton_schulz(ConstMatrixView g, const CoefficientSet& coefficients, int steps, double eps = 1e-15);
+Matrix reference_newton_schulz(ConstMatrixView g, const CoefficientSet& coefficients, int steps,
+                               double eps = 1e-15);
 
 // Rows [r0, r0 + n) / columns [c0, c0 + n) of m as a new matrix.
 Matrix slice_rows(ConstMatrixView m, Index r0, Index n);

@@ -21,7 +21,8 @@ class LocalComm final : public CommImpl {
     all_gather(send, recv, count, t);
   }
   void broadcast(void*, std::size_t, DType, int root) override {
-    if (root != 0) throw Error("broadcast: root " + std::to_string(root) + " outside a 1-rank group");
+    if (root != 0)
+      throw Error("broadcast: root " + std::to_string(root) + " outside a 1-rank group");
   }
   void barrier() override {}
   std::shared_ptr<CommImpl> split(int, int) override { return std::make_shared<LocalComm>(); }
@@ -30,6 +31,8 @@ class LocalComm final : public CommImpl {
 
 }  // namespace
 
-Communicator local_communicator() { return Communicator(std::make_shared<LocalComm>()); }
+Communicator local_communicator() {
+  return Communicator(std::make_shared<LocalComm>());
+}
 
 }  // namespace distmuon

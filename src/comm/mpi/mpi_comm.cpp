@@ -16,20 +16,28 @@ namespace {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kF64: return MPI_DOUBLE;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kI64: return MPI_INT64_T;
-    case DType::kU8: return MPI_UINT8_T;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kU8:
+      return MPI_UINT8_T;
   }
   DISTMUON_ASSERT(false, "unknown dtype");
 }
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   DISTMUON_ASSERT(false, "unknown reduce op");
 }
@@ -47,8 +55,9 @@ void check_mpi(int rc, const char* op, const std::string& detail = {}) {
   char msg[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw Error(fmt::format("MPI {}{}{} failed on world rank {}: {}", op, detail.empty() ? "" : " ", detail,
-                          world_rank_or_minus_one(), std::string(msg, static_cast<std::size_t>(len))));
+  throw Error(fmt::format("MPI {}{}{} failed on world rank {}: {}", op, detail.empty() ? "" : " ",
+                          detail, world_rank_or_minus_one(),
+                          std::string(msg, static_cast<std::size_t>(len))));
 }
 
 int checked_count(std::size_t count, const char* op) {
@@ -80,32 +89,37 @@ class MpiComm final : public CommImpl {
     const void* src = send == recv ? MPI_IN_PLACE : send;
     if (send == recv) {
       // In place: our chunk must already sit at recv[rank * count]; move it there.
-      std::memmove(static_cast<char*>(recv) + static_cast<std::size_t>(rank_) * count * dtype_size(t), send,
-                   count * dtype_size(t));
+      std::memmove(
+          static_cast<char*>(recv) + static_cast<std::size_t>(rank_) * count * dtype_size(t), send,
+          count * dtype_size(t));
     }
     check_mpi(MPI_Allgather(src, n, mpi_type(t), recv, n, mpi_type(t), comm_), "Allgather",
               detail(count, t));
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count, "Allreduce"), mpi_type(t), mpi_op(op), comm_),
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count, "Allreduce"), mpi_type(t),
+                            mpi_op(op), comm_),
               "Allreduce", detail(count, t));
   }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
-    check_mpi(MPI_Reduce_scatter_block(send, recv, checked_count(count, "Reduce_scatter_block"), mpi_type(t),
-                                       mpi_op(op), comm_),
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
+                      ReduceOp op) override {
+    check_mpi(MPI_Reduce_scatter_block(send, recv, checked_count(count, "Reduce_scatter_block"),
+                                       mpi_type(t), mpi_op(op), comm_),
               "Reduce_scatter_block", detail(count, t));
   }
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
     if (root < 0 || root >= size_) {
       throw Error(fmt::format("MPI Bcast: root {} outside a group of {}", root, size_));
     }
-    check_mpi(MPI_Bcast(buf, checked_count(count, "Bcast"), mpi_type(t), root, comm_), "Bcast", detail(count, t));
+    check_mpi(MPI_Bcast(buf, checked_count(count, "Bcast"), mpi_type(t), root, comm_), "Bcast",
+              detail(count, t));
   }
   void barrier() override { check_mpi(MPI_Barrier(comm_), "Barrier"); }
   std::shared_ptr<CommImpl> split(int color, int key) override {
     if (color < 0) throw Error(fmt::format("MPI Comm_split: color {} must be non-negative", color));
     MPI_Comm out = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(comm_, color, key, &out), "Comm_split", fmt::format("(color {}, key {})", color, key));
+    check_mpi(MPI_Comm_split(comm_, color, key, &out), "Comm_split",
+              fmt::format("(color {}, key {})", color, key));
     return std::make_shared<MpiComm>(out, true);
   }
   void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
@@ -137,7 +151,9 @@ MpiRuntime::~MpiRuntime() {
   if (owns_ && !finalized) MPI_Finalize();
 }
 
-bool MpiRuntime::available() { return true; }
+bool MpiRuntime::available() {
+  return true;
+}
 
 Communicator mpi_world() {
   int init = 0;

@@ -8,7 +8,11 @@ MpiRuntime::MpiRuntime(int*, char***) {
   if (launched_by_mpi()) throw Error("distmuon was built without MPI (DISTMUON_ENABLE_MPI=OFF)");
 }
 MpiRuntime::~MpiRuntime() = default;
-bool MpiRuntime::available() { return false; }
-Communicator mpi_world() { throw Error("distmuon was built without MPI (DISTMUON_ENABLE_MPI=OFF)"); }
+bool MpiRuntime::available() {
+  return false;
+}
+Communicator mpi_world() {
+  throw Error("distmuon was built without MPI (DISTMUON_ENABLE_MPI=OFF)");
+}
 
 }  // namespace distmuon

@@ -1,5 +1,5 @@
-// `distmuon orthogonalize` end to end: single-process and under mpirun -np 2 / 4 in each TP mode
-// against the in-process NS of the whole matrix, and bad inputs that must fail on every rank
+// `distmuon orthogonalize` under mpirun -np 2 / 4 in each TP mode against the in-process NS of
+// the whole matrix, and bad inputs that must fail on every rank
 // (non-zero exit, no output file, no hang).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 using RunResult = test::CliRun;
 
-class CliOrthogonalize : public ::testing::Test {
+class CliTpOrthogonalize : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = test::fresh_test_dir("distmuon_cli");
@@ -48,7 +48,7 @@ NsOptions options(const std::string& set, bool syrk) {
   return o;
 }
 
-TEST_F(CliOrthogonalize, SingleProcessIsTheLocalNs) {
+TEST_F(CliTpOrthogonalize, SingleProcessIsTheLocalNs) {
   const RunResult r = run(0, fmt::format("{} {}", in(), out()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const Matrix got = read_npy(out());
@@ -60,7 +60,7 @@ TEST_F(CliOrthogonalize, SingleProcessIsTheLocalNs) {
 // summed over ranks in another order than one BLAS call, which changes fp32 rounding (see
 // tests/tp). Duplicated runs the single-process NS on the gathered (bit-exact) matrix with the
 // same code and one BLAS thread, so it must give the same bits.
-TEST_F(CliOrthogonalize, MpiRunsMatchTheSingleProcessResult) {
+TEST_F(CliTpOrthogonalize, MpiRunsMatchTheSingleProcessResult) {
   struct Case {
     int np;
     std::string mode;
@@ -87,7 +87,7 @@ TEST_F(CliOrthogonalize, MpiRunsMatchTheSingleProcessResult) {
   }
 }
 
-TEST_F(CliOrthogonalize, BlockwiseIsNsOfEachShard) {
+TEST_F(CliTpOrthogonalize, BlockwiseIsNsOfEachShard) {
   const RunResult r =
       run(2, fmt::format("{} {} --tp-mode blockwise --partition-dim 1", in(), out()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -99,7 +99,7 @@ TEST_F(CliOrthogonalize, BlockwiseIsNsOfEachShard) {
 }
 
 // Bad inputs fail on every rank with the reader's reason, a non-zero exit and no output file.
-TEST_F(CliOrthogonalize, BadInputsFailCleanly) {
+TEST_F(CliTpOrthogonalize, BadInputsFailCleanly) {
   const std::string good = [&] {
     std::ifstream f(in(), std::ios::binary);
     std::stringstream ss;
@@ -136,7 +136,7 @@ TEST_F(CliOrthogonalize, BadInputsFailCleanly) {
   }
 }
 
-TEST_F(CliOrthogonalize, ShapeThatDoesNotSplitEvenlyFails) {
+TEST_F(CliTpOrthogonalize, ShapeThatDoesNotSplitEvenlyFails) {
   write_npy(dir_ / "odd.npy", test::random_matrix(63, 48, 1).view());
   const RunResult r =
       run(2, fmt::format("{} {} --partition-dim 0", (dir_ / "odd.npy").string(), out()));
@@ -145,7 +145,7 @@ TEST_F(CliOrthogonalize, ShapeThatDoesNotSplitEvenlyFails) {
   EXPECT_FALSE(fs::exists(out()));
 }
 
-TEST_F(CliOrthogonalize, UnwritableOutputFailsOnEveryRank) {
+TEST_F(CliTpOrthogonalize, UnwritableOutputFailsOnEveryRank) {
   const std::string bad_out = (dir_ / "no_such_dir" / "out.npy").string();
   const RunResult r = run(2, fmt::format("{} {} --tp-mode distributed", in(), bad_out));
   EXPECT_NE(r.exit_code, 0) << r.output;

@@ -1,0 +1,14 @@
+// A program outside the distmuon tree: orthogonalise a small matrix through the installed package.
+#include <distmuon/newton_schulz.h>
+
+#include <cstdio>
+
+int main() {
+  distmuon::Matrix g(4, 6);
+  for (distmuon::Index i = 0; i < g.size(); ++i)
+    g.data()[i] = static_cast<float>((i * 7) % 5) - 2.0f;
+  const auto x = distmuon::newton_schulz(g.view());
+  const auto sv = distmuon::singular_values(x.view());
+  std::printf("sigma in [%.3f, %.3f]\n", sv.back(), sv.front());
+  return sv.front() > 0.5 && sv.front() < 1.5 ? 0 : 1;
+}
