@@ -98,6 +98,26 @@ TEST(TpTraffic, ClosedFormValues) {
   EXPECT_THROW(tp_traffic(64, 64, 2, 0, TpMode::kAuto, 5), Error);
 }
 
+TEST(TpLocalNs, TheProblemEachRankIterates) {
+  const auto check = [](TpLocalNs got, Index rows, Index cols, GramSide side) {
+    EXPECT_EQ(got.rows, rows);
+    EXPECT_EQ(got.cols, cols);
+    EXPECT_EQ(got.side, side);
+  };
+  check(tp_local_ns(1024, 4096, 2, 0, TpMode::kDistributed), 512, 4096, GramSide::kCols);
+  check(tp_local_ns(1024, 4096, 2, 1, TpMode::kDistributed), 1024, 2048, GramSide::kRows);
+  check(tp_local_ns(1024, 4096, 2, 0, TpMode::kDuplicated), 1024, 4096, GramSide::kRows);
+  check(tp_local_ns(4096, 1024, 4, 0, TpMode::kBlockwise), 1024, 1024, GramSide::kRows);
+  check(tp_local_ns(4096, 1024, 2, 0, TpMode::kBlockwise), 2048, 1024, GramSide::kCols);
+  check(tp_local_ns(4096, 1024, 2, 0, TpMode::kBlockwise, GramSide::kRows), 2048, 1024,
+        GramSide::kRows);
+  check(tp_local_ns(4096, 1024, 1, 0, TpMode::kDistributed), 4096, 1024, GramSide::kCols);
+  check(tp_local_ns(4096, 1024, 2, kNoPartition, TpMode::kDistributed), 4096, 1024,
+        GramSide::kCols);
+  EXPECT_EQ(tp_local_ns(1024, 4096, 2, 0, TpMode::kDistributed).gram_dim(), 4096);
+  EXPECT_EQ(tp_local_ns(1024, 4096, 2, 0, TpMode::kDistributed).long_dim(), 512);
+}
+
 TEST(TpFlops, EachModeCountsTheMatrixItIterates) {
   NsOptions o = ns_options("quintic", true);
   // Distributed, rows split: shard (m / G) x n with the Gram on the columns (n x n).
