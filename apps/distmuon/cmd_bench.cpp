@@ -37,7 +37,7 @@ void add_bench_command(CLI::App& app, Context& ctx) {
     std::vector<std::string> shapes = {"4096x1024", "1024x4096", "2048x2048"};
     int partition_dim = 0;
     std::vector<std::string> modes = {"blockwise", "duplicated", "distributed"};
-    int reps = 5, warmup = 1, rate_reps = 3, threads = 1;
+    int reps = 5, warmup = 1, rate_reps = 5, threads = 1;
     bool json = false;
     std::uint64_t seed = 0;
     NsCliOptions ns;

@@ -76,7 +76,7 @@ struct TpBenchConfig {
   std::vector<TpMode> modes = {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed};
   NsOptions ns;
   TimingOptions timing;             // the NS runs
-  TimingOptions rate_timing{1, 3};  // sgemm and collective measurements
+  TimingOptions rate_timing{1, 5};  // sgemm and collective measurements
   std::uint64_t seed = 0;
 };
 
@@ -85,10 +85,13 @@ struct TpBenchResult {
   int partition_dim = 0;
   TpMode mode = TpMode::kDuplicated;
   TimingSummary time;
-  TpLocalNs local;               // what each rank iterates on
-  double flops_per_rank = 0;     // tp_flops
-  double sgemm_flops_per_s = 0;  // measured rate of the NS update product of `local`
-  TpTraffic traffic;             // tp_traffic
+  TpLocalNs local;            // what each rank iterates on
+  double flops_per_rank = 0;  // tp_flops
+  TpTraffic traffic;          // tp_traffic
+  // Rates measured right before this case's runs (so that they see the same machine load):
+  // the NS update product of `local`, and one collective per distinct message the mode sends.
+  GemmRate sgemm;
+  std::vector<CollectiveRate> collectives;
   double compute_bound_s = 0, comm_bound_s = 0, bound_s = 0;
   double ratio = 0;  // median / bound
 };
@@ -100,19 +103,17 @@ struct TpBenchReport {
   int steps = 0;
   bool use_syrk = true;
   TimingOptions timing, rate_timing;
-  std::vector<GemmRate> sgemm;              // one per distinct NS update product
-  std::vector<CollectiveRate> collectives;  // one per distinct message the modes send
-  std::vector<TpBenchResult> results;       // shapes x modes, in config order
+  std::vector<TpBenchResult> results;  // shapes x modes, in config order
 };
 
 // Runs the benchmark on every rank of group (collective). Shapes must split evenly along the
-// partition dim (else CollectiveError on every rank). Measures the rates first, then each
-// (shape, mode): a fresh copy of the shard before every run, warm-up, timed runs.
+// partition dim (else CollectiveError on every rank). For each (shape, mode): its sgemm and
+// collective rates, then its NS runs (a fresh copy of the shard before each; warm-up, timed).
 TpBenchReport run_tp_bench(const Communicator& group, const TpBenchConfig& config,
                            Compute& compute = cpu_compute());
 
-// {"group_size", ..., "sgemm": [...], "collectives": [...], "results": [{"m", "n",
-// "partition_dim", "mode", "median_ms", "min_ms", "max_ms", "bound_ms", "ratio", ...}]}.
+// {"group_size", ..., "results": [{"m", "n", "partition_dim", "mode", "median_ms", "min_ms",
+// "max_ms", "bound_ms", "ratio", ..., "sgemm": {...}, "collectives": [...]}]}.
 nlohmann::json to_json(const TpBenchReport& report);
 // Human-readable tables of the rates and the results.
 std::string format_report(const TpBenchReport& report);

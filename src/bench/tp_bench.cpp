@@ -2,7 +2,6 @@
 // bound from the sgemm rate and collective bandwidth measured in the same run.
 #include <fmt/format.h>
 
-#include <map>
 #include <random>
 #include <tuple>
 
@@ -73,6 +72,7 @@ TpBenchReport run_tp_bench(const Communicator& group, const TpBenchConfig& confi
                            Compute& compute) {
   validate(group, config);
   const int g = group.size();
+  const int dim = config.partition_dim;
   TpBenchReport report;
   report.group_size = g;
   report.blas_threads = blas_threads();
@@ -82,63 +82,39 @@ TpBenchReport run_tp_bench(const Communicator& group, const TpBenchConfig& confi
   report.timing = config.timing;
   report.rate_timing = config.rate_timing;
 
-  // Rates first: the sgemm of each distinct update product and each distinct message.
-  std::map<std::tuple<Index, Index, Index>, std::size_t> gemm_index;
-  std::map<std::tuple<CollectiveKind, DType, std::size_t>, std::size_t> message_index;
-  for (const auto& [m, n] : config.shapes) {
-    for (TpMode mode : config.modes) {
-      const TpLocalNs local = tp_local_ns(m, n, g, config.partition_dim, mode, config.ns.side);
-      const auto key = update_gemm(local);
-      if (!gemm_index.contains(key)) {
-        gemm_index[key] = report.sgemm.size();
-        const auto [gm, gn, gk] = key;
-        report.sgemm.push_back(measure_sgemm(group, gm, gn, gk, config.rate_timing, compute));
-      }
-      for (const Message& msg : messages(m, n, g, config.partition_dim, mode, config.ns.steps)) {
-        const auto mkey = std::make_tuple(msg.kind, msg.dtype, msg.bytes);
-        if (message_index.contains(mkey)) continue;
-        message_index[mkey] = report.collectives.size();
-        report.collectives.push_back(
-            measure_collective(group, msg.kind, msg.dtype, msg.bytes, config.rate_timing));
-      }
-    }
-  }
-
   for (std::size_t si = 0; si < config.shapes.size(); ++si) {
     const auto [m, n] = config.shapes[si];
-    const Matrix full = [&] {
-      Matrix f(m, n);
-      std::mt19937_64 rng(config.seed + si);
-      std::normal_distribution<float> dist;
-      for (float& v : f.values())
-        v = dist(rng);
-      return f;
-    }();
-    const Matrix shard = shard_of(full.view(), config.partition_dim, g, group.rank());
+    Matrix full(m, n);
+    std::mt19937_64 rng(config.seed + si);
+    std::normal_distribution<float> dist;
+    for (float& v : full.values())
+      v = dist(rng);
+    const Matrix shard = shard_of(full.view(), dim, g, group.rank());
     Matrix work(shard.rows(), shard.cols());
     for (TpMode mode : config.modes) {
       TpBenchResult r;
       r.m = m;
       r.n = n;
-      r.partition_dim = config.partition_dim;
+      r.partition_dim = dim;
       r.mode = mode;
-      r.time = time_on_group(
-          group, config.timing,
-          [&] {
-            newton_schulz_tp(work.view(), config.partition_dim, group, mode, config.ns, compute);
-          },
-          [&] { copy(shard.view(), work.view()); });
-      r.local = tp_local_ns(m, n, g, config.partition_dim, mode, config.ns.side);
-      r.flops_per_rank = tp_flops(m, n, g, config.partition_dim, mode, config.ns);
-      r.sgemm_flops_per_s = report.sgemm[gemm_index.at(update_gemm(r.local))].flops_per_s;
-      r.traffic = tp_traffic(m, n, g, config.partition_dim, mode, config.ns.steps);
-      r.compute_bound_s = r.flops_per_rank / r.sgemm_flops_per_s;
-      for (const Message& msg : messages(m, n, g, config.partition_dim, mode, config.ns.steps)) {
-        const CollectiveRate& rate =
-            report.collectives[message_index.at(std::make_tuple(msg.kind, msg.dtype, msg.bytes))];
-        r.comm_bound_s += static_cast<double>(msg.calls * msg.bytes) / rate.alg_bw;
+      r.local = tp_local_ns(m, n, g, dim, mode, config.ns.side);
+      r.flops_per_rank = tp_flops(m, n, g, dim, mode, config.ns);
+      r.traffic = tp_traffic(m, n, g, dim, mode, config.ns.steps);
+
+      const auto [gm, gn, gk] = update_gemm(r.local);
+      r.sgemm = measure_sgemm(group, gm, gn, gk, config.rate_timing, compute);
+      r.compute_bound_s = r.flops_per_rank / r.sgemm.flops_per_s;
+      for (const Message& msg : messages(m, n, g, dim, mode, config.ns.steps)) {
+        r.collectives.push_back(
+            measure_collective(group, msg.kind, msg.dtype, msg.bytes, config.rate_timing));
+        r.comm_bound_s += static_cast<double>(msg.calls * msg.bytes) / r.collectives.back().alg_bw;
       }
       r.bound_s = r.compute_bound_s + r.comm_bound_s;
+
+      r.time = time_on_group(
+          group, config.timing,
+          [&] { newton_schulz_tp(work.view(), dim, group, mode, config.ns, compute); },
+          [&] { copy(shard.view(), work.view()); });
       r.ratio = r.time.median_s / r.bound_s;
       report.results.push_back(std::move(r));
     }
@@ -154,26 +130,22 @@ nlohmann::json to_json(const TpBenchReport& report) {
             {"steps", report.steps},
             {"syrk", report.use_syrk},
             {"warmup", report.timing.warmup},
-            {"reps", report.timing.reps}};
-  j["sgemm"] = json::array();
-  for (const GemmRate& r : report.sgemm) {
-    j["sgemm"].push_back({{"m", r.m},
-                          {"n", r.n},
-                          {"k", r.k},
-                          {"median_ms", r.time.median_s * 1e3},
-                          {"gflops_per_rank", r.flops_per_s * 1e-9}});
-  }
-  j["collectives"] = json::array();
-  for (const CollectiveRate& r : report.collectives) {
-    j["collectives"].push_back({{"op", to_string(r.kind)},
-                                {"dtype", dtype_name(r.dtype)},
-                                {"bytes", r.bytes},
-                                {"median_ms", r.time.median_s * 1e3},
-                                {"alg_bw_gbps", r.alg_bw * 1e-9},
-                                {"bus_bw_gbps", r.bus_bw * 1e-9}});
-  }
+            {"reps", report.timing.reps},
+            {"rate_reps", report.rate_timing.reps}};
   j["results"] = json::array();
   for (const TpBenchResult& r : report.results) {
+    json samples = json::array();
+    for (double t : r.time.samples_s)
+      samples.push_back(t * 1e3);
+    json collectives = json::array();
+    for (const CollectiveRate& c : r.collectives) {
+      collectives.push_back({{"op", to_string(c.kind)},
+                             {"dtype", dtype_name(c.dtype)},
+                             {"bytes", c.bytes},
+                             {"median_ms", c.time.median_s * 1e3},
+                             {"alg_bw_gbps", c.alg_bw * 1e-9},
+                             {"bus_bw_gbps", c.bus_bw * 1e-9}});
+    }
     j["results"].push_back({{"m", r.m},
                             {"n", r.n},
                             {"partition_dim", r.partition_dim},
@@ -181,20 +153,20 @@ nlohmann::json to_json(const TpBenchReport& report) {
                             {"median_ms", r.time.median_s * 1e3},
                             {"min_ms", r.time.min_s * 1e3},
                             {"max_ms", r.time.max_s * 1e3},
-                            {"samples_ms",
-                             [&] {
-                               json s = json::array();
-                               for (double t : r.time.samples_s)
-                                 s.push_back(t * 1e3);
-                               return s;
-                             }()},
+                            {"samples_ms", samples},
                             {"local_rows", r.local.rows},
                             {"local_cols", r.local.cols},
                             {"gram_dim", r.local.gram_dim()},
                             {"gflop_per_rank", r.flops_per_rank * 1e-9},
-                            {"sgemm_gflops", r.sgemm_flops_per_s * 1e-9},
                             {"all_gather_bytes", r.traffic.all_gather_bytes},
                             {"all_reduce_bytes", r.traffic.all_reduce_bytes},
+                            {"sgemm",
+                             {{"m", r.sgemm.m},
+                              {"n", r.sgemm.n},
+                              {"k", r.sgemm.k},
+                              {"median_ms", r.sgemm.time.median_s * 1e3},
+                              {"gflops_per_rank", r.sgemm.flops_per_s * 1e-9}}},
+                            {"collectives", collectives},
                             {"compute_bound_ms", r.compute_bound_s * 1e3},
                             {"comm_bound_ms", r.comm_bound_s * 1e3},
                             {"bound_ms", r.bound_s * 1e3},
@@ -206,43 +178,40 @@ nlohmann::json to_json(const TpBenchReport& report) {
 std::string format_report(const TpBenchReport& report) {
   std::string out = fmt::format(
       "distmuon bench: {} rank(s), {} BLAS thread(s) per rank, {} x {} steps, {}; {} timed run(s) "
-      "after {} warm-up; a run's time is the slowest rank's\n\n",
+      "after {} warm-up; a run's time is the slowest rank's\n",
       report.group_size, report.blas_threads, report.coefficients, report.steps,
       report.use_syrk ? "syrk" : "gemm", report.timing.reps, report.timing.warmup);
-  out += "sgemm per rank, all ranks at once (the NS update product of each mode):\n";
-  out += fmt::format("  {:>6} {:>6} {:>6} {:>10} {:>12}\n", "m", "n", "k", "median_ms", "GFLOP/s");
-  for (const GemmRate& r : report.sgemm) {
-    out += fmt::format("  {:>6} {:>6} {:>6} {:>10.2f} {:>12.1f}\n", r.m, r.n, r.k,
-                       r.time.median_s * 1e3, r.flops_per_s * 1e-9);
-  }
-  if (!report.collectives.empty()) {
-    out +=
-        "\ncollectives (bytes per call as counted: all-gather the gathered buffer, all-reduce the "
-        "buffer;\n  algbw = bytes / time, busbw = nccl-tests bus bandwidth):\n";
-    out += fmt::format("  {:<10} {:>4} {:>12} {:>10} {:>11} {:>11}\n", "op", "type", "bytes",
-                       "median_ms", "algbw_GB/s", "busbw_GB/s");
-    for (const CollectiveRate& r : report.collectives) {
-      out += fmt::format("  {:<10} {:>4} {:>12} {:>10.3f} {:>11.2f} {:>11.2f}\n", to_string(r.kind),
-                         dtype_name(r.dtype), r.bytes, r.time.median_s * 1e3, r.alg_bw * 1e-9,
-                         r.bus_bw * 1e-9);
-    }
-  }
   out +=
-      "\nNewton-Schulz per (shape, mode); bound = GFLOP/rank at the sgemm rate + bytes at the "
-      "measured bandwidth:\n";
-  out +=
-      fmt::format("  {:<10} {:>3} {:<12} {:>10} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9} {:>9} {:>6}\n",
-                  "shape", "dim", "mode", "median_ms", "min_ms", "max_ms", "GFLOP/rk", "comm_MB",
-                  "cmp_ms", "comm_ms", "bound_ms", "ratio");
+      "bound = GFLOP/rank at the sgemm rate + bytes at the collective bandwidth, both measured "
+      "(all ranks at once) right before each case\n\n";
+  out += fmt::format(
+      "  {:<10} {:>3} {:<12} {:>9} {:>8} {:>8} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8} {:>6}\n",
+      "shape", "dim", "mode", "median_ms", "min_ms", "max_ms", "GFLOP/rk", "sgemm_GF", "comm_MB",
+      "cmp_ms", "comm_ms", "bound_ms", "ratio");
   for (const TpBenchResult& r : report.results) {
     const double mb =
         static_cast<double>(r.traffic.all_gather_bytes + r.traffic.all_reduce_bytes) / 1e6;
     out += fmt::format(
-        "  {:<10} {:>3} {:<12} {:>10.1f} {:>9.1f} {:>9.1f} {:>10.2f} {:>8.1f} {:>9.1f} {:>9.1f} "
-        "{:>9.1f} {:>6.2f}\n",
+        "  {:<10} {:>3} {:<12} {:>9.1f} {:>8.1f} {:>8.1f} {:>9.2f} {:>8.1f} {:>7.1f} {:>8.1f} "
+        "{:>8.1f} {:>8.1f} {:>6.2f}\n",
         shape_str(r.m, r.n), r.partition_dim, to_string(r.mode), r.time.median_s * 1e3,
-        r.time.min_s * 1e3, r.time.max_s * 1e3, r.flops_per_rank * 1e-9, mb,
-        r.compute_bound_s * 1e3, r.comm_bound_s * 1e3, r.bound_s * 1e3, r.ratio);
+        r.time.min_s * 1e3, r.time.max_s * 1e3, r.flops_per_rank * 1e-9, r.sgemm.flops_per_s * 1e-9,
+        mb, r.compute_bound_s * 1e3, r.comm_bound_s * 1e3, r.bound_s * 1e3, r.ratio);
+  }
+  out +=
+      "\nrates per case: sgemm m x n x k (the NS update product) in GFLOP/s per rank; "
+      "collectives: bytes per call\n  as counted (all-gather: gathered buffer), algbw = bytes / "
+      "time, busbw = nccl-tests bus bandwidth, GB/s\n";
+  for (const TpBenchResult& r : report.results) {
+    out +=
+        fmt::format("  {:<10} {:<12} sgemm {}x{}x{} {:.1f}", shape_str(r.m, r.n), to_string(r.mode),
+                    r.sgemm.m, r.sgemm.n, r.sgemm.k, r.sgemm.flops_per_s * 1e-9);
+    for (const CollectiveRate& c : r.collectives) {
+      out += fmt::format("; {} {} {} B {:.3f} ms algbw {:.2f} busbw {:.2f}", to_string(c.kind),
+                         dtype_name(c.dtype), c.bytes, c.time.median_s * 1e3, c.alg_bw * 1e-9,
+                         c.bus_bw * 1e-9);
+    }
+    out += "\n";
   }
   return out;
 }

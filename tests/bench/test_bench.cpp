@@ -73,21 +73,33 @@ TEST(Bench, TpBenchReportsEveryShapeAndModeAgainstItsBound) {
   c.timing = {0, 2};
   c.rate_timing = {0, 1};
   const TpBenchReport rep = run_tp_bench(w, c);
+  const double c_steps = c.ns.steps;
   ASSERT_EQ(rep.results.size(), 6u);
   EXPECT_EQ(rep.group_size, w.size());
   for (const TpBenchResult& r : rep.results) {
     SCOPED_TRACE(fmt::format("{} {}", shape_str(r.m, r.n), to_string(r.mode)));
     EXPECT_EQ(r.flops_per_rank, tp_flops(r.m, r.n, w.size(), 0, r.mode, c.ns));
     EXPECT_EQ(r.traffic, tp_traffic(r.m, r.n, w.size(), 0, r.mode, c.ns.steps));
-    EXPECT_DOUBLE_EQ(r.compute_bound_s, r.flops_per_rank / r.sgemm_flops_per_s);
+    EXPECT_DOUBLE_EQ(r.compute_bound_s, r.flops_per_rank / r.sgemm.flops_per_s);
     EXPECT_DOUBLE_EQ(r.bound_s, r.compute_bound_s + r.comm_bound_s);
     EXPECT_DOUBLE_EQ(r.ratio, r.time.median_s / r.bound_s);
-    // Communication is charged exactly when the mode sends something.
-    EXPECT_EQ(r.comm_bound_s > 0, r.traffic.all_gather_calls + r.traffic.all_reduce_calls > 0);
+    // The update product of the local problem: 2 s^2 l FLOPs.
+    const double s = static_cast<double>(r.local.gram_dim()),
+                 l = static_cast<double>(r.local.long_dim());
+    EXPECT_EQ(2.0 * r.sgemm.m * r.sgemm.n * r.sgemm.k, 2.0 * s * s * l);
+    // One measurement per distinct message: all-gather for duplicated; the Gram (fp32) and the
+    // norm (one double) all-reduces for distributed; nothing at G = 1 or for blockwise.
+    const bool sends = w.size() > 1 && r.mode != TpMode::kBlockwise;
+    EXPECT_EQ(r.collectives.size(), !sends ? 0u : (r.mode == TpMode::kDuplicated ? 1u : 2u));
+    double comm = 0;
+    for (const CollectiveRate& c : r.collectives) {
+      const double calls =
+          c.kind == CollectiveKind::kAllGather ? 1.0 : (c.dtype == DType::kF64 ? 1.0 : c_steps);
+      comm += calls * static_cast<double>(c.bytes) / c.alg_bw;
+    }
+    EXPECT_DOUBLE_EQ(r.comm_bound_s, comm);
+    EXPECT_EQ(r.comm_bound_s > 0, sends);
   }
-  // Distinct messages are measured once each: none at G = 1; at G > 1 one all-gather (both
-  // shapes have 512 elements), the two Gram all-reduces (16x16 and 32x32 fp32) and the norm.
-  EXPECT_EQ(rep.collectives.size(), w.size() == 1 ? 0u : 4u);
   const nlohmann::json j = to_json(rep);
   EXPECT_EQ(j.at("results").size(), 6u);
   for (const char* key :
