@@ -1,28 +1,113 @@
 // `distmuon orthogonalize IN.npy OUT.npy`: Newton-Schulz of a matrix read from a .npy file.
+// Under `mpirun -np G` the matrix is split evenly along --partition-dim, each rank runs the
+// --tp-mode on its shard, and the result is gathered back: rank 0 reads and writes the files,
+// and a failure there (unreadable input, unwritable output) becomes an error on every rank.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <cmath>
+
+#include "command_line_errors.h"
 #include "commands.h"
 #include "distmuon/error.h"
 #include "distmuon/npy.h"
+#include "distmuon/tp.h"
 
 namespace distmuon::cli {
+namespace {
+
+// Rank 0 reads the matrix and checks that it is finite; every rank learns whether that worked.
+Matrix read_on_root(const Communicator& world, const std::string& path) {
+  Matrix full;
+  bool ok = true;
+  std::string reason;
+  if (world.rank() == 0) {
+    try {
+      full = read_npy(path);
+      for (float v : full.values()) {
+        if (!std::isfinite(v)) throw Error(fmt::format("'{}' contains non-finite values", path));
+      }
+    } catch (const std::exception& e) {
+      ok = false;
+      reason = e.what();
+    }
+  }
+  world.agree_or_throw(ok, "reading the input", reason);
+  return full;
+}
+
+// Broadcasts rank 0's matrix (shape, then values) to every rank.
+Matrix broadcast_matrix(const Communicator& world, Matrix full) {
+  std::int64_t shape[2] = {full.rows(), full.cols()};
+  world.broadcast<std::int64_t>(shape, 0);
+  if (world.rank() != 0) full = Matrix(shape[0], shape[1]);
+  world.broadcast<float>(full.values(), 0);
+  return full;
+}
+
+}  // namespace
 
 void add_orthogonalize_command(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("orthogonalize", "Orthogonalise a 2-D float32 .npy matrix");
   struct Opts {
     std::string in, out;
+    std::string tp_mode = "duplicated";
+    int partition_dim = 0;
     NsCliOptions ns;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("input", o->in, "Input .npy (float32, C order, 2-D)")->required();
-  cmd->add_option("output", o->out, "Output .npy")->required();
+  cmd->add_option("output", o->out, "Output .npy (written atomically by rank 0)")->required();
+  cmd->add_option("--tp-mode", o->tp_mode, "How the shards of the ranks are orthogonalised")
+      ->check(CLI::IsMember({"blockwise", "duplicated", "distributed"}))
+      ->capture_default_str();
+  cmd->add_option("--partition-dim", o->partition_dim, "Dimension split over the ranks")
+      ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
   o->ns.add_to(*cmd);
   cmd->callback([o, &ctx] {
-    const NsOptions opts = o->ns.resolve();
-    (void)ctx;
-    Matrix x = read_npy(o->in);
-    newton_schulz_inplace(x.view(), opts);
-    write_npy(o->out, x.view());
+    const Communicator& world = ctx.world;
+    const NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
+    const TpMode mode = parse_tp_mode(o->tp_mode);
+    const int g = world.size(), dim = o->partition_dim;
+
+    const Matrix full = broadcast_matrix(world, read_on_root(world, o->in));
+    const Index extent = dim == 0 ? full.rows() : full.cols();
+    if (extent % g != 0) {  // every rank sees the same shape: they all stop here
+      throw CollectiveError(fmt::format("{} does not split into {} equal shards along dim {}",
+                                        shape_str(full.view()), g, dim));
+    }
+    Matrix shard = shard_of(full.view(), dim, g, world.rank());
+    const auto t0 = std::chrono::steady_clock::now();
+    newton_schulz_tp(shard.view(), dim, world, mode, opts);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    // Gather the shards (rank order) and reassemble the full matrix on rank 0.
+    const auto count = static_cast<std::size_t>(shard.size());
+    std::vector<float> gathered(count * static_cast<std::size_t>(g));
+    world.all_gather<float>(shard.values(), gathered);
+    bool ok = true;
+    std::string reason;
+    if (world.rank() == 0) {
+      try {
+        Matrix out(full.rows(), full.cols());
+        const Index sr = shard.rows(), sc = shard.cols();
+        for (int r = 0; r < g; ++r) {
+          const ConstMatrixView piece{gathered.data() + count * static_cast<std::size_t>(r), sr, sc,
+                                      sc};
+          copy(piece, dim == 0 ? out.view().block(sr * r, 0, sr, sc)
+                               : out.view().block(0, sc * r, sr, sc));
+        }
+        write_npy(o->out, out.view());
+      } catch (const std::exception& e) {
+        ok = false;
+        reason = e.what();
+      }
+    }
+    world.agree_or_throw(ok, "writing the output", reason);
+    spdlog::debug("orthogonalized {} ({} over {} rank(s), partition dim {}) in {:.1f} ms -> {}",
+                  shape_str(full.view()), to_string(mode), g, dim, sec * 1e3, o->out);
   });
 }
 

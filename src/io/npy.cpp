@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <regex>
@@ -85,18 +86,40 @@ Matrix read_npy(const std::filesystem::path& path) {
   const std::regex num("\\d+");
   for (auto it = std::sregex_iterator(shape_text.begin(), shape_text.end(), num);
        it != std::sregex_iterator(); ++it) {
-    dims.push_back(std::stoll(it->str()));
+    const std::string digits = it->str();
+    if (digits.size() > 12)
+      bad(path, fmt::format("dimension {} in shape {} is implausible", digits, shape_text));
+    dims.push_back(std::stoll(digits));
   }
   if (dims.size() != 2)
     bad(path, fmt::format("array has rank {} (shape {}); a 2-D matrix is required", dims.size(),
                           shape_text));
 
+  // Compare with the file size before allocating, so that a corrupt shape cannot ask for an
+  // absurd allocation and a short or long file is reported as such.
+  std::error_code ec;
+  const auto file_size = std::filesystem::file_size(path, ec);
+  if (ec) bad(path, "cannot stat: " + ec.message());
+  const auto data_offset = static_cast<std::uintmax_t>(in.tellg());
+  const std::uintmax_t available = file_size - data_offset;
+  const auto rows = static_cast<std::uintmax_t>(dims[0]);
+  const auto cols = static_cast<std::uintmax_t>(dims[1]);
+  const bool fits = cols == 0 || rows <= available / sizeof(float) / cols;
+  const std::uintmax_t bytes = fits ? sizeof(float) * rows * cols : 0;
+  if (!fits || bytes > available) {
+    bad(path,
+        fmt::format(
+            "truncated data: a {} float32 matrix needs {} bytes, the file has {} after the header",
+            shape_str(dims[0], dims[1]), fits ? fmt::format("{}", bytes) : "more", available));
+  }
+  if (bytes < available) {
+    bad(path, fmt::format("{} unexpected bytes after the data of a {} float32 matrix",
+                          available - bytes, shape_str(dims[0], dims[1])));
+  }
   Matrix m(dims[0], dims[1]);
-  const auto bytes =
-      static_cast<std::streamsize>(sizeof(float) * static_cast<std::size_t>(m.size()));
-  if (bytes > 0 && !in.read(reinterpret_cast<char*>(m.data()), bytes)) {
-    bad(path, fmt::format("truncated data: {} needs {} bytes, file has {}",
-                          shape_str(dims[0], dims[1]), bytes, in.gcount()));
+  if (bytes > 0 &&
+      !in.read(reinterpret_cast<char*>(m.data()), static_cast<std::streamsize>(bytes))) {
+    bad(path, fmt::format("read of {} data bytes failed: {}", bytes, errno_str()));
   }
   return m;
 }

@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -10,17 +12,33 @@
 namespace distmuon {
 namespace {
 
-// Shapes already verified equal across a group, keyed by the group's implementation.
-// A cheap all-gather of the shard shape runs the first time a (group, shape) pair is seen.
-void check_equal_shards(const Communicator& group, Index rows, Index cols, int partition_dim) {
-  static std::mutex mu;
-  static std::set<std::tuple<const void*, Index, Index, int>> seen;
-  const auto key =
-      std::make_tuple(static_cast<const void*>(group.impl_ptr().get()), rows, cols, partition_dim);
-  {
+// Shapes already verified equal across a group. The cache is keyed by the group's implementation
+// through a weak_ptr (owner order), so a group created later at a reused address never inherits
+// another group's entries: every rank of a group sees the same cache state as long as all ranks
+// make the same calls, which keeps the one-time check itself collective.
+struct ShapeCache {
+  std::mutex mu;
+  std::map<std::weak_ptr<CommImpl>, std::set<std::tuple<Index, Index, int>>, std::owner_less<>>
+      seen;
+
+  bool contains(const Communicator& group, const std::tuple<Index, Index, int>& key) {
     std::lock_guard lock(mu);
-    if (seen.contains(key)) return;
+    const auto it = seen.find(group.impl_ptr());
+    return it != seen.end() && it->second.contains(key);
   }
+  void insert(const Communicator& group, const std::tuple<Index, Index, int>& key) {
+    std::lock_guard lock(mu);
+    std::erase_if(seen, [](const auto& entry) { return entry.first.expired(); });
+    seen[group.impl_ptr()].insert(key);
+  }
+};
+
+// A cheap all-gather of the shard shape runs the first time a (group, shape) pair is seen; a
+// mismatch throws CollectiveError on every rank, since every rank sees the same gathered shapes.
+void check_equal_shards(const Communicator& group, Index rows, Index cols, int partition_dim) {
+  static ShapeCache cache;
+  const auto key = std::make_tuple(rows, cols, partition_dim);
+  if (cache.contains(group, key)) return;
   const std::int64_t mine[3] = {rows, cols, partition_dim};
   std::vector<std::int64_t> all(3 * static_cast<std::size_t>(group.size()));
   group.all_gather<std::int64_t>(mine, all);
@@ -37,8 +55,7 @@ void check_equal_shards(const Communicator& group, Index rows, Index cols, int p
         "newton_schulz_tp: shards differ across the group of {} (rank 0: {} dim {}; {})",
         group.size(), shape_str(all[0], all[1]), all[2], mismatch));
   }
-  std::lock_guard lock(mu);
-  seen.insert(key);
+  cache.insert(group, key);
 }
 
 // All-gathers equal shards along dim into the full matrix (rank order).

@@ -1,0 +1,97 @@
+// `distmuon bench`: tensor-parallel Newton-Schulz per (shape, mode) against its measured bound.
+// Run under `mpirun -np G`; prints a table (or one JSON object with --json) on rank 0.
+#include <fmt/format.h>
+
+#include <charconv>
+#include <iostream>
+
+#include "command_line_errors.h"
+#include "commands.h"
+#include "distmuon/bench.h"
+#include "distmuon/error.h"
+
+namespace distmuon::cli {
+namespace {
+
+std::pair<Index, Index> parse_shape(const std::string& text) {
+  const auto x = text.find('x');
+  Index m = 0, n = 0;
+  const char* end = text.data() + text.size();
+  if (x != std::string::npos) {
+    const auto rm = std::from_chars(text.data(), text.data() + x, m);
+    const auto rn = std::from_chars(text.data() + x + 1, end, n);
+    if (rm.ec == std::errc{} && rm.ptr == text.data() + x && rn.ec == std::errc{} &&
+        rn.ptr == end && m > 0 && n > 0) {
+      return {m, n};
+    }
+  }
+  throw Error(fmt::format("--shape '{}' is not MxN with positive M and N (e.g. 4096x1024)", text));
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand(
+      "bench", "Time TP Newton-Schulz per shape and mode against its bound (run under mpirun)");
+  struct Opts {
+    std::vector<std::string> shapes = {"4096x1024", "1024x4096", "2048x2048"};
+    int partition_dim = 0;
+    std::vector<std::string> modes = {"blockwise", "duplicated", "distributed"};
+    int reps = 5, warmup = 1, rate_reps = 5, threads = 1;
+    bool json = false;
+    std::uint64_t seed = 0;
+    NsCliOptions ns;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--shape", o->shapes, "Matrix shapes MxN (repeatable)")->capture_default_str();
+  cmd->add_option("--partition-dim", o->partition_dim, "Dimension the shards split")
+      ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
+  cmd->add_option("--modes", o->modes, "Comma-separated TP modes")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"blockwise", "duplicated", "distributed"}))
+      ->capture_default_str();
+  cmd->add_option("--reps", o->reps, "Timed runs per (shape, mode)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "Untimed runs first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--rate-reps", o->rate_reps,
+                  "Timed runs of each sgemm and collective measurement")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "BLAS threads per rank")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the random matrices")->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of the tables");
+  o->ns.add_to(*cmd);
+  cmd->callback([o, &ctx] {
+    const TpBenchConfig config = resolve_on_every_rank([&] {
+      TpBenchConfig c;
+      c.shapes.clear();
+      for (const auto& s : o->shapes)
+        c.shapes.push_back(parse_shape(s));
+      c.partition_dim = o->partition_dim;
+      c.modes.clear();
+      for (const auto& m : o->modes)
+        c.modes.push_back(parse_tp_mode(m));
+      c.ns = o->ns.resolve();
+      c.timing = {o->warmup, o->reps};
+      c.rate_timing = {1, o->rate_reps};
+      c.seed = o->seed;
+      return c;
+    });
+    set_blas_threads(o->threads);
+    const TpBenchReport report = run_tp_bench(ctx.world, config);
+    if (ctx.world.rank() != 0) return;
+    if (o->json) {
+      std::cout << to_json(report).dump(2) << std::endl;
+    } else {
+      std::cout << format_report(report) << std::flush;
+    }
+  });
+}
+
+}  // namespace distmuon::cli

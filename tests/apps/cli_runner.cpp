@@ -1,0 +1,42 @@
+#include "cli_runner.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace distmuon::test {
+
+CliRun run_cli(int np, const std::string& args, const std::filesystem::path& log) {
+  // odls_base_sigkill_timeout 0: when ranks exit non-zero, mpirun tears the job down at once
+  // instead of waiting about 2 s per failing run.
+  const std::string launcher = np > 0
+                                   ? fmt::format("{} -np {} {} --mca odls_base_sigkill_timeout 0 ",
+                                                 DISTMUON_TEST_MPIEXEC, np, DISTMUON_TEST_MPI_FLAGS)
+                                   : "";
+  const std::string cmd =
+      fmt::format("timeout 60 {}{} {} > '{}' 2>&1", launcher, DISTMUON_CLI, args, log.string());
+  const int status = std::system(cmd.c_str());
+  CliRun r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.output = ss.str();
+  if (r.exit_code == 124) ADD_FAILURE() << "timed out (a hang?): " << cmd << "\n" << r.output;
+  return r;
+}
+
+std::filesystem::path fresh_test_dir(const std::string& prefix) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   fmt::format("{}_{}_{}", prefix, ::getpid(),
+                               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace distmuon::test

@@ -1,0 +1,22 @@
+#pragma once
+// Runs the distmuon CLI from a test: single-process or under mpirun -np N, with a time limit so a
+// hang fails instead of blocking, output (stdout and stderr) captured.
+
+#include <filesystem>
+#include <string>
+
+namespace distmuon::test {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs `distmuon ARGS` (np 0: without mpirun); log is where the output is captured.
+// A run killed by the 60 s limit is reported as a test failure (exit code 124).
+CliRun run_cli(int np, const std::string& args, const std::filesystem::path& log);
+
+// A fresh, empty temporary directory named after the running test.
+std::filesystem::path fresh_test_dir(const std::string& prefix);
+
+}  // namespace distmuon::test

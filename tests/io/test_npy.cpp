@@ -1,0 +1,184 @@
+// .npy reading and writing: round trips, every malformation the reader rejects, and atomic writes.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "distmuon/error.h"
+#include "distmuon/npy.h"
+#include "test_util.h"
+
+namespace distmuon {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test, removed afterwards.
+class Npy : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           fmt::format("distmuon_npy_{}_{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+// A .npy file with a hand-written header (padded like numpy) and raw data bytes.
+std::string npy_bytes(const std::string& dict, std::size_t data_bytes, int major = 1) {
+  std::string header = dict;
+  const std::size_t preamble = major == 1 ? 10 : 12;
+  header.append((64 - (preamble + header.size() + 1) % 64) % 64, ' ');
+  header.push_back('\n');
+  std::string out = "\x93NUMPY";
+  out.push_back(static_cast<char>(major));
+  out.push_back(0);
+  const std::size_t n = header.size();
+  out.push_back(static_cast<char>(n & 0xff));
+  out.push_back(static_cast<char>((n >> 8) & 0xff));
+  if (major != 1) {
+    out.push_back(0);
+    out.push_back(0);
+  }
+  out += header;
+  for (std::size_t i = 0; i < data_bytes; ++i)
+    out.push_back(static_cast<char>(i % 7));
+  return out;
+}
+
+void write_raw(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string f4_dict(const std::string& shape, const std::string& descr = "<f4",
+                    const std::string& fortran = "False") {
+  return fmt::format("{{'descr': '{}', 'fortran_order': {}, 'shape': {}, }}", descr, fortran,
+                     shape);
+}
+
+// Reading must fail with distmuon::Error whose message names the file and contains `what`.
+void expect_read_error(const fs::path& p, const std::string& what) {
+  try {
+    read_npy(p);
+    ADD_FAILURE() << "read_npy accepted " << p;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(p.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << "expected '" << what << "' in: " << msg;
+  }
+}
+
+std::vector<fs::path> files_in(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    out.push_back(e.path().filename());
+  return out;
+}
+
+TEST_F(Npy, RoundTripKeepsShapeAndBits) {
+  for (auto [m, n] : {std::pair<Index, Index>{3, 5}, {1, 1}, {64, 17}, {0, 4}, {4, 0}}) {
+    const Matrix a = test::random_matrix(m, n, 3);
+    const fs::path p = dir_ / fmt::format("a_{}x{}.npy", m, n);
+    write_npy(p, a.view());
+    const Matrix b = read_npy(p);
+    ASSERT_EQ(b.rows(), m);
+    ASSERT_EQ(b.cols(), n);
+    for (Index i = 0; i < a.size(); ++i)
+      EXPECT_EQ(a.data()[i], b.data()[i]);
+  }
+}
+
+TEST_F(Npy, WritesNumpyLayoutFromStridedViews) {
+  Matrix big = test::random_matrix(6, 9, 4);
+  const fs::path p = dir_ / "block.npy";
+  write_npy(p, big.view().block(1, 2, 3, 4));
+  // Magic, version 1.0, header padded so that the data starts at a multiple of 64 bytes.
+  std::ifstream in(p, std::ios::binary);
+  std::string head(10, '\0');
+  in.read(head.data(), 10);
+  EXPECT_EQ(head.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8));
+  const std::size_t header_len =
+      static_cast<unsigned char>(head[8]) | (static_cast<unsigned char>(head[9]) << 8);
+  EXPECT_EQ((10 + header_len) % 64, 0u);
+  EXPECT_EQ(fs::file_size(p), 10 + header_len + 3 * 4 * sizeof(float));
+  const Matrix b = read_npy(p);
+  for (Index i = 0; i < 3; ++i)
+    for (Index j = 0; j < 4; ++j)
+      EXPECT_EQ(b(i, j), big(1 + i, 2 + j));
+}
+
+TEST_F(Npy, ReadsVersion2Headers) {
+  const fs::path p = dir_ / "v2.npy";
+  write_raw(p, npy_bytes(f4_dict("(2, 3)"), 24, 2));
+  const Matrix m = read_npy(p);
+  EXPECT_EQ(m.rows(), 2);
+  EXPECT_EQ(m.cols(), 3);
+}
+
+TEST_F(Npy, RejectsEachMalformation) {
+  const auto check = [&](const std::string& name, const std::string& bytes,
+                         const std::string& what) {
+    SCOPED_TRACE(name);
+    const fs::path p = dir_ / (name + ".npy");
+    write_raw(p, bytes);
+    expect_read_error(p, what);
+  };
+  const std::string good = npy_bytes(f4_dict("(2, 3)"), 24);
+  check("empty", "", "bad magic");
+  check("magic", "\x93NUMPZ" + good.substr(6), "bad magic");
+  check("text", "hello world, not an array", "bad magic");
+  check("version", good.substr(0, 6) + "\x04" + good.substr(7), "unsupported format version 4.0");
+  check("short_preamble", good.substr(0, 9), "truncated header length");
+  check("short_header", good.substr(0, 30), "truncated header");
+  check("float64", npy_bytes(f4_dict("(2, 3)", "<f8"), 48), "dtype '<f8'");
+  check("big_endian", npy_bytes(f4_dict("(2, 3)", ">f4"), 24), "dtype '>f4'");
+  check("int32", npy_bytes(f4_dict("(2, 3)", "<i4"), 24), "dtype '<i4'");
+  check("fortran", npy_bytes(f4_dict("(2, 3)", "<f4", "True"), 24), "Fortran");
+  check("rank1", npy_bytes(f4_dict("(6,)"), 24), "rank 1");
+  check("rank3", npy_bytes(f4_dict("(1, 2, 3)"), 24), "rank 3");
+  check("scalar", npy_bytes(f4_dict("()"), 4), "rank 0");
+  check("no_shape", npy_bytes("{'descr': '<f4', 'fortran_order': False, }", 24), "'shape'");
+  check("truncated", good.substr(0, good.size() - 1), "truncated data");
+  check("no_data", npy_bytes(f4_dict("(2, 3)"), 0), "truncated data");
+  check("trailing", good + "xy", "2 unexpected bytes");
+  // A corrupt shape must be reported, not allocated.
+  check("huge", npy_bytes(f4_dict("(4000000000, 4000000000)"), 24), "truncated data");
+  check("absurd", npy_bytes(f4_dict("(99999999999999999999, 2)"), 24), "implausible");
+  expect_read_error(dir_ / "missing.npy", "cannot open");
+}
+
+TEST_F(Npy, AtomicWriteReplacesTheFileWhole) {
+  const fs::path p = dir_ / "out.npy";
+  write_npy(p, test::random_matrix(2, 2, 1).view());
+  const Matrix b = test::random_matrix(5, 3, 2);
+  write_npy(p, b.view());
+  EXPECT_EQ(read_npy(p).rows(), 5);
+  EXPECT_EQ(files_in(dir_), std::vector<fs::path>{"out.npy"});  // no temporary left behind
+}
+
+TEST_F(Npy, FailedWriteLeavesNoFile) {
+  const Matrix a = test::random_matrix(4, 4, 1);
+  // Into a directory that does not exist: nothing can be created.
+  EXPECT_THROW(write_npy(dir_ / "no_such_dir" / "out.npy", a.view()), Error);
+  // Onto an existing directory: the temporary is written, the rename fails, the temporary goes.
+  fs::create_directories(dir_ / "target.npy");
+  try {
+    write_npy(dir_ / "target.npy", a.view());
+    ADD_FAILURE() << "writing over a directory succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rename"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(files_in(dir_), std::vector<fs::path>{"target.npy"});
+  EXPECT_TRUE(fs::is_directory(dir_ / "target.npy"));
+}
+
+}  // namespace
+}  // namespace distmuon
