@@ -5,6 +5,7 @@
 #include <charconv>
 #include <iostream>
 
+#include "bench_model_options.h"
 #include "command_line_errors.h"
 #include "commands.h"
 #include "distmuon/bench.h"
@@ -41,6 +42,7 @@ void add_bench_command(CLI::App& app, Context& ctx) {
     bool json = false;
     std::uint64_t seed = 0;
     NsCliOptions ns;
+    BenchModelOptions model;  // --model: a model's shapes instead (bench_model_command.cpp)
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--shape", o->shapes, "Matrix shapes MxN (repeatable)")->capture_default_str();
@@ -67,7 +69,13 @@ void add_bench_command(CLI::App& app, Context& ctx) {
   cmd->add_option("--seed", o->seed, "Seed of the random matrices")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the tables");
   o->ns.add_to(*cmd);
-  cmd->callback([o, &ctx] {
+  o->model.add_to(*cmd);
+  cmd->callback([o, cmd, &ctx] {
+    if (o->model.active()) {
+      run_bench_model(o->model, {o->modes, o->reps, o->warmup, o->threads, o->json, o->seed, o->ns},
+                      *cmd, ctx);
+      return;
+    }
     const TpBenchConfig config = resolve_on_every_rank([&] {
       TpBenchConfig c;
       c.shapes.clear();

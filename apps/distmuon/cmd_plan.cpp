@@ -42,7 +42,8 @@ void add_plan_command(CLI::App& app, Context& ctx) {
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--shape", o->shapes, "Weight shape MxN (repeatable)");
-  cmd->add_option("--model", o->model, "Model preset name or JSON file (see --list-models)");
+  cmd->add_option("--model", o->model,
+                  "Model preset name or JSON file (see --list-models), or train-default");
   cmd->add_flag("--list-models", o->list_models, "List the built-in model presets");
   cmd->add_option("--group-size,-G", o->group_size, "Ranks each weight is sharded over")
       ->capture_default_str();
@@ -73,6 +74,8 @@ void add_plan_command(CLI::App& app, Context& ctx) {
             m.hidden, m.ffn, m.heads, m.kv_heads, m.layers,
             m.moe ? fmt::format(", {} experts of ffn {}", m.moe->experts, m.moe->expert_ffn) : "");
       }
+      fmt::print("{:<12} the training run's default model (configs/train-default.json)\n",
+                 kTrainDefaultModel);
       return;
     }
     if (o->shapes.empty() == o->model.empty())
@@ -95,7 +98,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
     }
     std::vector<WeightShape> weights;
     if (!o->model.empty()) {
-      weights = muon_weights(resolve_model(o->model));
+      weights = model_weights(o->model);
     } else {
       for (const auto& s : o->shapes)
         weights.push_back(parse_shape(s));

@@ -61,6 +61,7 @@ void add_planning_commands(CLI::App& app, Context& ctx) {
   add_plan_command(app, ctx);
   add_profiles_command(app, ctx);
   add_topology_command(app, ctx);
+  add_calibrate_command(app, ctx);
 }
 
 }  // namespace distmuon::cli

@@ -1,6 +1,6 @@
 #pragma once
-// The planning subcommands (cost model, hardware profiles, topology), added together by
-// add_planning_commands (commands.h).
+// The planning subcommands (cost model, hardware profiles, topology, calibration), added together
+// by add_planning_commands (commands.h).
 
 #include "commands.h"
 
@@ -9,6 +9,7 @@ namespace distmuon::cli {
 void add_plan_command(CLI::App& app, Context& ctx);
 void add_profiles_command(CLI::App& app, Context& ctx);
 void add_topology_command(CLI::App& app, Context& ctx);
+void add_calibrate_command(CLI::App& app, Context& ctx);
 
 // Sends the log to stderr (same pattern and level), so that stdout carries only the command's
 // output (a table or JSON that other tools read).

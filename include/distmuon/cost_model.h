@@ -53,11 +53,13 @@ struct ModeCost {
   double wire_bytes = 0;     // bytes a rank sends in ring collectives (the bandwidth term)
   int all_gathers = 0;       // collective calls per NS run
   int all_reduces = 0;
-  double compute_s = 0;    // flops / (peak 1e12)
-  double bandwidth_s = 0;  // wire_bytes / (bandwidth 1e9)
-  double latency_s = 0;    // ring steps x per-step latency (refined only)
+  double elementwise_bytes = 0;  // bytes NS's elementwise passes read and write (refined only)
+  double compute_s = 0;    // flops / (peak 1e12), or at the calibrated product rates
+  double elementwise_s = 0;  // elementwise_bytes at the calibrated memory rate (else 0)
+  double bandwidth_s = 0;    // wire_bytes / (bandwidth 1e9)
+  double latency_s = 0;      // ring steps x per-step latency (refined only)
   double comm_s() const { return bandwidth_s + latency_s; }
-  double seconds() const { return compute_s + comm_s(); }
+  double seconds() const { return compute_s + elementwise_s + comm_s(); }
 };
 
 struct CostEstimate {
@@ -75,7 +77,11 @@ struct CostEstimate {
 // steps, use_syrk, elem_size and crosses_domain of the key; ignores partition_dim and
 // second_group_size. Ties go to duplicated.
 CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profile);
-// The refined model (see the header comment and docs/cost-model.md).
+// The refined model (see the header comment and docs/cost-model.md). With a profile that carries a
+// calibration of the key's precision (elem_size), compute time is each NS product's FLOPs at the
+// calibrated sgemm or ssyrk rate for its size plus the elementwise bytes at the calibrated memory
+// rate; when the key's crosses_domain equals the calibration's, every all-gather and all-reduce
+// uses its own fitted latency and bandwidth. Otherwise the profile's datasheet figures apply.
 CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile);
 CostEstimate estimate(const AutoKey& key, const HardwareProfile* profile, CostModel model);
 // Throws distmuon::Error when a key cannot be estimated (non-positive sizes, steps, elem_size).

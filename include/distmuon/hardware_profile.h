@@ -14,6 +14,12 @@
 //
 // The built-in registry is the set of JSON files shipped in profiles/ (source tree, or
 // <prefix>/share/distmuon/profiles once installed).
+//
+// A measured profile (`distmuon calibrate`) also carries an optional "calibration" object: the
+// per-rank sgemm and ssyrk rates over a sweep of sizes with every rank of the group busy at once,
+// the elementwise memory rate, and the fitted all-gather and all-reduce latency and bandwidth over
+// the group. The refined cost model uses those figures in place of the datasheet ones when they
+// apply (see cost_model.h and docs/cost-model.md). Files without it load as before.
 
 #include <filesystem>
 #include <optional>
@@ -24,6 +30,46 @@
 #include <nlohmann/json_fwd.hpp>
 
 namespace distmuon {
+
+// One point of a measured compute-rate curve. size is the effective size of a product, the cube
+// root of its multiply-adds (m n k for a gemm, n^2 k for a syrk): s for an s x s x s product.
+// gflops is per rank, FLOPs counted as ns_flops counts them (gemm 2 m n k, syrk n^2 k).
+struct RatePoint {
+  double size = 0;
+  double gflops = 0;
+  friend bool operator==(const RatePoint&, const RatePoint&) = default;
+};
+
+// A collective's fitted cost over the calibrated group, in the ring terms the cost model uses:
+// latency per ring step (microseconds) and per-rank one-direction bandwidth (GB/s, nccl-tests'
+// bus bandwidth). An all-gather of P payload bytes over g ranks then takes
+// (g - 1) latency + P (g - 1) / g / bandwidth, an all-reduce 2 (g - 1) latency + 2 P (g - 1) / g /
+// bandwidth.
+struct CollectiveFit {
+  double latency_us = 0;
+  double gbps = 0;
+  friend bool operator==(const CollectiveFit&, const CollectiveFit&) = default;
+};
+
+// What `distmuon calibrate` measured on a machine.
+struct Calibration {
+  int elem_size = 4;            // bytes per element of the precision measured (4: fp32)
+  int group_size = 1;           // ranks that computed and communicated at once
+  int blas_threads = 1;         // BLAS threads per rank during the measurement
+  bool crosses_domain = false;  // whether the measured group spans NVLink domains (hosts)
+  std::vector<RatePoint> sgemm;  // ascending size; at least one point
+  std::vector<RatePoint> ssyrk;  // through Compute::syrk (both triangles written)
+  double elementwise_gbps = 0;   // bytes read + written per second by an axpby, per rank
+  std::optional<CollectiveFit> all_gather, all_reduce;  // absent for a group of one
+  std::string host, date;  // where and when (UTC, ISO 8601) it was measured
+
+  // Rates (FLOP/s) at an effective size: log-log interpolation between the points, the end
+  // points' rates outside them.
+  double sgemm_flops_per_s(double size) const;
+  double ssyrk_flops_per_s(double size) const;
+  void validate() const;  // throws distmuon::Error naming the field ("calibration.sgemm", ...)
+  friend bool operator==(const Calibration&, const Calibration&) = default;
+};
 
 struct HardwareProfile {
   std::string name;    // registry key, lower case ("gb200")
@@ -37,6 +83,7 @@ struct HardwareProfile {
   int domain_size = 1;
   double intra_domain_peer_gbps = 0;  // 0: switched fabric, the per-GPU figure holds for any G
   std::string source;
+  std::optional<Calibration> calibration;  // measured profiles only
 
   // Peak of the precision NS runs in: element size 2 is bf16, 4 is fp32. Throws otherwise.
   double peak_tflops(int elem_size) const;

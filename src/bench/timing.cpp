@@ -61,6 +61,20 @@ GemmRate measure_sgemm(const Communicator& group, Index m, Index n, Index k,
   return r;
 }
 
+GemmRate measure_ssyrk(const Communicator& group, Index n, Index k, const TimingOptions& timing,
+                       Compute& compute) {
+  Matrix a(n, k), c(n, n);
+  std::mt19937 rng(static_cast<unsigned>(group.rank()) + 1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (float& v : a.values())
+    v = dist(rng);
+  GemmRate r{n, n, k, {}, 0};
+  r.time = time_on_group(group, timing, [&] { compute.syrk(Trans::kNo, 1.0f, a, 0.0f, c); });
+  r.flops_per_s =
+      static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(k) / r.time.median_s;
+  return r;
+}
+
 const char* to_string(CollectiveKind kind) {
   return kind == CollectiveKind::kAllGather ? "all_gather" : "all_reduce";
 }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "distmuon/error.h"
 #include "distmuon/newton_schulz.h"
@@ -17,36 +18,98 @@ Index ceil_div(Index a, Index b) {
   return (a + b - 1) / b;
 }
 
+// The figures one estimate uses: the profile's datasheet values, replaced by its calibration
+// where that applies (same precision for compute; same side of a domain boundary for the
+// collectives).
+struct Rates {
+  const HardwareProfile* profile = nullptr;
+  const Calibration* compute = nullptr;
+  const CollectiveFit* all_gather = nullptr;
+  const CollectiveFit* all_reduce = nullptr;
+
+  Rates(const HardwareProfile* p, int elem_size, bool crosses) : profile(p) {
+    if (p == nullptr || !p->calibration) return;
+    const Calibration& c = *p->calibration;
+    if (c.elem_size == elem_size) compute = &c;
+    if (c.crosses_domain == crosses) {
+      if (c.all_gather) all_gather = &*c.all_gather;
+      if (c.all_reduce) all_reduce = &*c.all_reduce;
+    }
+  }
+};
+
 // Adds one ring collective over g ranks of `payload` bytes (as CommStats counts it) to a mode.
 // All-gather: each rank sends payload (g - 1) / g in g - 1 steps; all-reduce (reduce-scatter then
 // all-gather): 2 payload (g - 1) / g in 2 (g - 1) steps. A group of one issues nothing.
-void add_all_gather(ModeCost& c, double payload, int g, bool crosses, const HardwareProfile* p) {
+void add_collective(ModeCost& c, bool reduce, double payload, int g, bool crosses,
+                    const Rates& rates) {
   if (g <= 1) return;
-  const double wire = payload * (g - 1) / g;
+  const double factor = reduce ? 2.0 : 1.0;
+  const double wire = factor * payload * (g - 1) / g;
   c.payload_bytes += payload;
   c.wire_bytes += wire;
-  ++c.all_gathers;
-  if (p != nullptr) {
-    c.bandwidth_s += wire / (p->bandwidth_gbps(g, crosses) * 1e9);
-    c.latency_s += (g - 1) * p->latency_us(crosses) * 1e-6;
-  }
+  ++(reduce ? c.all_reduces : c.all_gathers);
+  if (rates.profile == nullptr) return;
+  const CollectiveFit* fit = reduce ? rates.all_reduce : rates.all_gather;
+  const double gbps = fit != nullptr ? fit->gbps : rates.profile->bandwidth_gbps(g, crosses);
+  const double alpha_us = fit != nullptr ? fit->latency_us : rates.profile->latency_us(crosses);
+  c.bandwidth_s += wire / (gbps * 1e9);
+  c.latency_s += factor * (g - 1) * alpha_us * 1e-6;
 }
 
-void add_all_reduce(ModeCost& c, double payload, int g, bool crosses, const HardwareProfile* p) {
-  if (g <= 1) return;
-  const double wire = 2 * payload * (g - 1) / g;
-  c.payload_bytes += payload;
-  c.wire_bytes += wire;
-  ++c.all_reduces;
-  if (p != nullptr) {
-    c.bandwidth_s += wire / (p->bandwidth_gbps(g, crosses) * 1e9);
-    c.latency_s += 2.0 * (g - 1) * p->latency_us(crosses) * 1e-6;
-  }
+void add_all_gather(ModeCost& c, double payload, int g, bool crosses, const Rates& rates) {
+  add_collective(c, false, payload, g, crosses, rates);
 }
 
-void add_compute(ModeCost& c, double flops, int elem_size, const HardwareProfile* p) {
+void add_all_reduce(ModeCost& c, double payload, int g, bool crosses, const Rates& rates) {
+  add_collective(c, true, payload, g, crosses, rates);
+}
+
+// Seconds of NS's matrix products on a rows x cols matrix (Gram on `side`) at the calibrated
+// rates, each product at the rate of its effective size (cube root of its multiply-adds). Per
+// step: the Gram matrix (syrk s x s of inner size l, or a gemm), A A (syrk or gemm of size s) and
+// the update B X (gemm s x l x s). FLOPs as ns_flops counts them.
+double calibrated_products_s(const Calibration& cal, Index rows, Index cols, GramSide side,
+                             int steps, bool use_syrk) {
+  const bool on_rows = side == GramSide::kRows || (side == GramSide::kAuto && rows <= cols);
+  const double s = static_cast<double>(on_rows ? rows : cols);
+  const double l = static_cast<double>(on_rows ? cols : rows);
+  const double gram_size = std::cbrt(s * s * l);
+  const auto product = [&](double flops, double size, bool syrk) {
+    return flops / (syrk ? cal.ssyrk_flops_per_s(size) : cal.sgemm_flops_per_s(size));
+  };
+  const double gram = use_syrk ? product(s * s * l, gram_size, true)
+                               : product(2 * s * s * l, gram_size, false);
+  const double square = use_syrk ? product(s * s * s, s, true) : product(2 * s * s * s, s, false);
+  const double update = product(2 * s * s * l, gram_size, false);
+  return steps * (gram + square + update);
+}
+
+// Bytes NS's elementwise passes move on a rows x cols matrix with an s x s Gram matrix: the norm
+// (read), the scaling (read, write), per step B = b A + c A A (read two, write one s x s), and the
+// final copy back when the step count is odd (the iterate then sits in the scratch buffer).
+double ns_elementwise_bytes(Index rows, Index cols, GramSide side, int steps, int elem_size) {
+  const bool on_rows = side == GramSide::kRows || (side == GramSide::kAuto && rows <= cols);
+  const double s = static_cast<double>(on_rows ? rows : cols);
+  const double x = static_cast<double>(rows) * static_cast<double>(cols);
+  return elem_size * (x * (3 + (steps % 2 == 1 ? 2 : 0)) + steps * 3 * s * s);
+}
+
+// Adds one NS run on a rows x cols matrix to a mode: FLOPs and elementwise bytes always; seconds
+// at the calibrated rates when they apply, else FLOPs at the profile's peak.
+void add_ns(ModeCost& c, Index rows, Index cols, GramSide side, const AutoKey& key,
+            const Rates& rates) {
+  const double flops = ns_flops(rows, cols, key.steps, key.use_syrk, side);
+  const double bytes = ns_elementwise_bytes(rows, cols, side, key.steps, key.elem_size);
   c.flops += flops;
-  if (p != nullptr) c.compute_s += flops / (p->peak_tflops(elem_size) * 1e12);
+  c.elementwise_bytes += bytes;
+  if (rates.compute != nullptr) {
+    c.compute_s +=
+        calibrated_products_s(*rates.compute, rows, cols, side, key.steps, key.use_syrk);
+    c.elementwise_s += bytes / (rates.compute->elementwise_gbps * 1e9);
+  } else if (rates.profile != nullptr) {
+    c.compute_s += flops / (rates.profile->peak_tflops(key.elem_size) * 1e12);
+  }
 }
 
 // Fewer seconds (profile) or fewer FLOPs (none; a crossing group gives duplicated). Ties:
@@ -130,6 +193,7 @@ CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile
   validate_key(key);
   const int g = key.group_size, g2 = key.second_group_size, e = key.elem_size;
   const bool x = key.crosses_domain;
+  const Rates rates(profile, e, x);
   // Shards along partition_dim are padded to equal size (GTP pads rows); k is the local extent.
   const bool rows_split = key.partition_dim == 0;
   const Index k = ceil_div(rows_split ? key.m : key.n, g);
@@ -143,20 +207,22 @@ CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile
   // the larger group), in both modes.
   const double first_gather = padded * e / g;
   // duplicated: gather the whole matrix, NS of it along min(m, n) on every rank.
-  add_all_gather(est.duplicated, first_gather, g2, x, profile);
-  add_all_gather(est.duplicated, padded * e, g, x, profile);
-  add_compute(est.duplicated, ns_flops(key.m, key.n, key.steps, key.use_syrk), e, profile);
+  add_all_gather(est.duplicated, first_gather, g2, x, rates);
+  add_all_gather(est.duplicated, padded * e, g, x, rates);
+  add_ns(est.duplicated, key.m, key.n, GramSide::kAuto, key, rates);
   // distributed: keep the shard, Gram on the unsplit side (n x n for rows, m x m for columns),
   // the norm all-reduce, then one Gram all-reduce per step.
   ModeCost& dist = est.distributed;
-  add_all_gather(dist, first_gather, g2, x, profile);
+  add_all_gather(dist, first_gather, g2, x, rates);
   const double gram_side = static_cast<double>(rows_split ? key.n : key.m);
-  add_all_reduce(dist, kNormBytes, g, x, profile);
+  add_all_reduce(dist, kNormBytes, g, x, rates);
   for (int step = 0; step < key.steps; ++step)
-    add_all_reduce(dist, gram_side * gram_side * e, g, x, profile);
-  const double flops = rows_split ? ns_flops(k, key.n, key.steps, key.use_syrk, GramSide::kCols)
-                                  : ns_flops(key.m, k, key.steps, key.use_syrk, GramSide::kRows);
-  add_compute(dist, flops, e, profile);
+    add_all_reduce(dist, gram_side * gram_side * e, g, x, rates);
+  if (rows_split) {
+    add_ns(dist, k, key.n, GramSide::kCols, key, rates);
+  } else {
+    add_ns(dist, key.m, k, GramSide::kRows, key, rates);
+  }
   choose(est);
   return est;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -51,7 +52,119 @@ std::string builtin_names() {
   return names;
 }
 
+// Log-log interpolation of a rate curve (ascending sizes), clamped to the end points.
+double interpolate(const std::vector<RatePoint>& curve, double size) {
+  DISTMUON_ASSERT(!curve.empty(), "empty calibrated rate curve");
+  if (size <= curve.front().size) return curve.front().gflops * 1e9;
+  if (size >= curve.back().size) return curve.back().gflops * 1e9;
+  const auto hi = std::upper_bound(curve.begin(), curve.end(), size,
+                                   [](double s, const RatePoint& p) { return s < p.size; });
+  const auto lo = hi - 1;
+  const double t = std::log(size / lo->size) / std::log(hi->size / lo->size);
+  return std::exp(std::log(lo->gflops) + t * (std::log(hi->gflops) - std::log(lo->gflops))) * 1e9;
+}
+
+void validate_curve(const std::vector<RatePoint>& curve, const char* key) {
+  if (curve.empty())
+    throw Error(fmt::format("hardware profile: field 'calibration.{}' has no points", key));
+  for (std::size_t i = 0; i < curve.size(); ++i) {
+    if (!(curve[i].size > 0) || !(curve[i].gflops > 0) ||
+        (i > 0 && !(curve[i].size > curve[i - 1].size))) {
+      throw Error(fmt::format(
+          "hardware profile: field 'calibration.{}' point {} (size {}, gflops {}) must have a "
+          "positive rate and a positive size above the previous point's",
+          key, i, curve[i].size, curve[i].gflops));
+    }
+  }
+}
+
+json curve_json(const std::vector<RatePoint>& curve) {
+  json out = json::array();
+  for (const RatePoint& p : curve)
+    out.push_back({{"size", p.size}, {"gflops", p.gflops}});
+  return out;
+}
+
+std::vector<RatePoint> curve_from_json(const json& j, const char* key) {
+  const json arr = field<json>(j, key);
+  if (!arr.is_array())
+    throw Error(fmt::format("hardware profile: field 'calibration.{}' must be an array", key));
+  std::vector<RatePoint> out;
+  for (const json& p : arr) {
+    if (!p.is_object()) {
+      throw Error(fmt::format(
+          "hardware profile: field 'calibration.{}' must hold {{\"size\", \"gflops\"}} objects",
+          key));
+    }
+    out.push_back({field<double>(p, "size"), field<double>(p, "gflops")});
+  }
+  return out;
+}
+
+std::optional<CollectiveFit> fit_from_json(const json& j, const char* key) {
+  if (!j.contains(key) || j.at(key).is_null()) return std::nullopt;
+  const json& f = j.at(key);
+  if (!f.is_object()) {
+    throw Error(fmt::format(
+        "hardware profile: field 'calibration.{}' must be an object {{\"latency_us\", \"gbps\"}}",
+        key));
+  }
+  return CollectiveFit{field<double>(f, "latency_us"), field<double>(f, "gbps")};
+}
+
+Calibration calibration_from_json(const json& j) {
+  if (!j.is_object()) throw Error("hardware profile: field 'calibration' must be an object");
+  Calibration c;
+  c.elem_size = field<int>(j, "elem_size");
+  c.group_size = field<int>(j, "group_size");
+  c.blas_threads = optional_field<int>(j, "blas_threads", 1);
+  c.crosses_domain = optional_field<bool>(j, "crosses_domain", false);
+  c.sgemm = curve_from_json(j, "sgemm_gflops");
+  c.ssyrk = curve_from_json(j, "ssyrk_gflops");
+  c.elementwise_gbps = field<double>(j, "elementwise_gbps");
+  c.all_gather = fit_from_json(j, "all_gather");
+  c.all_reduce = fit_from_json(j, "all_reduce");
+  c.host = optional_field<std::string>(j, "host", "");
+  c.date = optional_field<std::string>(j, "date", "");
+  return c;
+}
+
 }  // namespace
+
+double Calibration::sgemm_flops_per_s(double size) const {
+  return interpolate(sgemm, size);
+}
+
+double Calibration::ssyrk_flops_per_s(double size) const {
+  return interpolate(ssyrk, size);
+}
+
+void Calibration::validate() const {
+  if (elem_size != 2 && elem_size != 4) {
+    throw Error(fmt::format(
+        "hardware profile: field 'calibration.elem_size' must be 2 or 4, got {}", elem_size));
+  }
+  if (group_size < 1) {
+    throw Error(fmt::format(
+        "hardware profile: field 'calibration.group_size' must be >= 1, got {}", group_size));
+  }
+  if (blas_threads < 1) {
+    throw Error(fmt::format(
+        "hardware profile: field 'calibration.blas_threads' must be >= 1, got {}", blas_threads));
+  }
+  validate_curve(sgemm, "sgemm_gflops");
+  validate_curve(ssyrk, "ssyrk_gflops");
+  require_positive(elementwise_gbps, "calibration.elementwise_gbps");
+  for (const auto& [fit, key] : {std::pair{&all_gather, "calibration.all_gather"},
+                                 std::pair{&all_reduce, "calibration.all_reduce"}}) {
+    if (!fit->has_value()) continue;
+    if (!((*fit)->latency_us >= 0)) {
+      throw Error(fmt::format("hardware profile: field '{}.latency_us' must be >= 0, got {}", key,
+                              (*fit)->latency_us));
+    }
+    require_positive((*fit)->gbps, fmt::format("{}.gbps", key).c_str());
+  }
+}
 
 double HardwareProfile::peak_tflops(int elem_size) const {
   if (elem_size == 2) return peak_tflops_bf16;
@@ -89,6 +202,7 @@ void HardwareProfile::validate() const {
   }
   if (intra_domain_peer_gbps < 0)
     throw Error("hardware profile: field 'intra_domain_peer_gbps' must be >= 0");
+  if (calibration) calibration->validate();
 }
 
 void to_json(json& j, const HardwareProfile& p) {
@@ -102,6 +216,23 @@ void to_json(json& j, const HardwareProfile& p) {
            {"domain_size", p.domain_size},
            {"intra_domain_peer_gbps", p.intra_domain_peer_gbps},
            {"source", p.source}};
+  if (!p.calibration) return;
+  const Calibration& c = *p.calibration;
+  json cal = {{"elem_size", c.elem_size},
+              {"group_size", c.group_size},
+              {"blas_threads", c.blas_threads},
+              {"crosses_domain", c.crosses_domain},
+              {"sgemm_gflops", curve_json(c.sgemm)},
+              {"ssyrk_gflops", curve_json(c.ssyrk)},
+              {"elementwise_gbps", c.elementwise_gbps},
+              {"host", c.host},
+              {"date", c.date}};
+  for (const auto& [fit, key] :
+       {std::pair{&c.all_gather, "all_gather"}, std::pair{&c.all_reduce, "all_reduce"}}) {
+    if (fit->has_value())
+      cal[key] = {{"latency_us", (*fit)->latency_us}, {"gbps", (*fit)->gbps}};
+  }
+  j["calibration"] = std::move(cal);
 }
 
 void from_json(const json& j, HardwareProfile& p) {
@@ -126,6 +257,13 @@ void from_json(const json& j, HardwareProfile& p) {
   out.domain_size = field<int>(j, "domain_size");
   out.intra_domain_peer_gbps = optional_field<double>(j, "intra_domain_peer_gbps", 0.0);
   out.source = field<std::string>(j, "source");
+  if (j.contains("calibration") && !j.at("calibration").is_null()) {
+    try {
+      out.calibration = calibration_from_json(j.at("calibration"));
+    } catch (const Error& e) {
+      throw Error(fmt::format("{} (in 'calibration')", e.what()));
+    }
+  }
   out.validate();
   p = std::move(out);
 }

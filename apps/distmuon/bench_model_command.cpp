@@ -1,0 +1,90 @@
+// `distmuon bench --model`: the model benchmark's options and run. See docs/bench.md.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "bench_model_options.h"
+#include "command_line_errors.h"
+#include "distmuon/error.h"
+#include "distmuon/model_bench.h"
+#include "distmuon/train_config.h"
+#include "planning_commands.h"
+
+namespace distmuon::cli {
+
+void BenchModelOptions::add_to(CLI::App& cmd) {
+  cmd.add_option("--model", model,
+                 "Benchmark every Muon shape of a model: train-default (the training run's "
+                 "model), a preset name (distmuon plan --list-models) or a preset JSON file");
+  cmd.add_option("--profile", profile,
+                 "With --model: auto's hardware profile (a name, a JSON file such as distmuon "
+                 "calibrate writes, or none)")
+      ->capture_default_str();
+  cmd.add_option("--model-cost", cost_model,
+                 "With --model: auto's cost model, refined or reference")
+      ->capture_default_str();
+  cmd.add_option("--config", config,
+                 "With --model train-default: a training config JSON whose model overrides the "
+                 "default one");
+  cmd.add_option("--max-elements", max_elements,
+                 "With --model: refuse shapes whose matrix or distributed Gram matrix holds more "
+                 "elements")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--plot", plot, "With --model: draw per-shape bars per mode into this PNG");
+}
+
+void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& common,
+                     const CLI::App& cmd, Context& ctx) {
+  log_to_stderr();
+  const ModelBenchConfig config = resolve_on_every_rank([&] {
+    if (cmd.count("--shape") > 0 || cmd.count("--partition-dim") > 0) {
+      throw Error(
+          "bench: --model takes its shapes from the model and shards rows as training does; "
+          "drop --shape / --partition-dim");
+    }
+    ModelBenchConfig c;
+    c.model = model.model;
+    if (!model.config.empty()) {
+      if (model.model != kTrainDefaultModel)
+        throw Error("bench: --config applies to --model train-default only");
+      c.weights = charlm_muon_weights(load_train_config(model.config).model);
+      c.model = fmt::format("{} ({})", kTrainDefaultModel, model.config);
+    } else {
+      c.weights = model_weights(model.model);
+    }
+    if (cmd.count("--modes") > 0) {  // else duplicated, distributed, blockwise
+      c.modes.clear();
+      for (const auto& m : common.modes)
+        c.modes.push_back(parse_tp_mode(m));
+    }
+    c.ns = common.ns.resolve();
+    c.timing = {common.warmup, common.reps};
+    c.profile = model.profile;
+    c.cost_model = model.cost_model;
+    c.max_elements = model.max_elements;
+    c.seed = common.seed;
+    return c;
+  });
+  set_blas_threads(common.threads);
+  const ModelBenchReport report = run_model_bench(ctx.world, config);
+  std::string why;
+  if (ctx.world.rank() == 0 && !model.plot.empty()) {
+    try {
+      render_model_bench_plot(report, model.plot);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  ctx.world.agree_or_throw(why.empty(), "bench --plot", why);
+  if (ctx.world.rank() != 0) return;
+  if (common.json) {
+    std::cout << to_json(report).dump(2) << std::endl;
+  } else {
+    std::cout << format_report(report);
+    if (!model.plot.empty()) std::cout << "plot written to " << model.plot << "\n";
+    std::cout << std::flush;
+  }
+}
+
+}  // namespace distmuon::cli
