@@ -1,0 +1,143 @@
+// `distmuon calibrate` and `distmuon bench --model` end to end: a tiny calibration at one and two
+// ranks writes a profile that loads and that bench --profile accepts; bench --model train-default
+// on a tiny training config prints JSON with every field and totals that add up, and draws the
+// plot; the refusals.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "distmuon/hardware_profile.h"
+
+namespace distmuon {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kTinyCalibration =
+    "calibrate --sizes 16,32 --min-bytes 8 --max-bytes 4096 --factor 8 --reps 1 --comm-reps 2";
+
+TEST(CliCalibrate, WritesAProfileThatLoadsAtOneAndTwoRanks) {
+  const auto dir = test::fresh_test_dir("distmuon_calibrate");
+  for (int np : {0, 2}) {
+    SCOPED_TRACE(fmt::format("np {}", np));
+    const fs::path out = dir / fmt::format("cal{}.json", np);
+    const test::CliRun r = test::run_cli(
+        np, fmt::format("{} --name tiny{} --out {}", kTinyCalibration, np, out.string()),
+        dir / "log.txt");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("sgemm_GF/s"), std::string::npos) << r.output;
+    const HardwareProfile p = load_profile(out);
+    EXPECT_EQ(p.name, fmt::format("tiny{}", np));
+    ASSERT_TRUE(p.calibration.has_value());
+    EXPECT_EQ(p.calibration->group_size, np == 0 ? 1 : np);
+    EXPECT_EQ(p.calibration->all_reduce.has_value(), np > 1);
+    // The profile spec accepts the file as it accepts a built-in name.
+    EXPECT_EQ(resolve_profile(out.string()), p);
+  }
+  // An output folder that does not exist fails on every rank, before measuring.
+  const test::CliRun bad = test::run_cli(
+      2, fmt::format("{} --out {}", kTinyCalibration, (dir / "missing" / "x.json").string()),
+      dir / "log.txt");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("does not exist"), std::string::npos) << bad.output;
+  EXPECT_EQ(bad.output.find("MPI_ABORT"), std::string::npos) << bad.output;
+  fs::remove_all(dir);
+}
+
+TEST(CliBenchModel, TrainDefaultOnATinyConfigGivesJsonTotalsAndAPlot) {
+  const auto dir = test::fresh_test_dir("distmuon_bench_model");
+  const fs::path config = dir / "tiny.json";
+  std::ofstream(config)
+      << json{{"model", {{"context", 4}, {"embed", 8}, {"hidden", 32}, {"ffn", 64}, {"layers", 2}}}}
+             .dump();
+  const fs::path profile = dir / "cal.json";
+  ASSERT_EQ(test::run_cli(2, fmt::format("{} --out {}", kTinyCalibration, profile.string()),
+                          dir / "log.txt")
+                .exit_code,
+            0);
+  const fs::path png = dir / "bench.png";
+  const test::CliRun r = test::run_cli(
+      2,
+      fmt::format("--log-level warn bench --model train-default --config {} --profile {} --reps 1 "
+                  "--warmup 0 --json --plot {}",
+                  config.string(), profile.string(), png.string()),
+      dir / "log.txt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json j;
+  ASSERT_NO_THROW(j = json::parse(r.output)) << "not exactly one JSON object:\n" << r.output;
+  EXPECT_EQ(j.at("group_size"), 2);
+  EXPECT_EQ(j.at("profile"), "calibrated");
+  EXPECT_EQ(j.at("cost_model"), "refined");
+  for (const char* key : {"blas_threads", "crosses_domain", "steps", "syrk", "reps", "modes"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  // input [32, 4 x 8], fc1 [64, 32] x 2, fc2 [32, 64] x 2.
+  ASSERT_EQ(j.at("shapes").size(), 3u);
+  const std::vector<std::tuple<int, int, int>> expected = {{32, 32, 1}, {64, 32, 2}, {32, 64, 2}};
+  double dup = 0, dist = 0, chosen = 0, oracle = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const json& s = j["shapes"][i];
+    SCOPED_TRACE(s.dump());
+    EXPECT_EQ(s.at("m"), std::get<0>(expected[i]));
+    EXPECT_EQ(s.at("n"), std::get<1>(expected[i]));
+    EXPECT_EQ(s.at("count"), std::get<2>(expected[i]));
+    for (const char* mode : {"duplicated", "distributed", "blockwise"})
+      EXPECT_GT(s.at("measured").at(mode).at("median_ms").get<double>(), 0.0) << mode;
+    for (const char* mode : {"duplicated", "distributed"})
+      EXPECT_GT(s.at("model").at(mode).at("predicted_ms").get<double>(), 0.0) << mode;
+    const double d = s["measured"]["duplicated"]["median_ms"];
+    const double t = s["measured"]["distributed"]["median_ms"];
+    const std::string chosen_mode = s.at("auto");
+    const double a = s["measured"][chosen_mode]["median_ms"];
+    EXPECT_EQ(s.at("auto_ms").get<double>(), a);
+    EXPECT_EQ(s.at("fastest_ms").get<double>(), std::min(d, t));
+    EXPECT_GE(s.at("regret").get<double>(), 0.0);
+    const double c = s["count"];
+    dup += c * d;
+    dist += c * t;
+    chosen += c * a;
+    oracle += c * std::min(d, t);
+  }
+  const json& totals = j.at("totals");
+  // Relative 1e-9: the JSON's doubles are summed in the same order (ms instead of s).
+  EXPECT_NEAR(totals.at("duplicated_ms").get<double>(), dup, 1e-9 * dup);
+  EXPECT_NEAR(totals.at("distributed_ms").get<double>(), dist, 1e-9 * dist);
+  EXPECT_NEAR(totals.at("auto_ms").get<double>(), chosen, 1e-9 * chosen);
+  EXPECT_NEAR(totals.at("oracle_ms").get<double>(), oracle, 1e-9 * oracle);
+  EXPECT_LE(totals.at("oracle_ms").get<double>(), totals.at("duplicated_ms").get<double>());
+  EXPECT_LE(totals.at("oracle_ms").get<double>(), totals.at("distributed_ms").get<double>());
+  EXPECT_GE(totals.at("auto_ms").get<double>(), totals.at("oracle_ms").get<double>());
+  EXPECT_TRUE(totals.at("predicted").contains("auto_ms"));
+  ASSERT_TRUE(fs::exists(png));
+  EXPECT_GT(fs::file_size(png), 1000u);
+  fs::remove_all(dir);
+}
+
+TEST(CliBenchModel, RefusalsFailOnEveryRankWithoutAbort) {
+  const auto dir = test::fresh_test_dir("distmuon_bench_model");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--model llama3-70b", "--max-elements"},
+      {"--model llama3-8b --config x.json", "train-default only"},
+      {"--model train-default --shape 64x64", "--shape"},
+      {"--model no-such-model", "unknown model"},
+      {"--model train-default --profile no-such-gpu", "unknown hardware profile"}};
+  for (const auto& [args, message] : cases) {
+    const test::CliRun r = test::run_cli(2, "bench --reps 1 " + args, dir / "log.txt");
+    EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << args << "\n" << r.output;
+  }
+  // plan knows the training model too.
+  const test::CliRun plan = test::run_cli(0, "plan --model train-default -G 2", dir / "log.txt");
+  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("fc1"), std::string::npos) << plan.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace distmuon
