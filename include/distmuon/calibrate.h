@@ -6,8 +6,11 @@
 //
 // Measured, every rank of the group at once (ranks share the machine's cores and memory, as they
 // do during NS):
-//  - sgemm s x s x s and Compute::syrk with n = k = s for each size s of a sweep: the rate curves;
-//  - an elementwise pass (Compute::axpby over two buffers): the memory rate;
+//  - NS's two product shapes over a grid (s, l) of sizes, s the Gram side and l the other side:
+//    Compute::syrk of an s x l matrix (the Gram matrix; l = s is the A A product) and
+//    Compute::gemm of (l x s) times (s x s) (the update X B): the rate tables;
+//  - NS's elementwise passes (Compute::sum_squares, scale, axpby) over one buffer, and the zero
+//    fill of freshly allocated buffers (page faults included);
 //  - all-gather and all-reduce of f32 over a sweep of payload sizes, `factor` apart (nccl-tests'
 //    -b/-e/-f): per collective a line t(P) = a + b P fitted by relative least squares, turned
 //    into the ring terms the cost model uses (latency per ring step, bus bandwidth).
@@ -25,11 +28,11 @@ namespace distmuon {
 
 struct CalibrateOptions {
   std::string name = "calibrated";                             // the profile's name
-  std::vector<Index> sizes = {64, 128, 256, 512, 1024, 2048};  // sgemm / ssyrk sweep, ascending
+  std::vector<Index> sizes = {64, 128, 256, 512, 1024, 2048};  // grid of s and l, ascending
   std::size_t min_bytes = 8;                                   // collective sweep: first payload
   std::size_t max_bytes = 64u << 20;                           // last payload (at most)
   int factor = 4;                                              // ratio of consecutive payloads
-  Index elementwise_elements = 1 << 22;  // elements per axpby buffer (16 MiB of f32)
+  Index elementwise_elements = 1 << 20;  // elements of the elementwise buffers (4 MiB of f32)
   TimingOptions compute_timing{1, 5};
   TimingOptions comm_timing{5, 20};
   void validate() const;  // throws distmuon::Error naming the option
@@ -62,8 +65,8 @@ struct CollectiveSweep {
 
 struct CalibrationReport {
   HardwareProfile profile;  // what `calibrate --out` writes
-  std::vector<GemmRate> sgemm, ssyrk;
-  TimingSummary elementwise;                 // one axpby pass
+  std::vector<GemmRate> gram_syrk, update_gemm;  // s-major over the grid (m, n, k as run)
+  TimingSummary sum_squares, scale, axpby, fill;  // one pass each
   std::vector<CollectiveSweep> collectives;  // empty for a group of one
 };
 

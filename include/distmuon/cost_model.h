@@ -53,11 +53,11 @@ struct ModeCost {
   double wire_bytes = 0;     // bytes a rank sends in ring collectives (the bandwidth term)
   int all_gathers = 0;       // collective calls per NS run
   int all_reduces = 0;
-  double elementwise_bytes = 0;  // bytes NS's elementwise passes read and write (refined only)
-  double compute_s = 0;    // flops / (peak 1e12), or at the calibrated product rates
-  double elementwise_s = 0;  // elementwise_bytes at the calibrated memory rate (else 0)
-  double bandwidth_s = 0;    // wire_bytes / (bandwidth 1e9)
-  double latency_s = 0;      // ring steps x per-step latency (refined only)
+  double elementwise_elements = 0;  // elements the elementwise passes touch (refined only)
+  double compute_s = 0;             // flops / (peak 1e12), or at the calibrated product rates
+  double elementwise_s = 0;         // those passes at the calibrated elementwise rates (else 0)
+  double bandwidth_s = 0;           // wire_bytes / (bandwidth 1e9)
+  double latency_s = 0;             // ring steps x per-step latency (refined only)
   double comm_s() const { return bandwidth_s + latency_s; }
   double seconds() const { return compute_s + elementwise_s + comm_s(); }
 };

@@ -16,10 +16,11 @@
 // <prefix>/share/distmuon/profiles once installed).
 //
 // A measured profile (`distmuon calibrate`) also carries an optional "calibration" object: the
-// per-rank sgemm and ssyrk rates over a sweep of sizes with every rank of the group busy at once,
-// the elementwise memory rate, and the fitted all-gather and all-reduce latency and bandwidth over
-// the group. The refined cost model uses those figures in place of the datasheet ones when they
-// apply (see cost_model.h and docs/cost-model.md). Files without it load as before.
+// per-rank ssyrk and sgemm rates of NS's products over a grid of sizes with every rank of the
+// group busy at once, the rates of NS's elementwise passes, and the fitted all-gather and
+// all-reduce latency and bandwidth over the group. The refined cost model uses those figures in
+// place of the datasheet ones when they apply (see cost_model.h and docs/cost-model.md). Files
+// without it load as before.
 
 #include <filesystem>
 #include <optional>
@@ -31,13 +32,27 @@
 
 namespace distmuon {
 
-// One point of a measured compute-rate curve. size is the effective size of a product, the cube
-// root of its multiply-adds (m n k for a gemm, n^2 k for a syrk): s for an s x s x s product.
-// gflops is per rank, FLOPs counted as ns_flops counts them (gemm 2 m n k, syrk n^2 k).
-struct RatePoint {
-  double size = 0;
-  double gflops = 0;
-  friend bool operator==(const RatePoint&, const RatePoint&) = default;
+// Measured rates of one NS matrix product over a grid of its two sizes: s, the Gram side, and l,
+// the other side of the matrix NS iterates on (for a product of the Gram matrix with itself,
+// l = s). gflops[i][j] is the rate at (s[i], l[j]), per rank, FLOPs counted as ns_flops counts
+// them (gemm 2 m n k, syrk n^2 k).
+struct RateTable {
+  std::vector<double> s, l;                 // ascending, at least one each
+  std::vector<std::vector<double>> gflops;  // s.size() rows of l.size() rates
+  // FLOP/s at (s, l): bilinear interpolation of log(rate) over (log s, log l), the grid's edge
+  // values outside it.
+  double flops_per_s(double s, double l) const;
+  void validate(const char* key) const;  // throws naming the field ("calibration.<key>")
+  friend bool operator==(const RateTable&, const RateTable&) = default;
+};
+
+// Measured rates of NS's elementwise passes, in G elements per second per rank.
+struct ElementwiseRates {
+  double sum_squares = 0;  // the norm (accumulated in double)
+  double scale = 0;        // one read-write pass; also used for copies and zero fills
+  double axpby = 0;        // y = a x + b y (B = b A + c A A)
+  double fill = 0;         // zero fill of freshly mapped memory (page faults included)
+  friend bool operator==(const ElementwiseRates&, const ElementwiseRates&) = default;
 };
 
 // A collective's fitted cost over the calibrated group, in the ring terms the cost model uses:
@@ -57,17 +72,13 @@ struct Calibration {
   int group_size = 1;           // ranks that computed and communicated at once
   int blas_threads = 1;         // BLAS threads per rank during the measurement
   bool crosses_domain = false;  // whether the measured group spans NVLink domains (hosts)
-  std::vector<RatePoint> sgemm;  // ascending size; at least one point
-  std::vector<RatePoint> ssyrk;  // through Compute::syrk (both triangles written)
-  double elementwise_gbps = 0;   // bytes read + written per second by an axpby, per rank
+  RateTable gram_syrk;          // Compute::syrk, C (s x s) = X X^T with X s x l, both triangles
+  RateTable update_gemm;        // Compute::gemm, (l x s) times (s x s): the update X B
+  ElementwiseRates elementwise;
   std::optional<CollectiveFit> all_gather, all_reduce;  // absent for a group of one
   std::string host, date;  // where and when (UTC, ISO 8601) it was measured
 
-  // Rates (FLOP/s) at an effective size: log-log interpolation between the points, the end
-  // points' rates outside them.
-  double sgemm_flops_per_s(double size) const;
-  double ssyrk_flops_per_s(double size) const;
-  void validate() const;  // throws distmuon::Error naming the field ("calibration.sgemm", ...)
+  void validate() const;  // throws distmuon::Error naming the field ("calibration.gram_syrk", ...)
   friend bool operator==(const Calibration&, const Calibration&) = default;
 };
 

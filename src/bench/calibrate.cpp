@@ -2,10 +2,13 @@
 #include "distmuon/calibrate.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 
@@ -57,14 +60,45 @@ std::vector<std::size_t> payloads(const CalibrateOptions& o, std::size_t unit) {
   return out;
 }
 
-TimingSummary measure_elementwise(const Communicator& group, Index elements,
-                                  const TimingOptions& timing, Compute& compute) {
+// Times of the elementwise passes NS makes, over a rows x 1024 matrix.
+struct ElementwiseTimes {
+  TimingSummary sum_squares, scale, axpby, fill;
+  double elements = 0, fill_elements = 0;
+};
+ElementwiseTimes measure_elementwise(const Communicator& group, Index elements,
+                                     const TimingOptions& timing, Compute& compute) {
   const Index cols = std::min<Index>(elements, 1024);
   const Index rows = (elements + cols - 1) / cols;
   Matrix x(rows, cols), y(rows, cols);
   std::fill(x.values().begin(), x.values().end(), 1.0f);
   std::fill(y.values().begin(), y.values().end(), 2.0f);
-  return time_on_group(group, timing, [&] { compute.axpby(0.5f, x.view(), 0.5f, y.view()); });
+  ElementwiseTimes t;
+  t.elements = static_cast<double>(rows * cols);
+  t.fill_elements = t.elements;
+  double sink = 0;
+  t.sum_squares =
+      time_on_group(group, timing, [&] { sink += compute.sum_squares(x.view(), true); });
+  t.scale = time_on_group(group, timing, [&] { compute.scale(y.view(), 0.5f); });
+  t.axpby = time_on_group(group, timing, [&] { compute.axpby(0.5f, x.view(), 2.0f, y.view()); });
+  // Fresh buffers: NS and the optimizer allocate several large zero-filled matrices per call,
+  // which the allocator serves from newly mapped pages, so each fill pays its page faults. Measured
+  // on pages mapped for the purpose, independently of the allocator's state.
+  const std::size_t fill_bytes = static_cast<std::size_t>(rows * cols) * sizeof(float);
+  t.fill = time_on_group(group, timing, [&] {
+    void* p = mmap(nullptr, fill_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      throw Error(fmt::format("calibrate: mmap of {} bytes failed on rank {}: {}", fill_bytes,
+                              group.rank(), std::strerror(errno)));
+    }
+    std::memset(p, 0, fill_bytes);
+    sink += static_cast<const float*>(p)[0] + 1;
+    if (munmap(p, fill_bytes) != 0) {
+      throw Error(fmt::format("calibrate: munmap failed on rank {}: {}", group.rank(),
+                              std::strerror(errno)));
+    }
+  });
+  DISTMUON_ASSERT(sink > 0, "sum of squares of ones");
+  return t;
 }
 
 }  // namespace
@@ -153,19 +187,28 @@ CalibrationReport calibrate(const Communicator& group, const CalibrateOptions& o
   cal.host = group.broadcast_string(host_name(), 0);
   cal.date = group.broadcast_string(utc_now(), 0);
 
-  for (Index s : options.sizes) {
-    rep.sgemm.push_back(measure_sgemm(group, s, s, s, options.compute_timing, compute));
-    rep.ssyrk.push_back(measure_ssyrk(group, s, s, options.compute_timing, compute));
-    const double size = static_cast<double>(s);
-    cal.sgemm.push_back({size, rep.sgemm.back().flops_per_s * 1e-9});
-    cal.ssyrk.push_back({size, rep.ssyrk.back().flops_per_s * 1e-9});
+  const std::size_t k = options.sizes.size();
+  const std::vector<double> axis(options.sizes.begin(), options.sizes.end());
+  cal.gram_syrk = {axis, axis, std::vector<std::vector<double>>(k, std::vector<double>(k))};
+  cal.update_gemm = cal.gram_syrk;
+  for (std::size_t i = 0; i < k; ++i) {
+    for (std::size_t j = 0; j < k; ++j) {
+      const Index s = options.sizes[i], l = options.sizes[j];
+      rep.gram_syrk.push_back(measure_ssyrk(group, s, l, options.compute_timing, compute));
+      rep.update_gemm.push_back(measure_sgemm(group, l, s, s, options.compute_timing, compute));
+      cal.gram_syrk.gflops[i][j] = rep.gram_syrk.back().flops_per_s * 1e-9;
+      cal.update_gemm.gflops[i][j] = rep.update_gemm.back().flops_per_s * 1e-9;
+    }
   }
-  rep.elementwise =
+  const ElementwiseTimes e =
       measure_elementwise(group, options.elementwise_elements, options.compute_timing, compute);
-  const Index cols = std::min<Index>(options.elementwise_elements, 1024);
-  const double elements =
-      static_cast<double>((options.elementwise_elements + cols - 1) / cols * cols);
-  cal.elementwise_gbps = 3 * elements * 4 / rep.elementwise.median_s * 1e-9;
+  rep.sum_squares = e.sum_squares;
+  rep.scale = e.scale;
+  rep.axpby = e.axpby;
+  rep.fill = e.fill;
+  cal.elementwise = {e.elements / e.sum_squares.median_s * 1e-9,
+                     e.elements / e.scale.median_s * 1e-9, e.elements / e.axpby.median_s * 1e-9,
+                     e.fill_elements / e.fill.median_s * 1e-9};
 
   if (g > 1) {
     for (CollectiveKind kind : {CollectiveKind::kAllGather, CollectiveKind::kAllReduce}) {
@@ -187,20 +230,21 @@ CalibrationReport calibrate(const Communicator& group, const CalibrateOptions& o
   p.name = options.name;
   p.device = group.broadcast_string(cpu_model(), 0);
   double best = 0;
-  for (const RatePoint& r : cal.sgemm)
-    best = std::max(best, r.gflops);
+  for (const auto& row : cal.update_gemm.gflops)
+    best = std::max(best, *std::max_element(row.begin(), row.end()));
   p.peak_tflops_fp32 = best * 1e-3;
   p.peak_tflops_bf16 = p.peak_tflops_fp32;
   // The datasheet-style fields (used by the reference model and where the calibration does not
-  // apply): the all-reduce's fit, or the memory rate when no collective was measured.
-  const double gbps = cal.all_reduce ? cal.all_reduce->gbps : cal.elementwise_gbps;
+  // apply): the all-reduce's fit, or a memory rate (a scale pass reads and writes 8 bytes per
+  // element) when no collective was measured.
+  const double gbps = cal.all_reduce ? cal.all_reduce->gbps : 8 * cal.elementwise.scale;
   const double latency = cal.all_reduce ? cal.all_reduce->latency_us : 0.0;
   p.intra_domain_gbps = p.inter_domain_gbps = gbps;
   p.intra_domain_latency_us = p.inter_domain_latency_us = latency;
   p.domain_size = cal.crosses_domain ? 1 : g;
   p.source = fmt::format(
       "measured by distmuon calibrate on {} at {}: {} rank(s) at once, {} BLAS thread(s) each, "
-      "fp32; sgemm and ssyrk at sizes {}..{}; {}; bf16 set to the fp32 rate (NS runs in fp32 "
+      "fp32; ssyrk and sgemm over sizes {}..{}; {}; bf16 set to the fp32 rate (NS runs in fp32 "
       "here)",
       cal.host, cal.date, g, cal.blas_threads, options.sizes.front(), options.sizes.back(),
       g > 1 ? fmt::format("all-gather and all-reduce over {} .. {} bytes, relative least-squares "
@@ -220,15 +264,24 @@ std::string format_calibration(const CalibrationReport& rep) {
       "a run's time is the slowest rank's; medians\n\n",
       c.host, p.device, c.group_size, c.blas_threads,
       c.crosses_domain ? "crossing domains" : "one domain");
-  out += fmt::format("  {:>6} {:>10} {:>11} {:>10} {:>11}\n", "size", "sgemm_ms", "sgemm_GF/s",
-                     "ssyrk_ms", "ssyrk_GF/s");
-  for (std::size_t i = 0; i < rep.sgemm.size(); ++i) {
-    out += fmt::format("  {:>6} {:>10.3f} {:>11.1f} {:>10.3f} {:>11.1f}\n", rep.sgemm[i].m,
-                       rep.sgemm[i].time.median_s * 1e3, rep.sgemm[i].flops_per_s * 1e-9,
-                       rep.ssyrk[i].time.median_s * 1e3, rep.ssyrk[i].flops_per_s * 1e-9);
+  for (const auto& [name, table, what] :
+       {std::tuple{"gram_syrk", &c.gram_syrk, "syrk of an s x l matrix (Gram; l = s: A A)"},
+        std::tuple{"update_gemm", &c.update_gemm, "gemm (l x s) x (s x s) (the update X B)"}}) {
+    out += fmt::format("  {}: {}, GFLOP/s per rank\n  {:>8}", name, what, "s \\ l");
+    for (double l : table->l)
+      out += fmt::format(" {:>7g}", l);
+    out += "\n";
+    for (std::size_t i = 0; i < table->s.size(); ++i) {
+      out += fmt::format("  {:>8g}", table->s[i]);
+      for (double v : table->gflops[i])
+        out += fmt::format(" {:>7.1f}", v);
+      out += "\n";
+    }
   }
-  out += fmt::format("  elementwise (axpby): {:.3f} ms, {:.1f} GB/s read + written per rank\n",
-                     rep.elementwise.median_s * 1e3, c.elementwise_gbps);
+  out += fmt::format(
+      "  elementwise, G elements/s per rank: sum_squares {:.2f}, scale {:.2f}, axpby {:.2f}, fill "
+      "of a fresh buffer {:.2f}\n",
+      c.elementwise.sum_squares, c.elementwise.scale, c.elementwise.axpby, c.elementwise.fill);
   for (const CollectiveSweep& s : rep.collectives) {
     out += fmt::format("\n  {} (f32)\n  {:>12} {:>10} {:>10} {:>10} {:>10}\n", to_string(s.kind),
                        "bytes", "median_us", "fit_us", "algbw_GB/s", "busbw_GB/s");

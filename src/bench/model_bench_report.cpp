@@ -18,7 +18,7 @@ double ratio(double a, double b) {
 json cost_json(const ModeCost& c, bool seconds) {
   json j = {{"gflop", c.flops * 1e-9},
             {"payload_bytes", c.payload_bytes},
-            {"elementwise_bytes", c.elementwise_bytes}};
+            {"elementwise_elements", c.elementwise_elements}};
   if (seconds) {
     j["predicted_ms"] = c.seconds() * 1e3;
     j["compute_ms"] = c.compute_s * 1e3;

@@ -65,48 +65,67 @@ void add_all_reduce(ModeCost& c, double payload, int g, bool crosses, const Rate
   add_collective(c, true, payload, g, crosses, rates);
 }
 
-// Seconds of NS's matrix products on a rows x cols matrix (Gram on `side`) at the calibrated
-// rates, each product at the rate of its effective size (cube root of its multiply-adds). Per
-// step: the Gram matrix (syrk s x s of inner size l, or a gemm), A A (syrk or gemm of size s) and
-// the update B X (gemm s x l x s). FLOPs as ns_flops counts them.
+// The Gram side s and the other side l of a rows x cols matrix iterated with the Gram on `side`.
+std::pair<double, double> gram_and_long(Index rows, Index cols, GramSide side) {
+  const bool on_rows = side == GramSide::kRows || (side == GramSide::kAuto && rows <= cols);
+  return {static_cast<double>(on_rows ? rows : cols), static_cast<double>(on_rows ? cols : rows)};
+}
+
+// Seconds of NS's matrix products on a rows x cols matrix at the calibrated rates of their own
+// shapes. Per step: the Gram matrix (syrk s x s of inner size l, or a gemm s x s x l), A A (syrk
+// or gemm of size s x s x s) and the update X B (gemm l x s x s). FLOPs as ns_flops counts them.
 double calibrated_products_s(const Calibration& cal, Index rows, Index cols, GramSide side,
                              int steps, bool use_syrk) {
-  const bool on_rows = side == GramSide::kRows || (side == GramSide::kAuto && rows <= cols);
-  const double s = static_cast<double>(on_rows ? rows : cols);
-  const double l = static_cast<double>(on_rows ? cols : rows);
-  const double gram_size = std::cbrt(s * s * l);
-  const auto product = [&](double flops, double size, bool syrk) {
-    return flops / (syrk ? cal.ssyrk_flops_per_s(size) : cal.sgemm_flops_per_s(size));
-  };
-  const double gram = use_syrk ? product(s * s * l, gram_size, true)
-                               : product(2 * s * s * l, gram_size, false);
-  const double square = use_syrk ? product(s * s * s, s, true) : product(2 * s * s * s, s, false);
-  const double update = product(2 * s * s * l, gram_size, false);
+  const auto [s, l] = gram_and_long(rows, cols, side);
+  const double gram = use_syrk ? s * s * l / cal.gram_syrk.flops_per_s(s, l)
+                               : 2 * s * s * l / cal.update_gemm.flops_per_s(s, l);
+  const double square = use_syrk ? s * s * s / cal.gram_syrk.flops_per_s(s, s)
+                                 : 2 * s * s * s / cal.update_gemm.flops_per_s(s, s);
+  const double update = 2 * s * s * l / cal.update_gemm.flops_per_s(s, l);
   return steps * (gram + square + update);
 }
 
-// Bytes NS's elementwise passes move on a rows x cols matrix with an s x s Gram matrix: the norm
-// (read), the scaling (read, write), per step B = b A + c A A (read two, write one s x s), and the
-// final copy back when the step count is odd (the iterate then sits in the scratch buffer).
-double ns_elementwise_bytes(Index rows, Index cols, GramSide side, int steps, int elem_size) {
-  const bool on_rows = side == GramSide::kRows || (side == GramSide::kAuto && rows <= cols);
-  const double s = static_cast<double>(on_rows ? rows : cols);
+// Elements touched by the elementwise passes of one orthogonalisation of a rows x cols matrix as
+// the optimizer runs it (x = rows cols elements, s x s Gram matrices):
+//  - sum_squares: the norm, x;
+//  - fills of freshly allocated buffers: the optimizer's work matrix (x), the iteration's
+//    scratch (x) and its two s x s matrices A and B (2 s^2);
+//  - passes over buffers in use (one read-write stream each): the normalisation, the copy into
+//    the work matrix, the Muon scaling and the copy out (4 x), and the copy back when the step
+//    count is odd (the iterate then sits in the scratch buffer, x);
+//  - axpby: B = b A + c A A, s^2 per step.
+struct ElementwiseWork {
+  double sum_squares = 0, scale = 0, axpby = 0, fill = 0;
+};
+
+ElementwiseWork ns_elementwise(Index rows, Index cols, GramSide side, int steps) {
+  const double s = gram_and_long(rows, cols, side).first;
   const double x = static_cast<double>(rows) * static_cast<double>(cols);
-  return elem_size * (x * (3 + (steps % 2 == 1 ? 2 : 0)) + steps * 3 * s * s);
+  return {.sum_squares = x,
+          .scale = x * (4 + (steps % 2 == 1 ? 1 : 0)),
+          .axpby = steps * s * s,
+          .fill = 2 * x + 2 * s * s};
 }
 
-// Adds one NS run on a rows x cols matrix to a mode: FLOPs and elementwise bytes always; seconds
-// at the calibrated rates when they apply, else FLOPs at the profile's peak.
+void add_elementwise(ModeCost& c, const ElementwiseWork& w, const Rates& rates) {
+  c.elementwise_elements += w.sum_squares + w.scale + w.axpby + w.fill;
+  if (rates.compute == nullptr) return;
+  const ElementwiseRates& r = rates.compute->elementwise;
+  c.elementwise_s +=
+      (w.sum_squares / r.sum_squares + w.scale / r.scale + w.axpby / r.axpby + w.fill / r.fill) *
+      1e-9;
+}
+
+// Adds one NS run on a rows x cols matrix to a mode: FLOPs and elementwise work always; seconds
+// at the calibrated rates when they apply, else FLOPs at the profile's peak (and no elementwise
+// time: the datasheet model leaves it out).
 void add_ns(ModeCost& c, Index rows, Index cols, GramSide side, const AutoKey& key,
             const Rates& rates) {
   const double flops = ns_flops(rows, cols, key.steps, key.use_syrk, side);
-  const double bytes = ns_elementwise_bytes(rows, cols, side, key.steps, key.elem_size);
   c.flops += flops;
-  c.elementwise_bytes += bytes;
+  add_elementwise(c, ns_elementwise(rows, cols, side, key.steps), rates);
   if (rates.compute != nullptr) {
-    c.compute_s +=
-        calibrated_products_s(*rates.compute, rows, cols, side, key.steps, key.use_syrk);
-    c.elementwise_s += bytes / (rates.compute->elementwise_gbps * 1e9);
+    c.compute_s += calibrated_products_s(*rates.compute, rows, cols, side, key.steps, key.use_syrk);
   } else if (rates.profile != nullptr) {
     c.compute_s += flops / (rates.profile->peak_tflops(key.elem_size) * 1e12);
   }
@@ -209,6 +228,10 @@ CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile
   // duplicated: gather the whole matrix, NS of it along min(m, n) on every rank.
   add_all_gather(est.duplicated, first_gather, g2, x, rates);
   add_all_gather(est.duplicated, padded * e, g, x, rates);
+  // The gathered buffer and the copy of the local shard sent (fresh buffers), the slice copied
+  // back.
+  if (g > 1)
+    add_elementwise(est.duplicated, {.scale = padded / g, .fill = padded + padded / g}, rates);
   add_ns(est.duplicated, key.m, key.n, GramSide::kAuto, key, rates);
   // distributed: keep the shard, Gram on the unsplit side (n x n for rows, m x m for columns),
   // the norm all-reduce, then one Gram all-reduce per step.

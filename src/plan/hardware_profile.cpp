@@ -52,53 +52,58 @@ std::string builtin_names() {
   return names;
 }
 
-// Log-log interpolation of a rate curve (ascending sizes), clamped to the end points.
-double interpolate(const std::vector<RatePoint>& curve, double size) {
-  DISTMUON_ASSERT(!curve.empty(), "empty calibrated rate curve");
-  if (size <= curve.front().size) return curve.front().gflops * 1e9;
-  if (size >= curve.back().size) return curve.back().gflops * 1e9;
-  const auto hi = std::upper_bound(curve.begin(), curve.end(), size,
-                                   [](double s, const RatePoint& p) { return s < p.size; });
-  const auto lo = hi - 1;
-  const double t = std::log(size / lo->size) / std::log(hi->size / lo->size);
-  return std::exp(std::log(lo->gflops) + t * (std::log(hi->gflops) - std::log(lo->gflops))) * 1e9;
+// Index i and weight t of x between axis[i] and axis[i + 1] in log space, clamped to the ends.
+std::pair<std::size_t, double> locate(const std::vector<double>& axis, double x) {
+  if (axis.size() == 1 || x <= axis.front()) return {0, 0.0};
+  if (x >= axis.back()) return {axis.size() - 2, 1.0};
+  const auto hi = std::upper_bound(axis.begin(), axis.end(), x);
+  const auto i = static_cast<std::size_t>(hi - axis.begin()) - 1;
+  return {i, std::log(x / axis[i]) / std::log(axis[i + 1] / axis[i])};
 }
 
-void validate_curve(const std::vector<RatePoint>& curve, const char* key) {
-  if (curve.empty())
-    throw Error(fmt::format("hardware profile: field 'calibration.{}' has no points", key));
-  for (std::size_t i = 0; i < curve.size(); ++i) {
-    if (!(curve[i].size > 0) || !(curve[i].gflops > 0) ||
-        (i > 0 && !(curve[i].size > curve[i - 1].size))) {
-      throw Error(fmt::format(
-          "hardware profile: field 'calibration.{}' point {} (size {}, gflops {}) must have a "
-          "positive rate and a positive size above the previous point's",
-          key, i, curve[i].size, curve[i].gflops));
+void check_axis(const std::vector<double>& axis, const std::string& key) {
+  if (axis.empty()) throw Error(fmt::format("hardware profile: field '{}' is empty", key));
+  for (std::size_t i = 0; i < axis.size(); ++i) {
+    if (!(axis[i] > 0) || (i > 0 && !(axis[i] > axis[i - 1]))) {
+      throw Error(fmt::format("hardware profile: field '{}' must be positive and ascending, got {}",
+                              key, json(axis).dump()));
     }
   }
 }
 
-json curve_json(const std::vector<RatePoint>& curve) {
-  json out = json::array();
-  for (const RatePoint& p : curve)
-    out.push_back({{"size", p.size}, {"gflops", p.gflops}});
+json table_json(const RateTable& t) {
+  return {{"s", t.s}, {"l", t.l}, {"gflops", t.gflops}};
+}
+
+RateTable table_from_json(const json& j, const char* key) {
+  const json t = field<json>(j, key);
+  if (!t.is_object()) {
+    throw Error(fmt::format(
+        "hardware profile: field 'calibration.{}' must be an object {{\"s\", \"l\", \"gflops\"}}",
+        key));
+  }
+  const std::string where = fmt::format("calibration.{}", key);
+  RateTable out;
+  try {
+    out.s = field<std::vector<double>>(t, "s");
+    out.l = field<std::vector<double>>(t, "l");
+    out.gflops = field<std::vector<std::vector<double>>>(t, "gflops");
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} (in '{}')", e.what(), where));
+  }
   return out;
 }
 
-std::vector<RatePoint> curve_from_json(const json& j, const char* key) {
-  const json arr = field<json>(j, key);
-  if (!arr.is_array())
-    throw Error(fmt::format("hardware profile: field 'calibration.{}' must be an array", key));
-  std::vector<RatePoint> out;
-  for (const json& p : arr) {
-    if (!p.is_object()) {
-      throw Error(fmt::format(
-          "hardware profile: field 'calibration.{}' must hold {{\"size\", \"gflops\"}} objects",
-          key));
-    }
-    out.push_back({field<double>(p, "size"), field<double>(p, "gflops")});
+ElementwiseRates elementwise_from_json(const json& j) {
+  const json e = field<json>(j, "elementwise_gelems");
+  if (!e.is_object())
+    throw Error("hardware profile: field 'calibration.elementwise_gelems' must be an object");
+  try {
+    return {field<double>(e, "sum_squares"), field<double>(e, "scale"), field<double>(e, "axpby"),
+            field<double>(e, "fill")};
+  } catch (const Error& err) {
+    throw Error(fmt::format("{} (in 'calibration.elementwise_gelems')", err.what()));
   }
-  return out;
 }
 
 std::optional<CollectiveFit> fit_from_json(const json& j, const char* key) {
@@ -119,9 +124,9 @@ Calibration calibration_from_json(const json& j) {
   c.group_size = field<int>(j, "group_size");
   c.blas_threads = optional_field<int>(j, "blas_threads", 1);
   c.crosses_domain = optional_field<bool>(j, "crosses_domain", false);
-  c.sgemm = curve_from_json(j, "sgemm_gflops");
-  c.ssyrk = curve_from_json(j, "ssyrk_gflops");
-  c.elementwise_gbps = field<double>(j, "elementwise_gbps");
+  c.gram_syrk = table_from_json(j, "gram_syrk");
+  c.update_gemm = table_from_json(j, "update_gemm");
+  c.elementwise = elementwise_from_json(j);
   c.all_gather = fit_from_json(j, "all_gather");
   c.all_reduce = fit_from_json(j, "all_reduce");
   c.host = optional_field<std::string>(j, "host", "");
@@ -131,12 +136,34 @@ Calibration calibration_from_json(const json& j) {
 
 }  // namespace
 
-double Calibration::sgemm_flops_per_s(double size) const {
-  return interpolate(sgemm, size);
+double RateTable::flops_per_s(double s_size, double l_size) const {
+  DISTMUON_ASSERT(!s.empty() && !l.empty(), "empty calibrated rate table");
+  const auto [i, ti] = locate(s, s_size);
+  const auto [j, tj] = locate(l, l_size);
+  const auto at = [&](std::size_t a, std::size_t b) {
+    return std::log(gflops[std::min(a, s.size() - 1)][std::min(b, l.size() - 1)]);
+  };
+  const double v = (1 - ti) * ((1 - tj) * at(i, j) + tj * at(i, j + 1)) +
+                   ti * ((1 - tj) * at(i + 1, j) + tj * at(i + 1, j + 1));
+  return std::exp(v) * 1e9;
 }
 
-double Calibration::ssyrk_flops_per_s(double size) const {
-  return interpolate(ssyrk, size);
+void RateTable::validate(const char* key) const {
+  const std::string where = fmt::format("calibration.{}", key);
+  check_axis(s, where + ".s");
+  check_axis(l, where + ".l");
+  bool ok = gflops.size() == s.size();
+  for (const auto& row : gflops) {
+    ok = ok && row.size() == l.size();
+    for (double v : row)
+      ok = ok && v > 0;
+  }
+  if (!ok) {
+    throw Error(fmt::format(
+        "hardware profile: field '{}.gflops' must hold {} rows of {} positive rates (one per s, "
+        "then per l)",
+        where, s.size(), l.size()));
+  }
 }
 
 void Calibration::validate() const {
@@ -145,16 +172,19 @@ void Calibration::validate() const {
         "hardware profile: field 'calibration.elem_size' must be 2 or 4, got {}", elem_size));
   }
   if (group_size < 1) {
-    throw Error(fmt::format(
-        "hardware profile: field 'calibration.group_size' must be >= 1, got {}", group_size));
+    throw Error(fmt::format("hardware profile: field 'calibration.group_size' must be >= 1, got {}",
+                            group_size));
   }
   if (blas_threads < 1) {
     throw Error(fmt::format(
         "hardware profile: field 'calibration.blas_threads' must be >= 1, got {}", blas_threads));
   }
-  validate_curve(sgemm, "sgemm_gflops");
-  validate_curve(ssyrk, "ssyrk_gflops");
-  require_positive(elementwise_gbps, "calibration.elementwise_gbps");
+  gram_syrk.validate("gram_syrk");
+  update_gemm.validate("update_gemm");
+  require_positive(elementwise.sum_squares, "calibration.elementwise_gelems.sum_squares");
+  require_positive(elementwise.scale, "calibration.elementwise_gelems.scale");
+  require_positive(elementwise.axpby, "calibration.elementwise_gelems.axpby");
+  require_positive(elementwise.fill, "calibration.elementwise_gelems.fill");
   for (const auto& [fit, key] : {std::pair{&all_gather, "calibration.all_gather"},
                                  std::pair{&all_reduce, "calibration.all_reduce"}}) {
     if (!fit->has_value()) continue;
@@ -222,15 +252,18 @@ void to_json(json& j, const HardwareProfile& p) {
               {"group_size", c.group_size},
               {"blas_threads", c.blas_threads},
               {"crosses_domain", c.crosses_domain},
-              {"sgemm_gflops", curve_json(c.sgemm)},
-              {"ssyrk_gflops", curve_json(c.ssyrk)},
-              {"elementwise_gbps", c.elementwise_gbps},
+              {"gram_syrk", table_json(c.gram_syrk)},
+              {"update_gemm", table_json(c.update_gemm)},
+              {"elementwise_gelems",
+               {{"sum_squares", c.elementwise.sum_squares},
+                {"scale", c.elementwise.scale},
+                {"axpby", c.elementwise.axpby},
+                {"fill", c.elementwise.fill}}},
               {"host", c.host},
               {"date", c.date}};
   for (const auto& [fit, key] :
        {std::pair{&c.all_gather, "all_gather"}, std::pair{&c.all_reduce, "all_reduce"}}) {
-    if (fit->has_value())
-      cal[key] = {{"latency_us", (*fit)->latency_us}, {"gbps", (*fit)->gbps}};
+    if (fit->has_value()) cal[key] = {{"latency_us", (*fit)->latency_us}, {"gbps", (*fit)->gbps}};
   }
   j["calibration"] = std::move(cal);
 }

@@ -20,7 +20,7 @@ json mode_json(const ModeCost& c) {
           {"wire_bytes", c.wire_bytes},
           {"all_gathers", c.all_gathers},
           {"all_reduces", c.all_reduces},
-          {"elementwise_bytes", c.elementwise_bytes},
+          {"elementwise_elements", c.elementwise_elements},
           {"compute_s", c.compute_s},
           {"elementwise_s", c.elementwise_s},
           {"bandwidth_s", c.bandwidth_s},

@@ -86,11 +86,21 @@ TEST(Calibrate, TinyCalibrationWritesAProfileThatLoads) {
   EXPECT_EQ(p.name, "tiny");
   EXPECT_EQ(c.group_size, w.size());
   EXPECT_EQ(c.elem_size, 4);
-  ASSERT_EQ(c.sgemm.size(), 2u);
-  EXPECT_EQ(c.sgemm[1].size, 32.0);
-  EXPECT_DOUBLE_EQ(c.sgemm[0].gflops, rep.sgemm[0].flops_per_s * 1e-9);
-  EXPECT_DOUBLE_EQ(c.ssyrk[1].gflops, 32.0 * 32 * 32 / rep.ssyrk[1].time.median_s * 1e-9);
-  EXPECT_DOUBLE_EQ(p.peak_tflops_fp32, std::max(c.sgemm[0].gflops, c.sgemm[1].gflops) * 1e-3);
+  // A 2 x 2 grid of (s, l), s-major; the Gram syrk of an s x l matrix, the gemm (l x s) (s x s).
+  ASSERT_EQ(rep.gram_syrk.size(), 4u);
+  EXPECT_EQ(c.gram_syrk.s, (std::vector<double>{16, 32}));
+  EXPECT_EQ(c.update_gemm.l, (std::vector<double>{16, 32}));
+  EXPECT_EQ(rep.update_gemm[1].m, 32);  // s = 16, l = 32
+  EXPECT_EQ(rep.update_gemm[1].k, 16);
+  EXPECT_DOUBLE_EQ(c.gram_syrk.gflops[0][1],
+                   16.0 * 16 * 32 / rep.gram_syrk[1].time.median_s * 1e-9);
+  EXPECT_DOUBLE_EQ(c.update_gemm.gflops[1][0], rep.update_gemm[2].flops_per_s * 1e-9);
+  double best = 0;
+  for (const auto& row : c.update_gemm.gflops)
+    for (double v : row)
+      best = std::max(best, v);
+  EXPECT_DOUBLE_EQ(p.peak_tflops_fp32, best * 1e-3);
+  EXPECT_GT(c.elementwise.sum_squares, 0.0);
   EXPECT_FALSE(c.host.empty());
   EXPECT_FALSE(c.date.empty());
   EXPECT_NE(p.source.find("distmuon calibrate"), std::string::npos);
@@ -106,7 +116,7 @@ TEST(Calibrate, TinyCalibrationWritesAProfileThatLoads) {
   } else {
     EXPECT_TRUE(rep.collectives.empty());
     EXPECT_FALSE(c.all_gather || c.all_reduce);
-    EXPECT_EQ(p.intra_domain_gbps, c.elementwise_gbps);
+    EXPECT_EQ(p.intra_domain_gbps, 8 * c.elementwise.scale);
   }
   EXPECT_NO_THROW(p.validate());
   EXPECT_FALSE(format_calibration(rep).empty());

@@ -33,9 +33,10 @@ HardwareProfile measured_profile() {
   Calibration c;
   c.elem_size = 4;
   c.group_size = 2;
-  c.sgemm = {{64, 100}, {4096, 100}};  // flat curves: 100 and 50 GFLOP/s at every size
-  c.ssyrk = {{64, 50}, {4096, 50}};
-  c.elementwise_gbps = 10;
+  // Flat tables: the Gram syrk at 50 GFLOP/s, the update gemm at 100, at every (s, l).
+  c.gram_syrk = {{64, 4096}, {64, 4096}, {{50, 50}, {50, 50}}};
+  c.update_gemm = {{64, 4096}, {64, 4096}, {{100, 100}, {100, 100}}};
+  c.elementwise = {1, 2, 4, 0.5};      // G elements/s: sum_squares, scale, axpby, fill
   c.all_gather = CollectiveFit{2, 5};  // 2 us per ring step, 5 GB/s
   c.all_reduce = CollectiveFit{1, 4};
   c.host = "host";
@@ -56,31 +57,37 @@ AutoKey key_512x256(int elem_size = 4, bool crosses = false) {
 
 // 512 x 256 rows split over G = 2, one step, syrk, fp32.
 // duplicated: NS of 512 x 256 with the Gram on the 256 columns (s = 256, l = 512):
-//   Gram syrk s^2 l = 2^25 at 50 GFLOP/s, A A syrk s^3 = 2^24 at 50, update gemm 2 s^2 l = 2^26
-//   at 100; elementwise 4 (5 x 2^17 + 3 x 2^16) bytes (norm, scaling, final copy: 5 passes over
-//   the matrix; one B = b A + c A A over s^2) at 10 GB/s; one all-gather of 2^19 payload bytes,
-//   2^18 on the wire at 5 GB/s plus one ring step of 2 us.
+//   Gram syrk s^2 l = 2^25 and A A syrk s^3 = 2^24 at 50 GFLOP/s, update gemm 2 s^2 l = 2^26 at
+//   100. Elementwise over x = 2^17 elements: the norm x at 1 G/s; passes at 2 G/s: normalise,
+//   copy in, Muon scale, copy out, copy back (one step is odd): 5 x, plus the slice copied back
+//   x / G; B = b A + c A A, s^2 = 2^16 at 4 G/s; fresh buffers at 0.5 G/s: the work matrix and
+//   the iteration's scratch (2 x), A and B (2 s^2), the gathered matrix and the shard sent
+//   (x + x / G). One all-gather of 2^19 payload bytes: 2^18 on the wire at 5 GB/s, one ring step
+//   of 2 us.
 // distributed: NS of the 256 x 256 shard with the Gram on its columns (s = l = 256): 2^24 syrk,
-//   2^24 syrk, 2^25 gemm; elementwise 4 (5 x 2^16 + 3 x 2^16); all-reduces of 8 bytes (norm) and
-//   2^18 bytes (Gram), 2 payload (G - 1) / G on the wire at 4 GB/s, 2 ring steps of 1 us each.
+//   2^24 syrk, 2^25 gemm; elementwise over x = 2^16: norm x, passes 5 x, axpby 2^16, fills
+//   2 x + 2 s^2 = 2^18; all-reduces of 8 bytes (norm) and 2^18 bytes (Gram): 2 payload (G - 1) / G
+//   on the wire at 4 GB/s, 2 ring steps of 1 us each.
 TEST(CalibratedModel, UsesTheMeasuredRatesAndFits) {
   const HardwareProfile p = measured_profile();
   const CostEstimate e = estimate_refined(key_512x256(), &p);
-  const double two17 = 131072, two16 = 65536;
   expect_rel(e.duplicated.compute_s, 0x1p25 / 50e9 + 0x1p24 / 50e9 + 0x1p26 / 100e9);
-  expect_rel(e.duplicated.elementwise_bytes, 4 * (5 * two17 + 3 * two16));
-  expect_rel(e.duplicated.elementwise_s, 4 * (5 * two17 + 3 * two16) / 10e9);
+  expect_rel(e.duplicated.elementwise_s,
+             0x1p17 / 1e9 + (5 * 0x1p17 + 0x1p16) / 2e9 + 0x1p16 / 4e9 + (0x1p19 + 0x1p16) / 0.5e9);
+  expect_rel(e.duplicated.elementwise_elements,
+             0x1p17 + (5 * 0x1p17 + 0x1p16) + 0x1p16 + (0x1p19 + 0x1p16));
   expect_rel(e.duplicated.bandwidth_s, 0x1p18 / 5e9);
   expect_rel(e.duplicated.latency_s, 2e-6);
   EXPECT_EQ(e.duplicated.flops, 0x1p25 + 0x1p24 + 0x1p26);  // the FLOP count is unchanged
 
   expect_rel(e.distributed.compute_s, 0x1p24 / 50e9 + 0x1p24 / 50e9 + 0x1p25 / 100e9);
-  expect_rel(e.distributed.elementwise_s, 4 * (5 * two16 + 3 * two16) / 10e9);
+  expect_rel(e.distributed.elementwise_s,
+             0x1p16 / 1e9 + 5 * 0x1p16 / 2e9 + 0x1p16 / 4e9 + 0x1p18 / 0.5e9);
   expect_rel(e.distributed.bandwidth_s, (8 + 0x1p18) / 4e9);
   expect_rel(e.distributed.latency_s, 4e-6);
   expect_rel(e.duplicated.seconds(), e.duplicated.compute_s + e.duplicated.elementwise_s +
                                          e.duplicated.bandwidth_s + e.duplicated.latency_s);
-  // duplicated ~1.75 ms + 0.34 + 0.05; distributed ~1.0 ms + 0.21 + 0.07.
+  // duplicated ~1.68 ms + 1.69 + 0.05; distributed ~1.0 ms + 0.77 + 0.07.
   EXPECT_EQ(e.choice, TpMode::kDistributed);
 }
 
@@ -111,32 +118,34 @@ TEST(CalibratedModel, WithoutTheCalibrationTheProfileGivesTheDatasheetModel) {
   expect_rel(e.duplicated.bandwidth_s, 0x1p18 / 1000e9);
 }
 
-// Each product runs at the rate of its effective size (cube root of its multiply-adds): with a
-// rising curve, the 256^3 A A syrk of the shard is charged at the 256 point exactly.
-TEST(CalibratedModel, ProductsAtTheRateOfTheirSize) {
+// Each product runs at the rate measured for its own shape: the Gram syrk and the update gemm at
+// (s, l), the A A syrk at (s, s).
+TEST(CalibratedModel, ProductsAtTheRatesOfTheirShapes) {
   HardwareProfile p = measured_profile();
-  p.calibration->sgemm = {{128, 40}, {256, 80}};
-  p.calibration->ssyrk = {{128, 20}, {256, 40}};
+  p.calibration->gram_syrk = {{128, 256}, {256, 512}, {{10, 20}, {40, 80}}};
+  p.calibration->update_gemm = {{128, 256}, {256, 512}, {{15, 30}, {60, 120}}};
   const CostEstimate e = estimate_refined(key_512x256(), &p);
-  // distributed: every product is 256 x 256 x 256.
-  expect_rel(e.distributed.compute_s, 0x1p24 / 40e9 + 0x1p24 / 40e9 + 0x1p25 / 80e9);
-  // duplicated: Gram and update at size cbrt(2^25) > 256 (the last point), A A at 256.
-  expect_rel(e.duplicated.compute_s, 0x1p25 / 40e9 + 0x1p24 / 40e9 + 0x1p26 / 80e9);
+  // duplicated: s = 256, l = 512.
+  expect_rel(e.duplicated.compute_s, 0x1p25 / 80e9 + 0x1p24 / 40e9 + 0x1p26 / 120e9);
+  // distributed: the 256 x 256 shard, s = l = 256.
+  expect_rel(e.distributed.compute_s, 0x1p24 / 40e9 + 0x1p24 / 40e9 + 0x1p25 / 60e9);
 }
 
-TEST(Calibration, LogLogInterpolationClampedAtTheEnds) {
-  Calibration c = *measured_profile().calibration;
-  c.sgemm = {{100, 10}, {400, 40}};
-  expect_rel(c.sgemm_flops_per_s(200), 20e9);  // geometric midpoint -> geometric mean
-  expect_rel(c.sgemm_flops_per_s(50), 10e9);
-  expect_rel(c.sgemm_flops_per_s(1000), 40e9);
-  expect_rel(c.sgemm_flops_per_s(100), 10e9);
+// Bilinear in (log s, log l) on log(rate), the edge values outside the grid.
+TEST(Calibration, RateTableInterpolation) {
+  const RateTable t{{100, 400}, {100, 400}, {{10, 40}, {40, 160}}};
+  expect_rel(t.flops_per_s(200, 200), 40e9);   // (10 40 40 160)^(1/4)
+  expect_rel(t.flops_per_s(200, 100), 20e9);   // sqrt(10 40)
+  expect_rel(t.flops_per_s(50, 1000), 40e9);   // clamped to (100, 400)
+  expect_rel(t.flops_per_s(400, 400), 160e9);  // a grid point
+  const RateTable one{{256}, {256}, {{7}}};
+  expect_rel(one.flops_per_s(10, 1e6), 7e9);
 }
 
 TEST(Calibration, JsonRoundTripAndOldFilesStillLoad) {
   const HardwareProfile p = measured_profile();
   const nlohmann::json j = p;
-  EXPECT_EQ(j.at("calibration").at("sgemm_gflops").size(), 2u);
+  EXPECT_EQ(j.at("calibration").at("gram_syrk").at("gflops").size(), 2u);
   EXPECT_EQ(j.get<HardwareProfile>(), p);
   nlohmann::json old = j;
   old.erase("calibration");
@@ -169,20 +178,23 @@ TEST(Calibration, MalformedFieldsAreNamed) {
     return std::string("no error");
   };
   nlohmann::json j = good;
-  j["calibration"].erase("sgemm_gflops");
-  EXPECT_NE(message(j).find("sgemm_gflops"), std::string::npos) << message(j);
+  j["calibration"].erase("gram_syrk");
+  EXPECT_NE(message(j).find("gram_syrk"), std::string::npos) << message(j);
   j = good;
-  j["calibration"]["ssyrk_gflops"] = nlohmann::json::array();
-  EXPECT_NE(message(j).find("calibration.ssyrk_gflops"), std::string::npos) << message(j);
+  j["calibration"]["update_gemm"]["s"] = nlohmann::json::array();
+  EXPECT_NE(message(j).find("calibration.update_gemm.s"), std::string::npos) << message(j);
   j = good;
-  j["calibration"]["sgemm_gflops"][1]["size"] = 10;  // not ascending
-  EXPECT_NE(message(j).find("calibration.sgemm_gflops"), std::string::npos) << message(j);
+  j["calibration"]["gram_syrk"]["l"] = {4096, 64};  // not ascending
+  EXPECT_NE(message(j).find("calibration.gram_syrk.l"), std::string::npos) << message(j);
+  j = good;
+  j["calibration"]["gram_syrk"]["gflops"] = {{50, 50}};  // one row for two sizes
+  EXPECT_NE(message(j).find("calibration.gram_syrk.gflops"), std::string::npos) << message(j);
   j = good;
   j["calibration"]["all_reduce"]["gbps"] = 0;
   EXPECT_NE(message(j).find("calibration.all_reduce.gbps"), std::string::npos) << message(j);
   j = good;
-  j["calibration"]["elementwise_gbps"] = "fast";
-  EXPECT_NE(message(j).find("elementwise_gbps"), std::string::npos) << message(j);
+  j["calibration"]["elementwise_gelems"]["axpby"] = "fast";
+  EXPECT_NE(message(j).find("elementwise_gelems"), std::string::npos) << message(j);
   j = good;
   j["calibration"] = 3;
   EXPECT_NE(message(j).find("calibration"), std::string::npos) << message(j);
