@@ -95,8 +95,8 @@ std::string error_of(const std::function<void()>& f) {
 
 // 1e-5 relative at every step: duplicated and distributed compute the Newton-Schulz of the same
 // full matrix and differ only in fp32 summation order (~1e-7 per step); over 30 steps the losses
-// drift apart by ~1e-7 (measured up to 9e-8 at 2 and 4 ranks). Blockwise changes the mathematics and is
-// checked to differ by far more, so the comparison can fail.
+// drift apart by ~1e-7 (measured up to 9e-8 at 2 and 4 ranks). Blockwise changes the mathematics
+// and is checked to differ by far more, so the comparison can fail.
 TEST(Trainer, AutoMatchesDuplicatedLossesAtEveryStep) {
   SharedDir dir("trainer_parity");
   const fs::path text = write_text(dir.path());
