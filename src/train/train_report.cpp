@@ -118,10 +118,12 @@ void ConsoleReport::on_checkpoint(int step, const std::filesystem::path& dir) {
 }
 
 void ConsoleReport::on_end(const TrainSummary& s) {
-  const int first = s.first_step + 1;
-  const int last = s.records.empty() ? s.first_step : s.records.back().step;
-  print(fmt::format("done: steps {}-{} in {:.1f} s ({:.1f} s evaluating)", first, last, s.seconds,
-                    s.eval_seconds));
+  if (s.records.empty()) {
+    print(fmt::format("done: no step left to train (the run is at step {})", s.first_step));
+  } else {
+    print(fmt::format("done: steps {}-{} in {:.1f} s ({:.1f} s evaluating)", s.first_step + 1,
+                      s.records.back().step, s.seconds, s.eval_seconds));
+  }
   print(fmt::format(
       "final validation loss {:.4f} nats/byte vs unigram entropy {:.4f} ({:+.4f}, {:.0f}% of it)",
       s.final_val_loss, s.unigram_entropy, s.final_val_loss - s.unigram_entropy,

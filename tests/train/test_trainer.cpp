@@ -275,6 +275,11 @@ TEST(Trainer, ErrorsAreReportedOnEveryRank) {
     Trainer s(tiny_config(text, 2), world());
     run_training(s, save);
   }
+  TrainConfig shorter = tiny_config(text, 1);
+  Trainer w(shorter, world());
+  TrainRunOptions resume_beyond;
+  resume_beyond.resume_dir = save.checkpoint_dir;
+  contains(error_of([&] { run_training(w, resume_beyond); }), "beyond the run's 1 steps");
   TrainConfig other_seed = tiny_config(text, 3);
   other_seed.train.seed = 12;
   Trainer u(other_seed, world());
