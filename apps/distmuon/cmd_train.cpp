@@ -115,7 +115,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       if (root) fmt::print("\n{}", format_comparison(first, label, other, o->compare));
     }
     if (!o->plot.empty()) {
-      std::string failure;
+      std::string plot_failure;
       if (root) {
         try {
           const std::string title = fmt::format(
@@ -124,10 +124,10 @@ void add_train_command(CLI::App& app, Context& ctx) {
           render_loss_plot(curves, first.unigram_entropy, title, o->plot);
           fmt::print("loss curves written to {}\n", o->plot);
         } catch (const std::exception& e) {
-          failure = e.what();
+          plot_failure = e.what();
         }
       }
-      ctx.world.agree_or_throw(failure.empty(), "train --plot", failure);
+      ctx.world.agree_or_throw(plot_failure.empty(), "train --plot", plot_failure);
     }
   });
 }

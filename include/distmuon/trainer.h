@@ -45,7 +45,8 @@ namespace distmuon {
 inline constexpr const char* kTrainCheckpointFormat = "distmuon-train-checkpoint";
 inline constexpr int kTrainCheckpointVersion = 1;
 
-// What one training step measured. Times are rank 0's wall clock.
+// What one training step measured. Times are this rank's wall clock (the report and the log
+// show rank 0's).
 struct StepRecord {
   int step = 0;                    // 1-based
   double loss = 0;                 // mean training loss over the global batch (nats per byte)
