@@ -11,6 +11,7 @@
 
 #include "distmuon/charlm.h"
 #include "distmuon/matrix.h"
+#include "distmuon/muon.h"
 #include "distmuon/text_data.h"
 
 namespace distmuon {
@@ -34,7 +35,9 @@ struct TrainConfig {
   CharLmConfig model;
   TrainDataConfig data;
   TrainSchedule train;
-  // The optimizer's options, kept as JSON: the optimizer parses and validates them itself.
+  // The optimizer's options as MuonOptions' JSON fields (lr, momentum, nesterov, weight_decay,
+  // coefficients, steps, tp_mode, cost_model, profile, adamw {lr, beta1, ...}; muon.h), any
+  // subset: optimizer_options() fills in the rest from MuonOptions' defaults.
   nlohmann::json optimizer = nlohmann::json::object();
 
   // TextDataOptions for this run (context from the model, seed from the schedule).
@@ -49,6 +52,10 @@ TrainConfig default_train_config();
 TrainConfig parse_train_config(const nlohmann::json& overrides);
 // Defaults overridden by a JSON file; errors name the file and the field.
 TrainConfig load_train_config(const std::string& path);
+// MuonOptions' defaults overridden by config.optimizer, validated. Throws distmuon::Error naming
+// the field ("train config: field 'optimizer.adamw.beta1': ..."); unknown fields are errors.
+MuonOptions optimizer_options(const TrainConfig& config);
+
 // The complete configuration as JSON (every field, so a run's log can record it).
 nlohmann::json to_json(const TrainConfig& config);
 

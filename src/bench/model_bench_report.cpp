@@ -161,24 +161,24 @@ void render_model_bench_plot(const ModelBenchReport& r, const std::filesystem::p
   for (std::size_t si = 0; si < r.shapes.size(); ++si)
     tics += fmt::format("{}{} {}", si == 0 ? "" : ", ", detail::gnuplot_quoted(label(r.shapes[si])),
                         si);
-  const auto bars_file = job.add_file("bars.dat", bars);
-  const auto marks_file = job.add_file("auto.dat", marks);
+  const std::string bars_file = job.data("bars.dat", bars);
+  const std::string marks_file = job.data("auto.dat", marks);
   std::string plot;
   for (std::size_t mi = 0; mi < r.modes.size(); ++mi) {
-    plot += fmt::format(
-        "{} index {} using 1:2 with boxes fs solid 0.9 lc rgb \"{}\" title \"{}\", ",
-        detail::gnuplot_quoted(bars_file.string()), mi, kColors[mi % 4], to_string(r.modes[mi]));
+    plot +=
+        fmt::format("{} index {} using 1:2 with boxes fs solid 0.9 lc rgb \"{}\" title \"{}\", ",
+                    bars_file, mi, kColors[mi % 4], to_string(r.modes[mi]));
   }
-  plot +=
-      fmt::format("{} using 1:2 with points pt 7 ps 1.6 lc rgb \"black\" title \"auto's choice\"",
-                  detail::gnuplot_quoted(marks_file.string()));
+  plot += fmt::format(
+      "{} using 1:2 with points pt 7 ps 1.6 lc rgb \"black\" title \"auto's choice\"", marks_file);
   const std::string title = fmt::format(
       "NS time per weight, {} at G = {} (rows split); auto: profile {}, {} model; auto {:+.1f}% "
       "over the oracle",
       r.model, r.group_size, r.profile, r.cost_model,
       (ratio(r.totals.auto_s, r.totals.oracle_s) - 1) * 100);
   const std::string script = fmt::format(
-      R"gp({terminal}set output {png}
+      R"gp({terminal}
+set output {png}
 set title {title} noenhanced
 set ylabel "median time per NS run (ms, log scale)"
 set logscale y

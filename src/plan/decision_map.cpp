@@ -1,5 +1,4 @@
-// The decision map of `distmuon plan --map`: a grid of decisions drawn by gnuplot
-// (src/plot/gnuplot.h).
+// The decision map of `distmuon plan --map`, drawn by gnuplot (plot/gnuplot.h).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -10,14 +9,12 @@
 namespace distmuon {
 namespace {
 
-namespace fs = std::filesystem;
-
 constexpr double kMinLog2 = 8, kMaxLog2 = 16, kStep = 0.25;  // 256 .. 65536, four points per octave
 
 }  // namespace
 
 void render_decision_map(const PlanOptions& opts, const std::vector<WeightShape>& weights,
-                         const fs::path& png) {
+                         const std::filesystem::path& png) {
   detail::GnuplotJob job("plan --map");
 
   // Decision per cell: 0 duplicated, 1 distributed; rows of constant m separated by blank lines.
@@ -35,16 +32,17 @@ void render_decision_map(const PlanOptions& opts, const std::vector<WeightShape>
   std::string points;
   for (const auto& w : weights)
     points += fmt::format("{} {} {}\n", std::log2(double(w.n)), std::log2(double(w.m)), w.name);
-  const fs::path grid_file = job.add_file("grid.dat", grid);
-  const fs::path weights_file =
-      job.add_file("weights.dat", points.empty() ? "NaN NaN none\n" : points);
+  const std::string grid_file = job.data("grid.dat", grid);
+  const std::string weights_file =
+      job.data("weights.dat", points.empty() ? "NaN NaN none\n" : points);
 
   std::string tics;
   for (int e = static_cast<int>(kMinLog2); e <= static_cast<int>(kMaxLog2); ++e) {
     tics += fmt::format("{}\"{}\" {}", tics.empty() ? "" : ", ", 1L << e, e);
   }
   const std::string script = fmt::format(
-      R"gp({terminal}set output {png}
+      R"gp({terminal}
+set output {png}
 set title {title} noenhanced
 set xlabel "n (columns)"
 set ylabel "m (rows)"
@@ -68,8 +66,7 @@ plot {grid} using 1:2:3 with image notitle, \
       fmt::arg("png", detail::gnuplot_quoted(png.string())),
       fmt::arg("title", detail::gnuplot_quoted("tp_mode=auto decision: " + opts.describe())),
       fmt::arg("lo", kMinLog2 - kStep / 2), fmt::arg("hi", kMaxLog2 + kStep / 2),
-      fmt::arg("tics", tics), fmt::arg("grid", detail::gnuplot_quoted(grid_file.string())),
-      fmt::arg("weights", detail::gnuplot_quoted(weights_file.string())));
+      fmt::arg("tics", tics), fmt::arg("grid", grid_file), fmt::arg("weights", weights_file));
   job.run(script, png);
 }
 

@@ -1,3 +1,5 @@
+// gnuplot runs: data and script in a temporary folder, gnuplot spawned without a shell, its exit
+// status checked.
 #include "plot/gnuplot.h"
 
 #include <fcntl.h>
@@ -21,7 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// An executable on PATH, or empty.
+// The executable on PATH, or empty.
 fs::path find_on_path(const std::string& name) {
   const char* path = std::getenv("PATH");
   if (path == nullptr) return {};
@@ -67,6 +69,19 @@ std::string read_text(const fs::path& file) {
 
 }  // namespace
 
+std::string gnuplot_quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s)
+    out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string gnuplot_png_terminal(int width, int height) {
+  return fmt::format(
+      R"gp(if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {{ set terminal pngcairo size {w},{h} font "sans,10" }} else {{ set terminal png size {w},{h} }})gp",
+      fmt::arg("w", width), fmt::arg("h", height));
+}
+
 GnuplotJob::GnuplotJob(std::string what) : what_(std::move(what)) {
   gnuplot_ = find_on_path("gnuplot");
   if (gnuplot_.empty()) {
@@ -86,18 +101,23 @@ GnuplotJob::~GnuplotJob() {
   fs::remove_all(dir_, ec);
 }
 
-fs::path GnuplotJob::add_file(const std::string& name, const std::string& text) {
+std::string GnuplotJob::data(const std::string& name, const std::string& text) {
   const fs::path file = dir_ / name;
   std::ofstream out(file);
   out << text;
   out.close();
-  if (!out) throw Error(fmt::format("{}: cannot write {}", what_, file.string()));
-  return file;
+  if (!out) {
+    keep_ = true;
+    throw Error(fmt::format("{}: cannot write {}", what_, file.string()));
+  }
+  return gnuplot_quoted(file.string());
 }
 
 void GnuplotJob::run(const std::string& script, const fs::path& png) {
-  const fs::path file = add_file("plot.gp", script);
-  const int status = run_gnuplot(gnuplot_, file, dir_ / "gnuplot.log");
+  data("plot.gp", script);
+  std::error_code ec;
+  fs::remove(png, ec);  // so that a stale file cannot pass for gnuplot's output
+  const int status = run_gnuplot(gnuplot_, dir_ / "plot.gp", dir_ / "gnuplot.log");
   if (status != 0) {
     keep_ = true;
     const std::string why = status < 0 ? std::strerror(errno) : read_text(dir_ / "gnuplot.log");
@@ -105,26 +125,11 @@ void GnuplotJob::run(const std::string& script, const fs::path& png) {
         fmt::format("{}: gnuplot ({}) failed with status {}; script and data kept in {}: {}", what_,
                     gnuplot_.string(), status, dir_.string(), why));
   }
-  std::error_code ec;
   if (!fs::is_regular_file(png, ec) || fs::file_size(png, ec) == 0) {
     keep_ = true;
     throw Error(fmt::format("{}: gnuplot ran but wrote no {} (script kept in {}): {}", what_,
                             png.string(), dir_.string(), read_text(dir_ / "gnuplot.log")));
   }
-}
-
-std::string gnuplot_quoted(const std::string& s) {
-  std::string out = "'";
-  for (char c : s)
-    out += c == '\'' ? std::string("''") : std::string(1, c);
-  return out + "'";
-}
-
-std::string gnuplot_png_terminal(int width, int height) {
-  return fmt::format(
-      "if (strstrt(GPVAL_TERMINALS, \"pngcairo\") > 0) {{ set terminal pngcairo size {0},{1} font "
-      "\"sans,10\" }} else {{ set terminal png size {0},{1} }}\n",
-      width, height);
 }
 
 }  // namespace distmuon::detail

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <vector>
 
 #include "distmuon/error.h"
 
@@ -134,6 +135,7 @@ TrainConfig from_json(const json& j) {
     c.optimizer = j.at("optimizer");
   }
   c.model.validate();
+  optimizer_options(c);  // errors name the optimizer's field now, not when training starts
   return c;
 }
 
@@ -178,6 +180,62 @@ TrainConfig load_train_config(const std::string& path) {
   } catch (const Error& e) {
     throw Error(fmt::format("{} (in '{}')", e.what(), path));
   }
+}
+
+MuonOptions optimizer_options(const TrainConfig& config) {
+  const json defaults = MuonOptions{};
+  const json& given = config.optimizer;
+  if (!given.is_object()) throw Error("train config: 'optimizer' must be an object");
+  // Unknown fields first: a typo would otherwise silently keep the default.
+  const auto check_fields = [](const json& obj, const json& valid, const std::string& prefix) {
+    for (const auto& [key, value] : obj.items()) {
+      if (!valid.contains(key)) {
+        std::vector<std::string> names;
+        for (const auto& [k, v] : valid.items())
+          names.push_back(k);
+        throw Error(fmt::format("train config: unknown field '{}{}' (valid: {})", prefix, key,
+                                fmt::join(names, ", ")));
+      }
+    }
+  };
+  check_fields(given, defaults, "optimizer.");
+  if (given.contains("adamw")) {
+    if (!given.at("adamw").is_object())
+      throw Error("train config: field 'optimizer.adamw' must be an object");
+    check_fields(given.at("adamw"), defaults.at("adamw"), "optimizer.adamw.");
+  }
+  json merged = defaults;
+  merged.merge_patch(given);
+  MuonOptions o;
+  // Field by field, so that a type error names its field.
+  for (const auto& [key, value] : merged.items()) {
+    const json& def = defaults.at(key);
+    const auto type_ok = [](const json& v, const json& d) {
+      if (d.is_number_integer()) return v.is_number_integer();
+      return d.is_number() ? v.is_number() : v.type() == d.type();
+    };
+    bool ok = type_ok(value, def);
+    if (ok && key == "adamw") {
+      for (const auto& [k, v] : value.items())
+        if (!type_ok(v, def.at(k))) {
+          throw Error(fmt::format("train config: field 'optimizer.adamw.{}': expected a {}, got {}",
+                                  k, def.at(k).type_name(), v.dump()));
+        }
+    }
+    if (!ok) {
+      throw Error(fmt::format("train config: field 'optimizer.{}': expected a {}, got {}", key,
+                              def.type_name(), value.dump()));
+    }
+  }
+  try {
+    from_json(merged, o);
+    o.validate();
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("train config: 'optimizer': {}", e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("train config: 'optimizer': {}", e.what()));
+  }
+  return o;
 }
 
 nlohmann::json to_json(const TrainConfig& c) {

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/train_config.h"
 
@@ -91,6 +92,54 @@ TEST(TrainConfig, LoadsAFileAndNamesItInErrors) {
   }
   std::remove(path.c_str());
   EXPECT_THROW(load_train_config(path), Error);
+}
+
+TEST(TrainConfig, OptimizerSectionUsesMuonOptionNames) {
+  // The embedded default names real MuonOptions fields, and they reach the optimizer's options.
+  const TrainConfig d = default_train_config();
+  const MuonOptions o = optimizer_options(d);
+  const json file = json::parse(default_train_config_text())["optimizer"];
+  EXPECT_EQ(o.lr, file["lr"].get<double>());
+  EXPECT_EQ(o.momentum, file["momentum"].get<double>());
+  EXPECT_EQ(o.adamw.lr, file["adamw"]["lr"].get<double>());
+  EXPECT_EQ(o.tp_mode, TpMode::kAuto);
+  EXPECT_EQ(o.profile, "none");
+  // A partial section keeps MuonOptions' defaults for the rest.
+  const MuonOptions p = optimizer_options(parse_train_config(
+      json{{"optimizer", {{"lr", 0.05}, {"tp_mode", "distributed"}, {"adamw", {{"lr", 0.01}}}}}}));
+  EXPECT_EQ(p.lr, 0.05);
+  EXPECT_EQ(p.tp_mode, TpMode::kDistributed);
+  EXPECT_EQ(p.adamw.lr, 0.01);
+  EXPECT_EQ(p.adamw.beta2, d.optimizer["adamw"]["beta2"].get<double>());
+  TrainConfig empty;
+  EXPECT_EQ(json(optimizer_options(empty)), json(MuonOptions{}));
+
+  // Errors name the field.
+  EXPECT_NE(error_of({{"optimizer", {{"lrr", 0.1}}}}).find("optimizer.lrr"), std::string::npos);
+  EXPECT_NE(error_of({{"optimizer", {{"adamw", {{"beta3", 0.1}}}}}}).find("optimizer.adamw.beta3"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"optimizer", {{"lr", "big"}}}}).find("optimizer.lr"), std::string::npos);
+  EXPECT_NE(error_of({{"optimizer", {{"steps", 2.5}}}}).find("optimizer.steps"), std::string::npos);
+  EXPECT_NE(error_of({{"optimizer", {{"tp_mode", "sideways"}}}}).find("sideways"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"optimizer", {{"momentum", 1.5}}}}).find("momentum"), std::string::npos);
+  EXPECT_NE(error_of({{"optimizer", {{"adamw", {{"lr", -1}}}}}}).find("lr"), std::string::npos);
+}
+
+// The default model is meant to show both modes at 2 ranks: tall fc1 (distributed iterates on the
+// 256 x 256 Gram of half the rows) and wide fc2 (distributed would need a 2048 x 2048 Gram). With
+// no profile the cost model compares FLOPs, which decides these shapes by a factor of 2 and 24.
+TEST(TrainConfig, DefaultModelHasShapesForEitherModeAtTwoRanks) {
+  const TrainConfig d = default_train_config();
+  bool duplicated = false, distributed = false;
+  for (const CharLmParamInfo& p : charlm_param_infos(d.model)) {
+    if (p.kind != ParamKind::kMuon) continue;
+    const AutoKey key{.m = p.rows, .n = p.cols, .group_size = 2, .partition_dim = 0};
+    const TpMode choice = estimate(key, nullptr, CostModel::kRefined).choice;
+    (choice == TpMode::kDistributed ? distributed : duplicated) = true;
+  }
+  EXPECT_TRUE(duplicated);
+  EXPECT_TRUE(distributed);
 }
 
 }  // namespace
