@@ -1,0 +1,117 @@
+// `distmuon plan`: the cost model over a model's Muon weights (or given shapes): the mode per
+// distinct shape and the totals per optimizer step. See docs/cost-model.md.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <charconv>
+#include <nlohmann/json.hpp>
+
+#include "distmuon/error.h"
+#include "distmuon/plan.h"
+#include "planning_commands.h"
+
+namespace distmuon::cli {
+namespace {
+
+// "4096x1024" -> a weight of that shape.
+WeightShape parse_shape(const std::string& text) {
+  const auto x = text.find_first_of("xX");
+  Index m = 0, n = 0;
+  const auto parse = [](std::string_view s, Index& v) {
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    return ec == std::errc() && end == s.data() + s.size() && v > 0;
+  };
+  if (x == std::string::npos || !parse(std::string_view(text).substr(0, x), m) ||
+      !parse(std::string_view(text).substr(x + 1), n)) {
+    throw Error(
+        fmt::format("--shape '{}': expected MxN with positive integers, e.g. 4096x1024", text));
+  }
+  return {fmt::format("{}x{}", m, n), m, n, 1, false};
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app, Context& ctx) {
+  auto* cmd =
+      app.add_subcommand("plan", "Choose duplicated or distributed per weight from the cost model");
+  struct Opts {
+    std::vector<std::string> shapes;
+    std::string model, profile = "none", cost_model = "refined", map;
+    int group_size = 8, partition_dim = 0, steps = 5, elem_size = 2;
+    bool syrk = true, crosses = false, json = false, list_models = false;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--shape", o->shapes, "Weight shape MxN (repeatable)");
+  cmd->add_option("--model", o->model, "Model preset name or JSON file (see --list-models)");
+  cmd->add_flag("--list-models", o->list_models, "List the built-in model presets");
+  cmd->add_option("--group-size,-G", o->group_size, "Ranks each weight is sharded over")
+      ->capture_default_str();
+  cmd->add_option("--partition-dim", o->partition_dim,
+                  "Dimension the weights are split along (0 rows, 1 columns)")
+      ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Newton-Schulz steps")->capture_default_str();
+  cmd->add_flag("--syrk,!--no-syrk", o->syrk, "Symmetric products with syrk (default) or gemm");
+  cmd->add_option("--elem-size", o->elem_size, "Bytes per element NS runs in (2 bf16, 4 fp32)")
+      ->capture_default_str();
+  cmd->add_option("--profile", o->profile,
+                  "Hardware profile: a name (distmuon profiles), a JSON file, or none")
+      ->capture_default_str();
+  cmd->add_flag("--crosses-domain", o->crosses, "The group spans NVLink domains");
+  cmd->add_option("--model-cost", o->cost_model, "Cost model: refined or reference")
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print the plan as JSON");
+  cmd->add_option("--map", o->map,
+                  "Also draw the decision over (m, n) into this PNG (needs gnuplot)");
+  cmd->callback([o, &ctx] {
+    log_to_stderr();
+    if (ctx.world.rank() != 0) return;  // planning is local; other ranks have nothing to do
+    if (o->list_models) {
+      for (const auto& m : builtin_models()) {
+        fmt::print(
+            "{:<12} hidden {:>5}, ffn {:>5}, heads {:>3}/{:<3} kv, {:>3} layers{}\n", m.name,
+            m.hidden, m.ffn, m.heads, m.kv_heads, m.layers,
+            m.moe ? fmt::format(", {} experts of ffn {}", m.moe->experts, m.moe->expert_ffn) : "");
+      }
+      return;
+    }
+    if (o->shapes.empty() == o->model.empty())
+      throw Error("plan: give either --shape MxN (repeatable) or --model");
+    PlanOptions opts;
+    opts.group_size = o->group_size;
+    opts.partition_dim = o->partition_dim;
+    opts.steps = o->steps;
+    opts.use_syrk = o->syrk;
+    opts.elem_size = o->elem_size;
+    opts.crosses_domain = o->crosses;
+    opts.model = parse_cost_model(o->cost_model);
+    opts.profile = resolve_profile(o->profile);
+    if (opts.profile && !opts.crosses_domain && opts.group_size > opts.profile->domain_size) {
+      spdlog::warn(
+          "plan: a group of {} does not fit in one {} NVLink domain of {}: planning as "
+          "cross-domain",
+          opts.group_size, opts.profile->name, opts.profile->domain_size);
+      opts.crosses_domain = true;
+    }
+    std::vector<WeightShape> weights;
+    if (!o->model.empty()) {
+      weights = muon_weights(resolve_model(o->model));
+    } else {
+      for (const auto& s : o->shapes)
+        weights.push_back(parse_shape(s));
+    }
+    const Plan plan = make_plan(weights, opts);
+    if (o->json) {
+      fmt::print("{}\n", nlohmann::json(plan).dump(2));
+    } else {
+      if (!o->model.empty()) fmt::print("model: {}\n", o->model);
+      fmt::print("{}", format_plan(plan));
+    }
+    if (!o->map.empty()) {
+      render_decision_map(opts, weights, o->map);
+      if (!o->json) fmt::print("decision map written to {}\n", o->map);
+    }
+  });
+}
+
+}  // namespace distmuon::cli

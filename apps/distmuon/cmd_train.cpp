@@ -1,0 +1,135 @@
+// `distmuon train`: the character-level model trained data-parallel with Muon on row-sharded
+// weights (include/distmuon/trainer.h). See docs/training.md.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "distmuon/error.h"
+#include "distmuon/train_report.h"
+#include "distmuon/trainer.h"
+
+namespace distmuon::cli {
+
+void add_train_command(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand(
+      "train", "Train the character-level model with Muon on weights sharded over the ranks");
+  struct Opts {
+    std::string config, data, tp_mode, profile, cost_model, log, checkpoint, resume, plot, compare;
+    std::uint64_t seed = 0;
+    int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
+    double progress = 10.0;
+  };
+  auto o = std::make_shared<Opts>();
+  const std::string modes = "blockwise|duplicated|distributed|auto";
+  cmd->add_option("--config", o->config,
+                  "Training config JSON, merged over the embedded default (docs/training.md)");
+  cmd->add_option("--data", o->data, "Text file to train on (default: the config's data.path)");
+  auto* seed = cmd->add_option("--seed", o->seed, "Seed of weights, data split and batches");
+  auto* steps = cmd->add_option("--steps", o->steps, "Training steps")->check(CLI::PositiveNumber);
+  const std::vector<std::string> mode_names{"blockwise", "duplicated", "distributed", "auto"};
+  cmd->add_option("--tp-mode", o->tp_mode, "How Newton-Schulz runs on the shards: " + modes)
+      ->check(CLI::IsMember(mode_names));
+  cmd->add_option("--profile", o->profile,
+                  "Hardware profile for tp-mode auto: none, a built-in name (distmuon profiles) or "
+                  "a JSON file (distmuon calibrate)");
+  cmd->add_option("--cost-model", o->cost_model, "Cost model for tp-mode auto: refined|reference")
+      ->check(CLI::IsMember({"refined", "reference"}));
+  auto* log_interval = cmd->add_option("--log-interval", o->log_interval, "Print every N steps")
+                           ->check(CLI::PositiveNumber);
+  auto* eval_interval =
+      cmd->add_option("--eval-interval", o->eval_interval, "Validation loss every N steps")
+          ->check(CLI::PositiveNumber);
+  cmd->add_option("--log", o->log, "Write one JSON object per step to this file (JSONL)");
+  auto* checkpoint = cmd->add_option("--checkpoint", o->checkpoint,
+                                     "Save checkpoints (weights, optimizer state, step) here");
+  cmd->add_option("--checkpoint-every", o->checkpoint_every,
+                  "Save every N steps (and at the last step)")
+      ->check(CLI::PositiveNumber)
+      ->needs(checkpoint);
+  cmd->add_option("--resume", o->resume, "Resume from the checkpoint in this folder");
+  cmd->add_option("--plot", o->plot, "Draw the loss curves into this PNG (needs gnuplot)");
+  cmd->add_option(
+         "--compare", o->compare,
+         "Then train again with this tp-mode from the same start and compare (" + modes + ")")
+      ->check(CLI::IsMember(mode_names));
+  cmd->add_option("--progress", o->progress,
+                  "Seconds between progress lines when no step is logged (0: none)")
+      ->capture_default_str();
+  cmd->callback([o, &ctx, seed, steps, log_interval, eval_interval] {
+    // Every rank checks the options; one message (from rank 0) when they fail.
+    TrainConfig config;
+    MuonOptions options;
+    std::string failure;
+    try {
+      config = o->config.empty() ? default_train_config() : load_train_config(o->config);
+      if (!o->data.empty()) config.data.path = o->data;
+      if (seed->count() > 0) config.train.seed = o->seed;
+      if (steps->count() > 0) config.train.steps = o->steps;
+      if (log_interval->count() > 0) config.train.log_every = o->log_interval;
+      if (eval_interval->count() > 0) config.train.eval_every = o->eval_interval;
+      if (!o->tp_mode.empty()) config.optimizer["tp_mode"] = o->tp_mode;
+      if (!o->profile.empty()) config.optimizer["profile"] = o->profile;
+      if (!o->cost_model.empty()) config.optimizer["cost_model"] = o->cost_model;
+      options = optimizer_options(config);
+      if (!o->compare.empty() && parse_tp_mode(o->compare) == options.tp_mode) {
+        throw Error(fmt::format("--compare {}: the run itself already uses tp-mode {}", o->compare,
+                                to_string(options.tp_mode)));
+      }
+      if (!o->plot.empty() && ctx.world.rank() == 0) check_plot_possible(o->plot);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    ctx.world.agree_or_throw(failure.empty(), "train: options", failure);
+
+    TrainRunOptions run{.log_jsonl = o->log,
+                        .checkpoint_dir = o->checkpoint,
+                        .checkpoint_every = o->checkpoint_every,
+                        .resume_dir = o->resume};
+    const bool root = ctx.world.rank() == 0;
+    ConsoleReport report(stdout, o->progress);
+    std::vector<TrainObserver*> observers;
+    if (root) observers.push_back(&report);
+    const std::string label = to_string(options.tp_mode);
+    std::vector<LossCurve> curves;
+    TrainSummary first;
+    {
+      Trainer trainer(config, ctx.world);
+      first = run_training(trainer, run, observers);
+      curves.push_back(loss_curve(first, label));
+    }
+    if (!o->compare.empty()) {
+      TrainConfig second = config;
+      second.optimizer["tp_mode"] = o->compare;
+      ConsoleReport compare_report(stdout, o->progress, o->compare);
+      std::vector<TrainObserver*> compare_observers;
+      if (root) {
+        compare_observers.push_back(&compare_report);
+        fmt::print("\nsecond run with tp-mode {} from the same start\n", o->compare);
+      }
+      Trainer trainer(second, ctx.world);
+      TrainRunOptions again;  // no log or checkpoints; the same start
+      again.resume_dir = o->resume;
+      const TrainSummary other = run_training(trainer, again, compare_observers);
+      curves.push_back(loss_curve(other, o->compare));
+      if (root) fmt::print("\n{}", format_comparison(first, label, other, o->compare));
+    }
+    if (!o->plot.empty()) {
+      std::string plot_failure;
+      if (root) {
+        try {
+          const std::string title = fmt::format(
+              "distmuon train: {} ranks, hidden {}, ffn {}, {} layers, seed {}", ctx.world.size(),
+              config.model.hidden, config.model.ffn, config.model.layers, config.train.seed);
+          render_loss_plot(curves, first.unigram_entropy, title, o->plot);
+          fmt::print("loss curves written to {}\n", o->plot);
+        } catch (const std::exception& e) {
+          plot_failure = e.what();
+        }
+      }
+      ctx.world.agree_or_throw(plot_failure.empty(), "train --plot", plot_failure);
+    }
+  });
+}
+
+}  // namespace distmuon::cli

@@ -1,0 +1,31 @@
+#pragma once
+// AdamW for the parameters Muon does not orthogonalise: embeddings, output heads, 1-D
+// parameters (biases, norm gains) and any parameter registered with use_muon = false.
+//
+// Per element, at 1-based step t:
+//   p <- p (1 - lr wd)                                   (decoupled weight decay)
+//   m <- b1 m + (1 - b1) g,   v <- b2 v + (1 - b2) g^2
+//   p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// AdamW is elementwise, so a sharded parameter needs no communication.
+
+#include <cstdint>
+
+#include "distmuon/matrix.h"
+
+namespace distmuon {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+
+  void validate() const;  // throws distmuon::Error naming the field and its valid range
+};
+
+// One AdamW step. p, g, exp_avg and exp_avg_sq have the same shape; step >= 1.
+void adamw_update(MatrixView p, ConstMatrixView g, MatrixView exp_avg, MatrixView exp_avg_sq,
+                  std::int64_t step, const AdamWOptions& options);
+
+}  // namespace distmuon

@@ -1,0 +1,163 @@
+#pragma once
+// The Muon optimizer on sharded weights, for a C++ training loop.
+//
+// Each parameter is registered with this rank's shard (a view of the caller's buffer, updated in
+// place by step()) and the metadata that says how the full weight is split:
+//
+//   full weight m x n (unpadded) --TP along tp_partition_dim over T ranks--> TP-local tensor
+//   m_tp x n_tp --pad_length zero rows appended--> (m_tp + pad) x n_tp --GTP along dim 0 over
+//   G ranks--> local shard of (m_tp + pad) / G rows.
+//
+// A parameter with TP partition dim 0 therefore carries pad_length zero rows after each TP
+// block. Matrix ("hidden") parameters use Muon; embeddings, output heads, 1-D parameters
+// (registered as k x 1 columns, role kOther) and use_muon = false go to AdamW (adamw.h).
+//
+// Muon step per parameter (mu = momentum):
+//   weight decay  decoupled p <- p (1 - lr wd); independent p <- p (1 - wd); l2 g <- g + wd p
+//   momentum      buf <- mu buf + (1 - mu) g
+//   nesterov      u = (1 - mu) g + mu buf (else u = buf)
+//   orthogonalise u over the shards (tp_mode), times scale(m, n) * extra_scale_factor
+//   update        p <- p - lr u
+// scale: spectral sqrt(max(m, n)), shape_scaling sqrt(max(1, m / n)), unit_rms_norm sqrt(m / n),
+// of the full unpadded shape (blockwise: of the local unpadded shard, which it orthogonalises
+// on its own; QKV split: of each block type's matrix).
+//
+// Collective calls: step(), save(), load() must be called by every rank of the world given to
+// the constructor, with the same parameters registered in the same order (names included;
+// expert parameters held by different expert-parallel ranks carry their expert_rank). A
+// configuration that differs between ranks raises CollectiveError on every rank.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "distmuon/adamw.h"
+#include "distmuon/comm.h"
+#include "distmuon/cost_model.h"
+#include "distmuon/matrix.h"
+#include "distmuon/newton_schulz.h"
+#include "distmuon/tp.h"
+
+namespace distmuon {
+
+enum class WeightDecayMethod { kDecoupled, kIndependent, kL2 };
+enum class ScaleMode { kSpectral, kShapeScaling, kUnitRmsNorm };
+
+WeightDecayMethod parse_weight_decay_method(std::string_view name);  // throws, listing valid
+ScaleMode parse_scale_mode(std::string_view name);                   // throws, listing valid
+const char* to_string(WeightDecayMethod method);
+const char* to_string(ScaleMode mode);
+// The scale factor of an m x n update (without extra_scale_factor).
+double muon_scale(ScaleMode mode, Index m, Index n);
+
+struct MuonOptions {
+  double lr = 0.02;
+  double momentum = 0.95;
+  bool nesterov = true;
+  double weight_decay = 0.0;
+  WeightDecayMethod weight_decay_method = WeightDecayMethod::kDecoupled;
+  std::string coefficients = "quintic";  // a built-in set (coefficient_set_names()) or "custom"
+  std::string custom_coefficients;       // "a,b,c;a,b,c;..." when coefficients == "custom"
+  int steps = 5;                         // Newton-Schulz steps
+  bool use_syrk = true;
+  ScaleMode scale_mode = ScaleMode::kSpectral;
+  double extra_scale_factor = 1.0;
+  TpMode tp_mode = TpMode::kAuto;
+  std::string cost_model = "refined";  // auto: "refined" or "reference"
+  std::string profile = "none";        // auto: "none", a built-in profile name or a JSON file
+  AdamWOptions adamw;                  // for the parameters that do not use Muon
+
+  // Throws distmuon::Error naming the field and listing its valid values.
+  void validate() const;
+  // The Newton-Schulz options these settings describe.
+  NsOptions ns_options() const;
+};
+
+void to_json(nlohmann::json& j, const MuonOptions& o);
+void from_json(const nlohmann::json& j, MuonOptions& o);
+
+enum class ParamRole { kHidden, kEmbedding, kOutputHead, kOther };
+const char* to_string(ParamRole role);
+
+struct ParamSpec {
+  std::string name;
+  MatrixView local;  // this rank's shard: (m_tp + pad_length) / G rows x n_tp columns
+  Index rows = 0;    // full, unpadded shape m x n
+  Index cols = 0;
+  ParamRole role = ParamRole::kHidden;
+  bool use_muon = true;  // Muon only for role kHidden and use_muon
+
+  int tp_partition_dim = kNoPartition;  // kNoPartition, 0 or 1
+  std::optional<Communicator> tp_group;
+  bool gtp_sharded = false;  // rows of the TP-local tensor split over gtp_group
+  std::optional<Communicator> gtp_group;
+  Index pad_length = 0;  // zero rows appended to the TP-local tensor before the GTP split
+
+  bool expert = false;  // an expert weight: pass the expert TP/GTP groups above
+  int expert_rank = 0;  // expert-parallel rank holding it (tells same-named experts apart)
+
+  // QKV split: rows per query group of each block type, {q, k, v} or {q, gate, k, v}. The rows
+  // of the full weight are query groups of these blocks; each block type is orthogonalised as
+  // its own matrix, gathered across the query groups. Empty: no split.
+  std::vector<Index> qkv_split;
+};
+
+// What the optimizer decided for a parameter (after the first step for tp_mode auto).
+struct ParamInfo {
+  std::string name;
+  bool muon = false;
+  Index rows = 0, cols = 0;
+  int tp_size = 1, gtp_size = 1;
+  std::optional<TpMode> mode;  // the mode used (auto: resolved); empty until resolved or AdamW
+};
+
+// Seconds of the last step() on this rank: total, and waiting in the parameters' collectives.
+struct MuonStepStats {
+  double total_s = 0.0;
+  double comm_s = 0.0;
+};
+
+class Muon {
+ public:
+  explicit Muon(MuonOptions options, Communicator world = local_communicator());
+  ~Muon();
+  Muon(Muon&&) noexcept;
+  Muon& operator=(Muon&&) noexcept;
+
+  // Registers a parameter (rank-local; checks the shard shape). Returns its index: step()
+  // takes gradients in registration order.
+  std::size_t add_parameter(ParamSpec spec);
+
+  // One optimizer step. grads[i] is the gradient of parameter i's local shard (same shape).
+  // Collective over the world.
+  void step(std::span<const ConstMatrixView> grads);
+
+  // Optimizer state to/from a directory (manifest.json + one file per rank). Collective.
+  // load() accepts a checkpoint written with another GTP group size (it reshards).
+  void save(const std::filesystem::path& dir);
+  void load(const std::filesystem::path& dir);
+
+  std::int64_t step_count() const;
+  const MuonOptions& options() const;
+  // Learning-rate schedules: new Muon and AdamW learning rates (>= 0) for the next steps.
+  void set_learning_rates(double muon_lr, double adamw_lr);
+  std::vector<ParamInfo> parameters() const;
+  // tp_mode auto: the decisions of the cost model so far, per key.
+  std::map<AutoKey, TpMode> auto_decisions() const;
+  MuonStepStats last_step_stats() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace distmuon

@@ -1,0 +1,64 @@
+#pragma once
+// Planning: the cost model applied to every Muon weight of a model (or to given shapes), the
+// choice per distinct shape, and the totals per optimizer step for always-duplicated,
+// always-distributed and auto. What `distmuon plan` prints.
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "distmuon/cost_model.h"
+#include "distmuon/hardware_profile.h"
+#include "distmuon/model_preset.h"
+
+namespace distmuon {
+
+struct PlanOptions {
+  int group_size = 8;
+  int partition_dim = 0;  // every weight split along this dim over the group
+  int steps = 5;
+  bool use_syrk = true;
+  int elem_size = 2;  // NS in bf16, as Muon runs it on GPUs
+  bool crosses_domain = false;
+  CostModel model = CostModel::kRefined;
+  std::optional<HardwareProfile> profile;
+
+  AutoKey key(Index m, Index n) const;
+  std::string describe() const;  // one line: G, profile, model, steps, precision, domain
+};
+
+// One distinct shape of the plan: all weights of that shape, with the estimate for one of them.
+struct PlanRow {
+  Index m = 0, n = 0;
+  Index count = 0;                 // weights of this shape in one optimizer step
+  std::vector<std::string> names;  // which weights ("attn.qkv", ...)
+  CostEstimate estimate;           // per weight
+};
+
+struct Plan {
+  PlanOptions options;
+  std::vector<PlanRow> rows;  // in order of first appearance
+  // Sums over all weights (count x per-weight cost): seconds with a profile, FLOPs without.
+  double total_duplicated = 0, total_distributed = 0, total_auto = 0;
+  bool in_seconds() const { return options.profile.has_value(); }
+};
+
+// Groups the weights by shape and estimates each shape once.
+Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts);
+// The table and totals as text.
+std::string format_plan(const Plan& plan);
+// {"weights": [{"m", "n", "count", "group_size", "mode", "names", "cost": {"duplicated",
+// "distributed"}, "breakdown": {...}}], "totals": {"duplicated", "distributed", "auto",
+// "speedup_vs_duplicated", "speedup_vs_distributed"}, "units": "seconds" | "flops", "options"}.
+void to_json(nlohmann::json& j, const Plan& plan);
+
+// Draws the decision over a grid of (m, n) from 256 to 65536 for the plan's options, with the
+// given weights as points, into a PNG through gnuplot. Throws distmuon::Error when gnuplot is not
+// on PATH or fails (with its messages).
+void render_decision_map(const PlanOptions& opts, const std::vector<WeightShape>& weights,
+                         const std::filesystem::path& png);
+
+}  // namespace distmuon

@@ -1,0 +1,62 @@
+#pragma once
+// Configuration of a training run of the character-level model: model shape, data, schedule and
+// the optimizer's options. The defaults are configs/train-default.json, embedded in the library
+// at build time; a user's JSON file overrides any subset of its fields (a JSON merge patch).
+// Unknown fields and wrong types are errors that name the field, e.g. "model.hidden".
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "distmuon/charlm.h"
+#include "distmuon/matrix.h"
+#include "distmuon/muon.h"
+#include "distmuon/text_data.h"
+
+namespace distmuon {
+
+struct TrainDataConfig {
+  std::string path = kDefaultTextPath;
+  double val_fraction = 0.1;
+  Index split_block = 512;
+};
+
+struct TrainSchedule {
+  std::uint64_t seed = 1;  // weights, data split and batch sampling
+  int steps = 200;
+  Index batch = 256;  // windows per step over all data-parallel ranks (the global batch)
+  int log_every = 10;
+  int eval_every = 50;        // validation loss every N steps and at the last step
+  Index eval_windows = 2048;  // validation windows per evaluation (spread over the split)
+};
+
+struct TrainConfig {
+  CharLmConfig model;
+  TrainDataConfig data;
+  TrainSchedule train;
+  // The optimizer's options as MuonOptions' JSON fields (lr, momentum, nesterov, weight_decay,
+  // coefficients, steps, tp_mode, cost_model, profile, adamw {lr, beta1, ...}; muon.h), any
+  // subset: optimizer_options() fills in the rest from MuonOptions' defaults.
+  nlohmann::json optimizer = nlohmann::json::object();
+
+  // TextDataOptions for this run (context from the model, seed from the schedule).
+  TextDataOptions data_options() const;
+};
+
+// The embedded default (configs/train-default.json) as text, and parsed.
+const std::string& default_train_config_text();
+TrainConfig default_train_config();
+// Defaults overridden by `overrides` (an object, merged as a JSON merge patch); throws
+// distmuon::Error naming the first bad field.
+TrainConfig parse_train_config(const nlohmann::json& overrides);
+// Defaults overridden by a JSON file; errors name the file and the field.
+TrainConfig load_train_config(const std::string& path);
+// MuonOptions' defaults overridden by config.optimizer, validated. Throws distmuon::Error naming
+// the field ("train config: field 'optimizer.adamw.beta1': ..."); unknown fields are errors.
+MuonOptions optimizer_options(const TrainConfig& config);
+
+// The complete configuration as JSON (every field, so a run's log can record it).
+nlohmann::json to_json(const TrainConfig& config);
+
+}  // namespace distmuon

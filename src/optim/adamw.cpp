@@ -1,0 +1,52 @@
+#include "distmuon/adamw.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "distmuon/error.h"
+
+namespace distmuon {
+
+void AdamWOptions::validate() const {
+  auto check = [](bool ok, const char* field, double value, const char* valid) {
+    if (!ok)
+      throw Error(fmt::format("AdamW option {} = {} is invalid; valid: {}", field, value, valid));
+  };
+  check(std::isfinite(lr) && lr >= 0, "lr", lr, "a finite number >= 0");
+  check(beta1 >= 0 && beta1 < 1, "beta1", beta1, "0 <= beta1 < 1");
+  check(beta2 >= 0 && beta2 < 1, "beta2", beta2, "0 <= beta2 < 1");
+  check(std::isfinite(eps) && eps > 0, "eps", eps, "a finite number > 0");
+  check(std::isfinite(weight_decay) && weight_decay >= 0, "weight_decay", weight_decay,
+        "a finite number >= 0");
+}
+
+void adamw_update(MatrixView p, ConstMatrixView g, MatrixView exp_avg, MatrixView exp_avg_sq,
+                  std::int64_t step, const AdamWOptions& o) {
+  auto same = [&](Index r, Index c) { return r == p.rows && c == p.cols; };
+  if (!same(g.rows, g.cols) || !same(exp_avg.rows, exp_avg.cols) ||
+      !same(exp_avg_sq.rows, exp_avg_sq.cols)) {
+    throw Error(fmt::format("adamw_update: shapes differ (param {}, grad {}, moments {} and {})",
+                            shape_str(p), shape_str(g), shape_str(exp_avg), shape_str(exp_avg_sq)));
+  }
+  if (step < 1) throw Error(fmt::format("adamw_update: step must be >= 1, got {}", step));
+  const double t = static_cast<double>(step);
+  const auto b1 = static_cast<float>(o.beta1), b2 = static_cast<float>(o.beta2);
+  const auto bias1 = static_cast<float>(1.0 - std::pow(o.beta1, t));
+  const auto bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
+  const auto decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+  const auto lr = static_cast<float>(o.lr), eps = static_cast<float>(o.eps);
+  for (Index i = 0; i < p.rows; ++i) {
+    for (Index j = 0; j < p.cols; ++j) {
+      const float gij = g(i, j);
+      float& m = exp_avg(i, j);
+      float& v = exp_avg_sq(i, j);
+      m = b1 * m + (1.0f - b1) * gij;
+      v = b2 * v + (1.0f - b2) * gij * gij;
+      const float denom = std::sqrt(v) / bias2_sqrt + eps;
+      p(i, j) = p(i, j) * decay - lr * (m / bias1) / denom;
+    }
+  }
+}
+
+}  // namespace distmuon

@@ -1,0 +1,342 @@
+// Muon::save / Muon::load (format in checkpoint.h).
+#include "distmuon/checkpoint.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include "distmuon/error.h"
+#include "distmuon/npy.h"
+#include "optim/muon_impl.h"
+
+namespace distmuon {
+
+std::uint64_t fnv1a64(const void* data, std::size_t size, std::uint64_t hash) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < size; ++i) {
+    hash ^= p[i];
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+std::string checksum_hex(std::uint64_t checksum) {
+  return fmt::format("{:016x}", checksum);
+}
+
+std::string checkpoint_rank_file(int rank) {
+  return fmt::format("rank-{:05d}.bin", rank);
+}
+
+void to_json(nlohmann::json& j, const AutoKey& k) {
+  j = {{"m", k.m},
+       {"n", k.n},
+       {"group_size", k.group_size},
+       {"partition_dim", k.partition_dim},
+       {"second_group_size", k.second_group_size},
+       {"crosses_domain", k.crosses_domain},
+       {"steps", k.steps},
+       {"use_syrk", k.use_syrk},
+       {"elem_size", k.elem_size}};
+}
+
+void from_json(const nlohmann::json& j, AutoKey& k) {
+  j.at("m").get_to(k.m);
+  j.at("n").get_to(k.n);
+  j.at("group_size").get_to(k.group_size);
+  j.at("partition_dim").get_to(k.partition_dim);
+  j.at("second_group_size").get_to(k.second_group_size);
+  j.at("crosses_domain").get_to(k.crosses_domain);
+  j.at("steps").get_to(k.steps);
+  j.at("use_syrk").get_to(k.use_syrk);
+  j.at("elem_size").get_to(k.elem_size);
+}
+
+namespace {
+
+const std::vector<std::string>& tensor_names(bool muon) {
+  static const std::vector<std::string> muon_names{"momentum"};
+  static const std::vector<std::string> adamw_names{"exp_avg", "exp_avg_sq"};
+  return muon ? muon_names : adamw_names;
+}
+
+std::vector<const Matrix*> tensors_of(const ParamState& p) {
+  if (p.muon) return {&p.momentum};
+  return {&p.exp_avg, &p.exp_avg_sq};
+}
+
+// Every rank's string, in rank order.
+std::vector<std::string> all_gather_strings(const Communicator& world, const std::string& mine) {
+  const std::vector<std::int64_t> sizes = world.all_gather(static_cast<std::int64_t>(mine.size()));
+  const auto width = static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
+  std::vector<char> send(width, '\0'), recv(width * sizes.size());
+  std::copy(mine.begin(), mine.end(), send.begin());
+  if (width > 0) world.all_gather<char>(send, recv);
+  std::vector<std::string> out;
+  for (std::size_t r = 0; r < sizes.size(); ++r) {
+    out.emplace_back(recv.data() + r * width, static_cast<std::size_t>(sizes[r]));
+  }
+  return out;
+}
+
+std::vector<char> read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Rank files of a checkpoint, read and verified (size, checksum) on first use.
+class RankFiles {
+ public:
+  RankFiles(std::filesystem::path dir, const nlohmann::json& ranks)
+      : dir_(std::move(dir)), ranks_(ranks) {}
+  const std::vector<char>& get(int rank) {
+    auto it = files_.find(rank);
+    if (it != files_.end()) return it->second;
+    const auto& entry = ranks_.at(static_cast<std::size_t>(rank));
+    const auto path = dir_ / entry.at("file").get<std::string>();
+    std::vector<char> bytes = read_bytes(path);
+    const auto expected = entry.at("bytes").get<std::size_t>();
+    if (bytes.size() != expected) {
+      throw Error(
+          fmt::format("checkpoint file '{}' has {} bytes, the manifest says {} (truncated?)",
+                      path.string(), bytes.size(), expected));
+    }
+    const std::string sum = checksum_hex(fnv1a64(bytes.data(), bytes.size()));
+    if (sum != entry.at("fnv1a64").get<std::string>()) {
+      throw Error(fmt::format("checkpoint file '{}' fails its checksum (FNV-1a 64 {}, manifest {})",
+                              path.string(), sum, entry.at("fnv1a64").get<std::string>()));
+    }
+    return files_.emplace(rank, std::move(bytes)).first->second;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  const nlohmann::json& ranks_;
+  std::map<int, std::vector<char>> files_;
+};
+
+// The saved rank holding (tp_rank, gtp_rank, expert_rank) of parameter i; prefers `self`.
+int find_source(const nlohmann::json& ranks, std::size_t i, int tp_rank, int gtp_rank,
+                int expert_rank, int self) {
+  int found = -1;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const auto& e = ranks[r].at("params").at(i);
+    if (e.at("tp_rank").get<int>() == tp_rank && e.at("gtp_rank").get<int>() == gtp_rank &&
+        e.at("expert_rank").get<int>() == expert_rank) {
+      if (static_cast<int>(r) == self) return self;
+      if (found < 0) found = static_cast<int>(r);
+    }
+  }
+  if (found < 0) {
+    throw Error(fmt::format("no saved rank holds TP rank {}, GTP rank {}, expert rank {}", tp_rank,
+                            gtp_rank, expert_rank));
+  }
+  return found;
+}
+
+// The current parameter list must match the saved one, except for the GTP layout (resharded).
+void check_params(const nlohmann::json& saved, const nlohmann::json& current) {
+  if (saved.size() != current.size()) {
+    throw Error(fmt::format("the checkpoint has {} parameters, the optimizer {}", saved.size(),
+                            current.size()));
+  }
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    for (const char* field : {"name", "rows", "cols", "role", "muon", "tp_partition_dim", "tp_size",
+                              "expert", "qkv_split"}) {
+      if (saved[i].at(field) != current[i].at(field)) {
+        throw Error(fmt::format("parameter {} ('{}'): {} is {} in the checkpoint but {} now{}", i,
+                                current[i].at("name").get<std::string>(), field,
+                                saved[i].at(field).dump(), current[i].at(field).dump(),
+                                std::string(field) == "tp_size"
+                                    ? " (only the GTP group size may change on load)"
+                                    : ""));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void Muon::save(const std::filesystem::path& dir) {
+  Impl& s = *impl_;
+  s.prepare();
+  const int rank = s.world.rank();
+  std::string reason;
+  nlohmann::json entry;
+  try {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw Error(fmt::format("cannot create '{}': {}", dir.string(), ec.message()));
+    std::vector<char> bytes;
+    nlohmann::json params = nlohmann::json::array();
+    for (const ParamState& p : s.params) {
+      nlohmann::json tensors = nlohmann::json::array();
+      const auto& names = tensor_names(p.muon);
+      const auto mats = tensors_of(p);
+      for (std::size_t k = 0; k < mats.size(); ++k) {
+        const Matrix& t = *mats[k];
+        tensors.push_back(
+            {{"name", names[k]}, {"offset", bytes.size()}, {"rows", t.rows()}, {"cols", t.cols()}});
+        const auto* raw = reinterpret_cast<const char*>(t.data());
+        bytes.insert(bytes.end(), raw, raw + sizeof(float) * static_cast<std::size_t>(t.size()));
+      }
+      nlohmann::json e = {{"tp_rank", p.layout.tp_rank},
+                          {"gtp_rank", p.layout.gtp_rank},
+                          {"expert_rank", p.spec.expert_rank},
+                          {"tensors", tensors}};
+      if (p.mode) e["mode"] = to_string(*p.mode);
+      if (p.auto_key) e["auto_key"] = *p.auto_key;
+      params.push_back(e);
+    }
+    const std::string file = checkpoint_rank_file(rank);
+    write_file_atomic(dir / file, bytes.data(), bytes.size());
+    entry = {{"rank", rank},
+             {"file", file},
+             {"bytes", bytes.size()},
+             {"fnv1a64", checksum_hex(fnv1a64(bytes.data(), bytes.size()))},
+             {"params", params}};
+  } catch (const std::exception& e) {
+    reason = e.what();
+  }
+  s.world.agree_or_throw(reason.empty(), fmt::format("Muon::save '{}'", dir.string()), reason);
+
+  const std::vector<std::string> entries = all_gather_strings(s.world, entry.dump());
+  if (rank == 0) {
+    try {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (const std::string& e : entries)
+        ranks.push_back(nlohmann::json::parse(e));
+      const nlohmann::json manifest = {
+          {"format", kCheckpointFormat},  {"version", kCheckpointVersion}, {"step", s.step},
+          {"world_size", s.world.size()}, {"config", s.config()},          {"ranks", ranks}};
+      const std::string text = manifest.dump(1);
+      write_file_atomic(dir / kManifestName, text.data(), text.size());
+    } catch (const std::exception& e) {
+      reason = e.what();
+    }
+  }
+  s.world.agree_or_throw(reason.empty(), fmt::format("Muon::save '{}' (manifest)", dir.string()),
+                         reason);
+}
+
+void Muon::load(const std::filesystem::path& dir) {
+  Impl& s = *impl_;
+  s.prepare();
+  struct Loaded {
+    std::vector<Matrix> tensors;
+    std::optional<TpMode> mode;
+    std::optional<AutoKey> key;
+  };
+  std::vector<Loaded> loaded;
+  std::int64_t step = 0;
+  std::string reason;
+  try {
+    const auto manifest_path = dir / kManifestName;
+    const std::vector<char> text = read_bytes(manifest_path);
+    nlohmann::json manifest;
+    try {
+      manifest = nlohmann::json::parse(text.begin(), text.end());
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("'{}' is not valid JSON: {}", manifest_path.string(), e.what()));
+    }
+    if (manifest.value("format", "") != kCheckpointFormat ||
+        manifest.value("version", 0) != kCheckpointVersion) {
+      throw Error(fmt::format("'{}' is not a {} version {}", manifest_path.string(),
+                              kCheckpointFormat, kCheckpointVersion));
+    }
+    const nlohmann::json& cfg = manifest.at("config");
+    const nlohmann::json current = s.config();
+    check_params(cfg.at("params"), current.at("params"));
+    if (cfg.at("options") != current.at("options") && s.world.rank() == 0) {
+      spdlog::warn(
+          "Muon::load: the checkpoint was written with other options; keeping the "
+          "current ones (differences: {})",
+          nlohmann::json::diff(cfg.at("options"), current.at("options")).dump());
+    }
+    const nlohmann::json& ranks = manifest.at("ranks");
+    if (ranks.size() != manifest.at("world_size").get<std::size_t>()) {
+      throw Error(fmt::format("'{}' lists {} rank files for a world of {}", manifest_path.string(),
+                              ranks.size(), manifest.at("world_size").dump()));
+    }
+    step = manifest.at("step").get<std::int64_t>();
+    RankFiles files(dir, ranks);
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      const ParamState& p = s.params[i];
+      const detail::ShardLayout& l = p.layout;
+      detail::ShardLayout saved = l;  // the saved GTP layout of the same TP-local tensor
+      saved.gtp_size = cfg.at("params")[i].at("gtp_size").get<int>();
+      saved.pad = cfg.at("params")[i].at("pad_length").get<Index>();
+      saved.validate(fmt::format("checkpoint parameter '{}'", p.spec.name));
+      const Index src_rows = saved.shard_rows();
+      Loaded out;
+      const auto& names = tensor_names(p.muon);
+      out.tensors.assign(names.size(), Matrix(l.shard_rows(), l.n_tp()));
+      std::map<int, int> source;  // saved GTP rank -> saved world rank
+      for (Index j = 0; j < l.shard_rows(); ++j) {
+        const Index row = l.gtp_rank * l.shard_rows() + j;  // TP-local row
+        if (row >= l.m_tp()) continue;                      // padding: zero
+        const int g = static_cast<int>(row / src_rows);
+        if (!source.contains(g)) {
+          source[g] = find_source(ranks, i, l.tp_rank, g, p.spec.expert_rank, s.world.rank());
+        }
+        const std::vector<char>& bytes = files.get(source[g]);
+        const auto& tensors =
+            ranks[static_cast<std::size_t>(source[g])].at("params")[i].at("tensors");
+        for (std::size_t k = 0; k < names.size(); ++k) {
+          const auto& t = tensors.at(k);
+          const auto offset = t.at("offset").get<std::size_t>();
+          const auto row_bytes = sizeof(float) * static_cast<std::size_t>(l.n_tp());
+          if (t.at("name") != names[k] || t.at("rows").get<Index>() != src_rows ||
+              t.at("cols").get<Index>() != l.n_tp() ||
+              offset + row_bytes * static_cast<std::size_t>(src_rows) > bytes.size()) {
+            throw Error(fmt::format(
+                "checkpoint tensor {} of '{}' on rank {} does not match a {} "
+                "shard of {}",
+                t.dump(), p.spec.name, source[g], names[k], shape_str(src_rows, l.n_tp())));
+          }
+          std::memcpy(out.tensors[k].view().row_block(j, 1).data,
+                      bytes.data() + offset + row_bytes * static_cast<std::size_t>(row % src_rows),
+                      row_bytes);
+        }
+      }
+      // A decision of tp_mode=auto is kept when the layout is unchanged.
+      if (s.options.tp_mode == TpMode::kAuto && saved.gtp_size == l.gtp_size && p.muon) {
+        const int r =
+            find_source(ranks, i, l.tp_rank, l.gtp_rank, p.spec.expert_rank, s.world.rank());
+        const auto& e = ranks[static_cast<std::size_t>(r)].at("params")[i];
+        if (e.contains("auto_key") && e.contains("mode")) {
+          out.key = e.at("auto_key").get<AutoKey>();
+          out.mode = parse_tp_mode(e.at("mode").get<std::string>());
+        }
+      }
+      loaded.push_back(std::move(out));
+    }
+  } catch (const std::exception& e) {
+    reason = e.what();
+  }
+  s.world.agree_or_throw(reason.empty(), fmt::format("Muon::load '{}'", dir.string()), reason);
+
+  s.step = step;
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    ParamState& p = s.params[i];
+    Loaded& in = loaded[i];
+    if (p.muon) {
+      p.momentum = std::move(in.tensors[0]);
+    } else {
+      p.exp_avg = std::move(in.tensors[0]);
+      p.exp_avg_sq = std::move(in.tensors[1]);
+    }
+    if (in.mode) {
+      p.mode = in.mode;
+      p.auto_key = in.key;
+      restore_auto_decision(s, *in.key, *in.mode);
+    }
+  }
+}
+
+}  // namespace distmuon

@@ -1,0 +1,246 @@
+// Muon: registration, the configuration check across ranks, and the step.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "distmuon/checkpoint.h"
+#include "distmuon/error.h"
+#include "optim/muon_impl.h"
+#include "optim/timed_comm.h"
+
+namespace distmuon {
+namespace {
+
+// The first difference between rank 0's configuration and this rank's, for the error message.
+std::string describe_difference(const std::string& root_text, const std::string& mine_text) {
+  const auto root = nlohmann::json::parse(root_text);
+  const auto mine = nlohmann::json::parse(mine_text);
+  const auto patch = nlohmann::json::diff(root, mine);
+  if (patch.empty()) return "configurations hash differently";
+  const auto path = nlohmann::json::json_pointer(patch[0].at("path").get<std::string>());
+  auto at = [&](const nlohmann::json& j) {
+    return j.contains(path) ? j.at(path).dump() : std::string("nothing");
+  };
+  return fmt::format("first difference at {}: rank 0 has {}, this rank has {}", path.to_string(),
+                     at(root), at(mine));
+}
+
+// Muon update of one parameter's shard (see muon.h for the formulas).
+void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
+  const MuonOptions& o = s.options;
+  const MatrixView w = p.spec.local;
+  if (s.scratch.rows() != w.rows || s.scratch.cols() != w.cols) s.scratch = Matrix(w.rows, w.cols);
+  const MatrixView u = s.scratch.view();
+  const MatrixView buf = p.momentum.view();
+  const bool l2 = o.weight_decay_method == WeightDecayMethod::kL2;
+  if (o.weight_decay != 0.0 && !l2) {
+    const double f = o.weight_decay_method == WeightDecayMethod::kDecoupled
+                         ? 1.0 - o.lr * o.weight_decay
+                         : 1.0 - o.weight_decay;
+    cpu_compute().scale(w, static_cast<float>(f));
+  }
+  const auto mu = static_cast<float>(o.momentum);
+  const auto wd = static_cast<float>(l2 ? o.weight_decay : 0.0);
+  for (Index i = 0; i < w.rows; ++i) {
+    for (Index j = 0; j < w.cols; ++j) {
+      const float gij = g(i, j) + wd * w(i, j);
+      float& b = buf(i, j);
+      b = mu * b + (1.0f - mu) * gij;
+      u(i, j) = o.nesterov ? (1.0f - mu) * gij + mu * b : b;
+    }
+  }
+  const double extra = o.extra_scale_factor;
+  const ScaleMode mode = o.scale_mode;
+  detail::orthogonalize_shard(u, p.layout, p.tp, p.gtp, s.mode_of(p), s.ns,
+                              [&](Index m, Index n) { return muon_scale(mode, m, n) * extra; });
+  cpu_compute().axpby(static_cast<float>(-o.lr), u, 1.0f, w);
+}
+
+}  // namespace
+
+Muon::Impl::Impl(MuonOptions o, Communicator w)
+    : options(std::move(o)), ns(options.ns_options()), world(std::move(w)) {}
+
+nlohmann::json Muon::Impl::config() const {
+  nlohmann::json list = nlohmann::json::array();
+  for (const ParamState& p : params) {
+    const ParamSpec& s = p.spec;
+    list.push_back({{"name", s.name},
+                    {"rows", s.rows},
+                    {"cols", s.cols},
+                    {"role", to_string(s.role)},
+                    {"muon", p.muon},
+                    {"tp_partition_dim", p.layout.tp_dim},
+                    {"tp_size", p.layout.tp_size},
+                    {"gtp_size", p.layout.gtp_size},
+                    {"pad_length", p.layout.pad},
+                    {"expert", s.expert},
+                    {"qkv_split", s.qkv_split}});
+  }
+  return {{"options", options}, {"params", list}};
+}
+
+void Muon::Impl::prepare() {
+  if (prepared) return;
+  const std::string mine = config().dump();
+  const auto hash = static_cast<std::int64_t>(fnv1a64(mine.data(), mine.size()));
+  const std::vector<std::int64_t> all = world.all_gather(hash);
+  if (std::any_of(all.begin(), all.end(), [&](std::int64_t h) { return h != all[0]; })) {
+    // Every rank knows of the mismatch: rank 0 shares its configuration so that each differing
+    // rank can name the difference.
+    const std::string root = world.broadcast_string(mine, 0);
+    const bool same = hash == all[0];
+    world.agree_or_throw(same,
+                         "Muon: the optimizer configuration (options, parameters) differs "
+                         "from rank 0's",
+                         same ? "" : describe_difference(root, mine));
+  }
+  prepared = true;
+}
+
+TpMode Muon::Impl::mode_of(ParamState& p) {
+  if (p.mode) return *p.mode;
+  if (options.tp_mode != TpMode::kAuto) return *(p.mode = options.tp_mode);
+  return resolve_auto_mode(*this, p);
+}
+
+Muon::Muon(MuonOptions options, Communicator world) {
+  options.validate();
+  impl_ = std::make_unique<Impl>(std::move(options), std::move(world));
+  if (impl_->options.tp_mode == TpMode::kAuto) impl_->auto_state = make_auto_state(impl_->options);
+}
+Muon::~Muon() = default;
+Muon::Muon(Muon&&) noexcept = default;
+Muon& Muon::operator=(Muon&&) noexcept = default;
+
+std::size_t Muon::add_parameter(ParamSpec spec) {
+  Impl& s = *impl_;
+  const std::string what = fmt::format("Muon::add_parameter '{}'", spec.name);
+  if (spec.name.empty()) throw Error("Muon::add_parameter: a parameter needs a name");
+  for (const ParamState& p : s.params) {
+    if (p.spec.name == spec.name) throw Error(what + ": the name is already registered");
+  }
+  auto timed = [&](const std::optional<Communicator>& g) {
+    const Communicator c = g ? *g : local_communicator();
+    auto [it, fresh] = s.timed.try_emplace(c.impl_ptr().get(), c);
+    if (fresh) it->second = detail::timed_communicator(c, s.comm_seconds);
+    return it->second;
+  };
+  ParamState p(std::move(spec), timed(std::nullopt), timed(std::nullopt));
+  const ParamSpec& ps = p.spec;
+  detail::ShardLayout& l = p.layout;
+  l.m = ps.rows;
+  l.n = ps.cols;
+  l.pad = ps.pad_length;
+  l.qkv = ps.qkv_split;
+  if (ps.tp_partition_dim != kNoPartition && ps.tp_group && ps.tp_group->size() > 1) {
+    p.tp = timed(ps.tp_group);
+    l.tp_dim = ps.tp_partition_dim;
+    l.tp_size = p.tp.size();
+    l.tp_rank = p.tp.rank();
+  }
+  if (ps.gtp_sharded && ps.gtp_group) {
+    p.gtp = timed(ps.gtp_group);
+    l.gtp_size = p.gtp.size();
+    l.gtp_rank = p.gtp.rank();
+  }
+  if (ps.tp_partition_dim != kNoPartition && ps.tp_partition_dim != 0 && ps.tp_partition_dim != 1) {
+    throw Error(
+        fmt::format("{}: TP partition dim {} (valid: none, 0, 1)", what, ps.tp_partition_dim));
+  }
+  l.validate(what);
+  if (ps.local.rows != l.shard_rows() || ps.local.cols != l.n_tp() || ps.local.ld < ps.local.cols ||
+      (ps.local.data == nullptr && ps.local.size() > 0)) {
+    throw Error(fmt::format(
+        "{}: the local shard is {} but a {} weight (TP {} on dim {}, pad {}, GTP {}) has {} shards",
+        what, shape_str(ps.local), shape_str(l.m, l.n), l.tp_size, l.tp_dim, l.pad, l.gtp_size,
+        shape_str(l.shard_rows(), l.n_tp())));
+  }
+  p.muon = ps.use_muon && ps.role == ParamRole::kHidden;
+  if (p.muon) {
+    p.momentum = Matrix(ps.local.rows, ps.local.cols);
+    // One full matrix per rank: plain NS whatever the mode; auto has nothing to decide.
+    if (!p.sharded() && s.options.tp_mode == TpMode::kAuto) p.mode = TpMode::kDuplicated;
+  } else {
+    p.exp_avg = Matrix(ps.local.rows, ps.local.cols);
+    p.exp_avg_sq = Matrix(ps.local.rows, ps.local.cols);
+  }
+  s.params.push_back(std::move(p));
+  s.prepared = false;
+  return s.params.size() - 1;
+}
+
+void Muon::step(std::span<const ConstMatrixView> grads) {
+  Impl& s = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  *s.comm_seconds = 0.0;
+  s.prepare();
+  std::string reason;
+  if (grads.size() != s.params.size()) {
+    reason = fmt::format("{} gradients for {} parameters", grads.size(), s.params.size());
+  }
+  for (std::size_t i = 0; reason.empty() && i < grads.size(); ++i) {
+    const MatrixView w = s.params[i].spec.local;
+    if (grads[i].rows != w.rows || grads[i].cols != w.cols || grads[i].ld < grads[i].cols) {
+      reason = fmt::format("gradient of '{}' is {}, its shard is {}", s.params[i].spec.name,
+                           shape_str(grads[i]), shape_str(w));
+    }
+    // Checked here, before any collective: a rank-local failure inside NS would strand the others.
+    // Padding rows (the shard's trailing local_pad rows) are ignored.
+    const ConstMatrixView g = grads[i];
+    const Index rows = reason.empty() ? g.rows - s.params[i].layout.local_pad() : 0;
+    for (Index r = 0; reason.empty() && r < rows; ++r) {
+      for (Index c = 0; c < g.cols; ++c) {
+        if (!std::isfinite(g(r, c))) {
+          reason = fmt::format("gradient of '{}' has a non-finite value at ({}, {}) of its shard",
+                               s.params[i].spec.name, r, c);
+          break;
+        }
+      }
+    }
+  }
+  s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
+  ++s.step;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    ParamState& p = s.params[i];
+    if (p.muon) {
+      muon_update(s, p, grads[i]);
+    } else {
+      adamw_update(p.spec.local, grads[i], p.exp_avg.view(), p.exp_avg_sq.view(), s.step,
+                   s.options.adamw);
+    }
+  }
+  s.last = {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+            *s.comm_seconds};
+}
+
+std::int64_t Muon::step_count() const {
+  return impl_->step;
+}
+const MuonOptions& Muon::options() const {
+  return impl_->options;
+}
+MuonStepStats Muon::last_step_stats() const {
+  return impl_->last;
+}
+
+void Muon::set_learning_rates(double muon_lr, double adamw_lr) {
+  MuonOptions o = impl_->options;
+  o.lr = muon_lr;
+  o.adamw.lr = adamw_lr;
+  o.validate();
+  impl_->options = o;
+}
+
+std::vector<ParamInfo> Muon::parameters() const {
+  std::vector<ParamInfo> out;
+  for (const ParamState& p : impl_->params) {
+    out.push_back({p.spec.name, p.muon, p.spec.rows, p.spec.cols, p.layout.tp_size,
+                   p.layout.gtp_size, p.muon ? p.mode : std::nullopt});
+  }
+  return out;
+}
+
+}  // namespace distmuon

@@ -1,0 +1,214 @@
+#include "optim/sharded_ns.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "distmuon/error.h"
+
+namespace distmuon::detail {
+namespace {
+
+// Rows stacked in group rank order: (rows * G) x cols.
+Matrix gather_rows(ConstMatrixView local, const Communicator& group) {
+  const Matrix send = Matrix::from(local);
+  Matrix out(local.rows * group.size(), local.cols);
+  group.all_gather<float>(send.values(), out.values());
+  return out;
+}
+
+// Columns side by side in group rank order: rows x (cols * G).
+Matrix gather_cols(ConstMatrixView local, const Communicator& group) {
+  const Matrix send = Matrix::from(local);
+  const int g = group.size();
+  std::vector<float> stacked(send.values().size() * static_cast<std::size_t>(g));
+  group.all_gather<float>(send.values(), stacked);
+  Matrix out(local.rows, local.cols * g);
+  for (int r = 0; r < g; ++r) {
+    const ConstMatrixView piece{stacked.data() + send.values().size() * static_cast<std::size_t>(r),
+                                local.rows, local.cols, local.cols};
+    copy(piece, out.view().block(0, local.cols * r, local.rows, local.cols));
+  }
+  return out;
+}
+
+// How a class matrix is orthogonalised.
+struct Placement {
+  const Communicator* group = nullptr;  // nullptr: local NS
+  GramSide side = GramSide::kAuto;      // with a group: kCols (rows split) or kRows
+  bool local_scale = false;             // blockwise: scale with the block's own shape
+};
+
+// Step 2 of the header: per class, orthogonalise P's rows of that class; zero padding rows.
+void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const ShardLayout& layout,
+                           const Placement& where, const NsOptions& ns, const ScaleFn& scale,
+                           Compute& compute) {
+  DISTMUON_ASSERT(static_cast<Index>(ids.size()) == p.rows, "one id per work row");
+  NsOptions o = ns;
+  o.side = where.group != nullptr ? where.side : GramSide::kAuto;
+  for (int c = 0; c < layout.classes(); ++c) {
+    std::vector<Index> rows;
+    for (Index k = 0; k < p.rows; ++k) {
+      if (ids[k] >= 0 && layout.row_class(ids[k]) == c) rows.push_back(k);
+    }
+    const bool distributed = where.group != nullptr && where.group->size() > 1;
+    if (rows.empty() && !distributed) continue;
+    // A rank holding no row of the class still joins the collectives, with one zero row: it adds
+    // nothing to the norm or the Gram matrix (only possible with the Gram on the columns).
+    DISTMUON_ASSERT(!rows.empty() || o.side == GramSide::kCols, "rows side needs every row");
+    Matrix x(std::max<Index>(1, static_cast<Index>(rows.size())), p.cols);
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      copy(p.row_block(rows[k], 1), x.view().row_block(static_cast<Index>(k), 1));
+    }
+    newton_schulz_inplace(x.view(), o, compute, distributed ? where.group : nullptr);
+    const double f = where.local_scale ? scale(static_cast<Index>(rows.size()), p.cols)
+                                       : scale(layout.class_rows(c), layout.n);
+    compute.scale(x.view(), static_cast<float>(f));
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      copy(x.view().row_block(static_cast<Index>(k), 1), p.row_block(rows[k], 1));
+    }
+  }
+  for (Index k = 0; k < p.rows; ++k) {
+    if (ids[k] < 0) std::fill_n(p.data + k * p.ld, p.cols, 0.0f);
+  }
+}
+
+}  // namespace
+
+Index ShardLayout::local_pad() const {
+  const Index r = shard_rows();
+  return std::min(r, std::max<Index>(0, pad - (gtp_size - 1 - gtp_rank) * r));
+}
+
+Index ShardLayout::global_row(int t, Index i) const {
+  if (i >= m_tp()) return -1;
+  return tp_dim == 0 ? t * m_tp() + i : i;
+}
+
+int ShardLayout::row_class(Index global_row) const {
+  if (qkv.empty()) return 0;
+  const Index period = std::accumulate(qkv.begin(), qkv.end(), Index{0});
+  Index within = global_row % period;
+  for (std::size_t c = 0; c < qkv.size(); ++c) {
+    if (within < qkv[c]) return static_cast<int>(c);
+    within -= qkv[c];
+  }
+  DISTMUON_ASSERT(false, "row outside its query group");
+}
+
+Index ShardLayout::class_rows(int c) const {
+  if (qkv.empty()) return m;
+  const Index period = std::accumulate(qkv.begin(), qkv.end(), Index{0});
+  return m / period * qkv[static_cast<std::size_t>(c)];
+}
+
+void ShardLayout::validate(const std::string& what) const {
+  auto fail = [&](const std::string& why) { throw Error(fmt::format("{}: {}", what, why)); };
+  if (m < 1 || n < 1) fail(fmt::format("shape {} must be positive", shape_str(m, n)));
+  if (tp_dim != kNoPartition && tp_dim != 0 && tp_dim != 1) {
+    fail(fmt::format("TP partition dim {} (valid: none, 0, 1)", tp_dim));
+  }
+  const Index extent = tp_dim == 0 ? m : n;
+  if (tp_dim != kNoPartition && extent % tp_size != 0) {
+    fail(fmt::format("{} does not split into {} equal TP shards along dim {}", shape_str(m, n),
+                     tp_size, tp_dim));
+  }
+  if (pad < 0) fail(fmt::format("pad_length {} is negative", pad));
+  if (padded_rows() % gtp_size != 0) {
+    fail(fmt::format("{} TP-local rows plus pad_length {} do not split into {} equal GTP shards",
+                     m_tp(), pad, gtp_size));
+  }
+  if (!qkv.empty()) {
+    if (qkv.size() != 3 && qkv.size() != 4) {
+      fail(fmt::format(
+          "QKV split needs 3 ({{q, k, v}}) or 4 ({{q, gate, k, v}}) block sizes, got {}",
+          qkv.size()));
+    }
+    for (Index b : qkv) {
+      if (b < 1)
+        fail(fmt::format("QKV block sizes must be positive, got [{}]", fmt::join(qkv, ", ")));
+    }
+    const Index period = std::accumulate(qkv.begin(), qkv.end(), Index{0});
+    if (m % period != 0) {
+      fail(fmt::format("{} rows are not whole query groups of [{}] = {} rows", m,
+                       fmt::join(qkv, ", "), period));
+    }
+  }
+}
+
+void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
+                         const Communicator& gtp, TpMode mode, const NsOptions& ns,
+                         const ScaleFn& scale, Compute& compute) {
+  DISTMUON_ASSERT(mode != TpMode::kAuto, "auto must be resolved before orthogonalising");
+  DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
+  const bool tp_on = layout.tp_dim != kNoPartition && layout.tp_size > 1;
+  const bool gtp_on = layout.gtp_size > 1;
+  const Index r_l = layout.shard_rows(), r_tp = layout.padded_rows(), n_tp = layout.n_tp();
+  const int t_rank = layout.tp_rank, g_rank = layout.gtp_rank;
+
+  // Global rows of TP rank t's TP-local rows [first, first + count).
+  auto ids_of = [&](int t, Index first, Index count, std::vector<Index>& ids) {
+    for (Index i = 0; i < count; ++i)
+      ids.push_back(layout.global_row(t, first + i));
+  };
+  std::vector<Index> ids;
+
+  if (mode == TpMode::kBlockwise || (!tp_on && !gtp_on)) {
+    ids_of(t_rank, g_rank * r_l, r_l, ids);
+    orthogonalize_classes(u, ids, layout, {.local_scale = mode == TpMode::kBlockwise}, ns, scale,
+                          compute);
+    return;
+  }
+
+  if (mode == TpMode::kDuplicated) {
+    // GTP gather -> TP-local tensor; TP gather -> the full (padded per TP block) weight.
+    Matrix tp_local = gtp_on ? gather_rows(u, gtp) : Matrix::from(u);
+    Matrix full = !tp_on ? std::move(tp_local)
+                         : (layout.tp_dim == 0 ? gather_rows(tp_local.view(), tp)
+                                               : gather_cols(tp_local.view(), tp));
+    const int blocks = tp_on && layout.tp_dim == 0 ? layout.tp_size : 1;
+    for (int t = 0; t < blocks; ++t)
+      ids_of(blocks > 1 ? t : t_rank, 0, r_tp, ids);
+    orthogonalize_classes(full.view(), ids, layout, {}, ns, scale, compute);
+    const Index row0 = (blocks > 1 ? t_rank * r_tp : 0) + g_rank * r_l;
+    const Index col0 = tp_on && layout.tp_dim == 1 ? t_rank * n_tp : 0;
+    copy(full.view().block(row0, col0, r_l, n_tp), u);
+    return;
+  }
+
+  // distributed
+  if (tp_on && gtp_on && layout.gtp_size >= layout.tp_size) {
+    // Gather over TP, distribute over GTP with the Gram on the columns.
+    if (layout.tp_dim == 0) {
+      Matrix p = gather_rows(u, tp);
+      for (int t = 0; t < layout.tp_size; ++t)
+        ids_of(t, g_rank * r_l, r_l, ids);
+      orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute);
+      copy(p.view().block(t_rank * r_l, 0, r_l, n_tp), u);
+    } else {
+      Matrix p = gather_cols(u, tp);
+      ids_of(t_rank, g_rank * r_l, r_l, ids);
+      orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute);
+      copy(p.view().block(0, t_rank * n_tp, r_l, n_tp), u);
+    }
+    return;
+  }
+  const GramSide tp_side = layout.tp_dim == 0 ? GramSide::kCols : GramSide::kRows;
+  if (tp_on && gtp_on) {
+    // TP larger: gather over GTP into the TP-local tensor, distribute over TP.
+    Matrix p = gather_rows(u, gtp);
+    ids_of(t_rank, 0, r_tp, ids);
+    orthogonalize_classes(p.view(), ids, layout, {&tp, tp_side}, ns, scale, compute);
+    copy(p.view().block(g_rank * r_l, 0, r_l, n_tp), u);
+    return;
+  }
+  ids_of(t_rank, g_rank * r_l, r_l, ids);
+  if (gtp_on) {
+    orthogonalize_classes(u, ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute);
+  } else {
+    orthogonalize_classes(u, ids, layout, {&tp, tp_side}, ns, scale, compute);
+  }
+}
+
+}  // namespace distmuon::detail

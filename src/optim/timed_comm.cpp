@@ -1,0 +1,55 @@
+// A communicator decorator that adds the wall time of every collective to a shared counter, so
+// the optimizer can split a step into computation and communication.
+#include "optim/timed_comm.h"
+
+#include <chrono>
+
+namespace distmuon::detail {
+namespace {
+
+class TimedComm final : public CommImpl {
+ public:
+  TimedComm(std::shared_ptr<CommImpl> inner, std::shared_ptr<double> seconds)
+      : inner_(std::move(inner)), seconds_(std::move(seconds)) {}
+  std::string backend() const override { return inner_->backend(); }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
+    timed([&] { inner_->all_gather(send, recv, count, t); });
+  }
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
+    timed([&] { inner_->all_reduce(buf, count, t, op); });
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
+                      ReduceOp op) override {
+    timed([&] { inner_->reduce_scatter(send, recv, count, t, op); });
+  }
+  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    timed([&] { inner_->broadcast(buf, count, t, root); });
+  }
+  void barrier() override {
+    timed([&] { inner_->barrier(); });
+  }
+  std::shared_ptr<CommImpl> split(int color, int key) override {
+    return std::make_shared<TimedComm>(inner_->split(color, key), seconds_);
+  }
+  void abort(int code) override { inner_->abort(code); }
+
+ private:
+  template <typename F>
+  void timed(F&& f) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  std::shared_ptr<CommImpl> inner_;
+  std::shared_ptr<double> seconds_;
+};
+
+}  // namespace
+
+Communicator timed_communicator(const Communicator& inner, std::shared_ptr<double> seconds) {
+  return Communicator(std::make_shared<TimedComm>(inner.impl_ptr(), std::move(seconds)));
+}
+
+}  // namespace distmuon::detail

@@ -1,0 +1,40 @@
+#pragma once
+// Drawing PNGs with gnuplot (Debian's package): a temporary folder holds the data files and the
+// script, gnuplot runs on them without a shell, and its exit status and output are checked. Used
+// by `plan --map` (decision_map.cpp) and `train --plot` (train_plot.cpp).
+
+#include <filesystem>
+#include <string>
+
+namespace distmuon::detail {
+
+// A gnuplot single-quoted string ('' is a quote inside).
+std::string gnuplot_quoted(const std::string& s);
+
+// The first line of a script: the pngcairo terminal when gnuplot has it, else png, at the size
+// in pixels.
+std::string gnuplot_png_terminal(int width, int height);
+
+class GnuplotJob {
+ public:
+  // what names the caller in errors ("plan --map"). Finds gnuplot on PATH and creates the
+  // temporary folder; throws distmuon::Error when gnuplot is missing or the folder cannot be
+  // made.
+  explicit GnuplotJob(std::string what);
+  ~GnuplotJob();
+  GnuplotJob(const GnuplotJob&) = delete;
+  GnuplotJob& operator=(const GnuplotJob&) = delete;
+
+  // Writes a data file into the folder; returns its path, quoted for the script.
+  std::string data(const std::string& name, const std::string& text);
+  // Runs gnuplot on the script and checks that it wrote a non-empty png. On failure the folder
+  // is kept (named in the error, with gnuplot's messages); on success it is removed.
+  void run(const std::string& script, const std::filesystem::path& png);
+
+ private:
+  std::string what_;
+  std::filesystem::path gnuplot_, dir_;
+  bool keep_ = false;
+};
+
+}  // namespace distmuon::detail

@@ -1,0 +1,150 @@
+#include "distmuon/topology.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "distmuon/error.h"
+#include "topology/nvml_fabric.h"
+
+namespace distmuon {
+namespace {
+
+using nlohmann::json;
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+// The domain of world_rank in a topology file ({"ranks": [{"rank": r, "domain": "id"}, ...]}).
+std::string domain_from_file(const std::string& path, int world_rank) {
+  std::ifstream in(path);
+  if (!in) throw Error(fmt::format("DISTMUON_TOPOLOGY_FILE: cannot open '{}'", path));
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("topology file '{}': invalid JSON: {}", path, e.what()));
+  }
+  const auto bad = [&](const std::string& what) {
+    return Error(fmt::format("topology file '{}': {}", path, what));
+  };
+  if (!j.is_object() || !j.contains("ranks") || !j["ranks"].is_array()) {
+    throw bad("missing field 'ranks' (an array of {\"rank\": N, \"domain\": \"id\"})");
+  }
+  for (std::size_t i = 0; i < j["ranks"].size(); ++i) {
+    const json& e = j["ranks"][i];
+    if (!e.is_object() || !e.contains("rank") || !e["rank"].is_number_integer()) {
+      throw bad(fmt::format("field 'ranks[{}].rank' is missing or not an integer", i));
+    }
+    if (e["rank"].get<int>() != world_rank) continue;
+    if (!e.contains("domain") || !e["domain"].is_string() ||
+        e["domain"].get<std::string>().empty()) {
+      throw bad(fmt::format("field 'ranks[{}].domain' is missing or not a non-empty string", i));
+    }
+    return e["domain"].get<std::string>();
+  }
+  throw bad(fmt::format("no entry for rank {} in 'ranks'", world_rank));
+}
+
+std::string host_name() {
+  char buf[HOST_NAME_MAX + 1] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) {
+    throw Error(fmt::format("topology: gethostname failed: {}", std::strerror(errno)));
+  }
+  return buf;
+}
+
+// The node-local rank the launcher reports (OpenMPI, MPICH/Intel MPI, Slurm, torchrun), else 0.
+int node_local_rank() {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    if (const char* v = env(var)) return std::atoi(v);
+  }
+  return 0;
+}
+
+std::mutex g_mu;
+std::optional<DomainInfo> g_local;
+
+}  // namespace
+
+DomainInfo probe_domain(int world_rank, const TopologyProbeOptions& opts) {
+  if (const char* id = env("DISTMUON_NVLINK_DOMAIN")) return {id, "env"};
+  if (const char* file = env("DISTMUON_TOPOLOGY_FILE"))
+    return {domain_from_file(file, world_rank), "file"};
+  std::string reason;
+  const int gpu = opts.gpu_index >= 0 ? opts.gpu_index : node_local_rank();
+  std::string id = detail::nvml_fabric_domain(opts.nvml_library, gpu, &reason);
+  if (!id.empty()) return {std::move(id), "nvml"};
+  DomainInfo out{host_name(), "hostname"};
+  static std::once_flag logged;
+  std::call_once(logged, [&] {
+    spdlog::info("topology: no NVML fabric information ({}); NVLink domain = host name '{}'",
+                 reason, out.id);
+  });
+  return out;
+}
+
+const DomainInfo& local_domain() {
+  std::lock_guard lock(g_mu);
+  if (!g_local) g_local = probe_domain(world_communicator().rank());
+  return *g_local;
+}
+
+void reset_local_domain() {
+  std::lock_guard lock(g_mu);
+  g_local.reset();
+}
+
+std::vector<DomainInfo> gather_domains(const Communicator& group, const DomainInfo& mine) {
+  // Lengths first, then the "id\0source" strings padded to the longest.
+  const std::string packed = mine.id + '\0' + mine.source;
+  const auto lengths = group.all_gather<std::int64_t>(static_cast<std::int64_t>(packed.size()));
+  const auto width = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
+  std::vector<char> send(width, '\0'), recv(width * static_cast<std::size_t>(group.size()));
+  std::copy(packed.begin(), packed.end(), send.begin());
+  group.all_gather<char>(send, recv);
+  std::vector<DomainInfo> out;
+  for (int r = 0; r < group.size(); ++r) {
+    const char* p = recv.data() + width * static_cast<std::size_t>(r);
+    const std::string s(p, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]));
+    const auto cut = s.find('\0');
+    out.push_back({s.substr(0, cut), cut == std::string::npos ? "" : s.substr(cut + 1)});
+  }
+  return out;
+}
+
+bool crosses_domain(const Communicator& group, const DomainInfo& mine) {
+  if (group.size() == 1) return false;
+  const auto all = gather_domains(group, mine);
+  return std::any_of(all.begin(), all.end(),
+                     [&](const DomainInfo& d) { return d.id != all.front().id; });
+}
+
+bool crosses_domain(const Communicator& group) {
+  if (group.size() == 1) return false;
+  // A probe that fails on one rank (a bad override file) must not leave the others waiting.
+  std::optional<DomainInfo> mine;
+  std::string why;
+  try {
+    mine = local_domain();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  group.agree_or_throw(mine.has_value(), "crosses_domain: NVLink-domain probe", why);
+  return crosses_domain(group, *mine);
+}
+
+}  // namespace distmuon

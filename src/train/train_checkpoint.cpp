@@ -1,0 +1,188 @@
+// Trainer checkpoints: the model's values per rank, the optimizer's state (Muon::save) and the
+// step, written atomically; resume verifies everything before changing anything it can check.
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "distmuon/checkpoint.h"
+#include "distmuon/error.h"
+#include "distmuon/npy.h"
+#include "train/trainer_impl.h"
+
+namespace distmuon {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kTrainerFile = "trainer.json";
+
+fs::path model_file(const fs::path& dir, int rank) {
+  return dir / "model" / checkpoint_rank_file(rank);
+}
+
+std::vector<char> read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+json read_json(const fs::path& path) {
+  const std::vector<char> bytes = read_bytes(path);
+  try {
+    return json::parse(bytes.begin(), bytes.end());
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("'{}' is not valid JSON: {}", path.string(), e.what()));
+  }
+}
+
+// What a resumed run must share with the run that wrote the checkpoint to see the same data and
+// weights: the model, the data and the seed and global batch (steps, intervals and the
+// optimizer's options may change).
+json run_identity(const TrainConfig& c) {
+  const json all = to_json(c);
+  return {
+      {"model", all.at("model")},
+      {"data", all.at("data")},
+      {"train", {{"seed", all.at("train").at("seed")}, {"batch", all.at("train").at("batch")}}}};
+}
+
+std::string first_difference(const json& saved, const json& mine) {
+  const json patch = json::diff(saved, mine);
+  if (patch.empty()) return {};
+  const json::json_pointer path(patch[0].at("path").get<std::string>());
+  const auto at = [&](const json& j) {
+    return j.contains(path) ? j.at(path).dump() : std::string("nothing");
+  };
+  std::string field = path.to_string().substr(1);
+  std::replace(field.begin(), field.end(), '/', '.');
+  return fmt::format("the checkpoint was written with {} = {}, this run has {}", field, at(saved),
+                     at(mine));
+}
+
+}  // namespace
+
+void Trainer::save_checkpoint(const fs::path& dir) {
+  Impl& s = *impl_;
+  const Communicator& w = s.world;
+  std::string failure;
+  std::uint64_t sum = 0;
+  std::int64_t size = 0;
+  try {
+    fs::create_directories(dir / "model");
+    std::vector<float> values;
+    for (const ShardedParam& p : s.model->params())
+      values.insert(values.end(), p.value.values().begin(), p.value.values().end());
+    size = static_cast<std::int64_t>(values.size() * sizeof(float));
+    write_file_atomic(model_file(dir, w.rank()), values.data(), static_cast<std::size_t>(size));
+    sum = fnv1a64(values.data(), static_cast<std::size_t>(size));
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  const std::string what = fmt::format("train: saving checkpoint '{}'", dir.string());
+  w.agree_or_throw(failure.empty(), what, failure);
+  const std::vector<std::int64_t> sums = w.all_gather(static_cast<std::int64_t>(sum));
+  const std::vector<std::int64_t> sizes = w.all_gather(size);
+  s.muon->save(dir / "optimizer");
+  // The trainer's manifest last: until it is replaced, an older one refers to other checksums
+  // and resume refuses the mixture.
+  if (w.rank() == 0) {
+    try {
+      json files = json::array();
+      for (int r = 0; r < w.size(); ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        files.push_back({{"file", fs::relative(model_file(dir, r), dir).string()},
+                         {"bytes", sizes[i]},
+                         {"fnv1a64", checksum_hex(static_cast<std::uint64_t>(sums[i]))}});
+      }
+      const json meta = {{"format", kTrainCheckpointFormat},
+                         {"version", kTrainCheckpointVersion},
+                         {"step", s.step},
+                         {"world_size", w.size()},
+                         {"config", to_json(s.config)},
+                         {"model_files", files}};
+      const std::string text = meta.dump(2) + "\n";
+      write_file_atomic(dir / kTrainerFile, text.data(), text.size());
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  w.agree_or_throw(failure.empty(), what, failure);
+}
+
+void Trainer::resume(const fs::path& dir) {
+  Impl& s = *impl_;
+  const Communicator& w = s.world;
+  std::string failure;
+  int step = 0;
+  std::vector<char> bytes;
+  try {
+    if (!fs::exists(dir / kTrainerFile)) {
+      throw Error(fmt::format("'{}' holds no training checkpoint ({} is missing)", dir.string(),
+                              kTrainerFile));
+    }
+    const json meta = read_json(dir / kTrainerFile);
+    try {
+      if (meta.at("format") != kTrainCheckpointFormat ||
+          meta.at("version") != kTrainCheckpointVersion) {
+        throw Error(fmt::format("format {} version {} (expected {} version {})",
+                                meta.at("format").dump(), meta.at("version").dump(),
+                                kTrainCheckpointFormat, kTrainCheckpointVersion));
+      }
+      const int saved_world = meta.at("world_size").get<int>();
+      if (saved_world != w.size()) {
+        throw Error(fmt::format(
+            "written by {} ranks, this run has {} (the model's shards are per rank: resume with "
+            "mpirun -np {})",
+            saved_world, w.size(), saved_world));
+      }
+      const std::string diff = first_difference(run_identity(parse_train_config(meta.at("config"))),
+                                                run_identity(s.config));
+      if (!diff.empty()) throw Error(diff);
+      step = meta.at("step").get<int>();
+      const json optimizer = read_json(dir / "optimizer" / kManifestName);
+      if (optimizer.at("step").get<std::int64_t>() != step) {
+        throw Error(fmt::format("the optimizer state is at step {}, the trainer's at step {}",
+                                optimizer.at("step").get<std::int64_t>(), step));
+      }
+      const json& entry = meta.at("model_files").at(static_cast<std::size_t>(w.rank()));
+      const fs::path path = dir / entry.at("file").get<std::string>();
+      bytes = read_bytes(path);
+      Index expected = 0;
+      for (const ShardedParam& p : s.model->params())
+        expected += p.value.rows() * p.value.cols();
+      if (bytes.size() != entry.at("bytes").get<std::size_t>() ||
+          bytes.size() != static_cast<std::size_t>(expected) * sizeof(float)) {
+        throw Error(fmt::format("'{}' has {} bytes; the manifest says {}, this model needs {}",
+                                path.string(), bytes.size(), entry.at("bytes").dump(),
+                                static_cast<std::size_t>(expected) * sizeof(float)));
+      }
+      const std::string sum = checksum_hex(fnv1a64(bytes.data(), bytes.size()));
+      if (sum != entry.at("fnv1a64").get<std::string>()) {
+        throw Error(fmt::format("'{}' fails its checksum (FNV-1a 64 {}, manifest {})",
+                                path.string(), sum, entry.at("fnv1a64").get<std::string>()));
+      }
+    } catch (const json::exception& e) {
+      throw Error(fmt::format("'{}' is malformed: {}", (dir / kTrainerFile).string(), e.what()));
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  w.agree_or_throw(failure.empty(), fmt::format("train: resuming from '{}'", dir.string()),
+                   failure);
+  // Muon::load checks its own files on every rank and changes nothing on failure.
+  s.muon->load(dir / "optimizer");
+  std::size_t offset = 0;
+  for (ShardedParam& p : s.model->params()) {
+    const std::size_t n = p.value.values().size() * sizeof(float);
+    std::memcpy(p.value.data(), bytes.data() + offset, n);
+    offset += n;
+  }
+  s.step = step;
+}
+
+}  // namespace distmuon

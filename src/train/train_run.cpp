@@ -1,0 +1,161 @@
+// run_training: the loop over steps with evaluations, checkpoints, the JSONL log and observers.
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "distmuon/error.h"
+#include "distmuon/npy.h"
+#include "distmuon/trainer.h"
+
+namespace distmuon {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The JSONL log, open on rank 0 only. Each line is written with one call and flushed.
+class JsonlLog {
+ public:
+  // Truncates the file, or (resume) keeps its lines of steps <= keep_through and appends.
+  void open(const fs::path& path, int keep_through) {
+    path_ = path;
+    if (keep_through > 0 && fs::exists(path)) {
+      std::ifstream in(path);
+      std::string line, kept;
+      while (std::getline(in, line)) {
+        if (line.empty()) continue;
+        try {
+          if (json::parse(line).at("step").get<int>() > keep_through) continue;
+        } catch (const json::exception& e) {
+          throw Error(fmt::format("train log '{}': a line is not a step record ({}): {}",
+                                  path.string(), e.what(), line));
+        }
+        kept += line + "\n";
+      }
+      write_file_atomic(path, kept.data(), kept.size());
+      file_ = std::fopen(path.c_str(), "a");
+    } else {
+      file_ = std::fopen(path.c_str(), "w");
+    }
+    if (file_ == nullptr) {
+      throw Error(
+          fmt::format("train log: cannot open '{}': {}", path.string(), std::strerror(errno)));
+    }
+  }
+  ~JsonlLog() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  bool is_open() const { return file_ != nullptr; }
+
+  void write(const StepRecord& r) {
+    nlohmann::ordered_json j = {{"step", r.step}, {"loss", r.loss}};
+    if (r.val_loss) j["val_loss"] = *r.val_loss;
+    j["opt_ms"] = r.opt_ms;
+    j["opt_comm_ms"] = r.opt_comm_ms;
+    j["step_ms"] = r.step_ms;
+    const std::string line = j.dump() + "\n";
+    if (std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0) {
+      throw Error(
+          fmt::format("train log: cannot write '{}': {}", path_.string(), std::strerror(errno)));
+    }
+  }
+
+ private:
+  fs::path path_;
+  std::FILE* file_ = nullptr;
+};
+
+bool due(int step, int every) {
+  return every > 0 && step % every == 0;
+}
+
+}  // namespace
+
+TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
+                          std::span<TrainObserver* const> observers) {
+  const Communicator& w = trainer.world();
+  const TrainSchedule& schedule = trainer.config().train;
+  // The same on every rank (the options come from the command line), so every rank throws.
+  if (options.checkpoint_every < 0) {
+    throw Error(
+        fmt::format("train: checkpoint_every must be >= 0, got {}", options.checkpoint_every));
+  }
+  if (options.checkpoint_every > 0 && options.checkpoint_dir.empty())
+    throw Error("train: checkpoint_every needs a checkpoint directory");
+
+  if (!options.resume_dir.empty()) trainer.resume(options.resume_dir);
+  w.agree_or_throw(trainer.step_count() <= schedule.steps, "train",
+                   fmt::format("the checkpoint is at step {}, beyond the run's {} steps",
+                               trainer.step_count(), schedule.steps));
+  TrainSummary summary;
+  summary.first_step = trainer.step_count();
+  summary.unigram_entropy = trainer.unigram_entropy();
+
+  JsonlLog log;
+  std::string failure;
+  if (w.rank() == 0 && !options.log_jsonl.empty()) {
+    try {
+      log.open(options.log_jsonl, options.resume_dir.empty() ? 0 : summary.first_step);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  w.agree_or_throw(failure.empty(), "train: opening the log", failure);
+
+  for (TrainObserver* o : observers)
+    o->on_start(trainer, summary.first_step);
+  const auto start = std::chrono::steady_clock::now();
+  while (trainer.step_count() < schedule.steps) {
+    StepRecord r = trainer.step();
+    if (due(r.step, schedule.eval_every) || r.step == schedule.steps) {
+      const auto t0 = std::chrono::steady_clock::now();
+      r.val_loss = trainer.evaluate();
+      summary.eval_seconds += seconds_since(t0);
+    }
+    if (log.is_open()) {
+      try {
+        log.write(r);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    // One small collective per step, so that a log failure on rank 0 stops every rank.
+    w.agree_or_throw(failure.empty(), "train: writing the log", failure);
+    summary.records.push_back(r);
+    if (summary.records.size() == 1) {
+      const std::vector<ShapeDecision> decisions = trainer.decisions();
+      for (TrainObserver* o : observers)
+        o->on_decisions(decisions);
+    }
+    for (TrainObserver* o : observers)
+      o->on_step(r);
+    if (!options.checkpoint_dir.empty() &&
+        (due(r.step, options.checkpoint_every) || r.step == schedule.steps)) {
+      trainer.save_checkpoint(options.checkpoint_dir);
+      for (TrainObserver* o : observers)
+        o->on_checkpoint(r.step, options.checkpoint_dir);
+    }
+  }
+  if (!summary.records.empty() && summary.records.back().val_loss) {
+    summary.final_val_loss = *summary.records.back().val_loss;
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    summary.final_val_loss = trainer.evaluate();
+    summary.eval_seconds += seconds_since(t0);
+  }
+  summary.seconds = seconds_since(start);
+  for (TrainObserver* o : observers)
+    o->on_end(summary);
+  return summary;
+}
+
+}  // namespace distmuon

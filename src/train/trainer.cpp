@@ -1,0 +1,157 @@
+// The trainer: setup (data, sharded model, optimizer registration), the training step, the
+// validation loss and the modes per Muon shape.
+#include "distmuon/trainer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "distmuon/error.h"
+#include "train/trainer_impl.h"
+
+namespace distmuon {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+ParamRole role_of(const std::string& name) {
+  if (name == "embedding") return ParamRole::kEmbedding;
+  if (name == "head") return ParamRole::kOutputHead;
+  return ParamRole::kHidden;
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainConfig config, Communicator world)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(world))) {
+  Impl& s = *impl_;
+  const Communicator& w = s.world;
+  // Rank-local failures (a file one rank cannot read) are agreed on before any collective.
+  std::string failure;
+  try {
+    s.options = optimizer_options(s.config);
+    if (s.config.train.batch % w.size() != 0) {
+      throw Error(fmt::format(
+          "the global batch train.batch = {} must be a multiple of the {} ranks (each rank "
+          "takes an equal part)",
+          s.config.train.batch, w.size()));
+    }
+    s.data.emplace(TextData::from_file(s.config.data.path, s.config.data_options()));
+    s.profile = resolve_profile(s.options.profile);
+    s.cost_model = parse_cost_model(s.options.cost_model);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  w.agree_or_throw(failure.empty(), "train: setup", failure);
+
+  s.model = std::make_unique<ShardedCharLm>(s.config.model, s.config.train.seed, w);
+  s.muon.emplace(s.options, w);
+  for (ShardedParam& p : s.model->params()) {
+    ParamSpec spec;
+    spec.name = p.name;
+    spec.local = p.value.view();
+    spec.rows = p.rows;
+    spec.cols = p.cols;
+    spec.role = role_of(p.name);
+    DISTMUON_ASSERT((spec.role == ParamRole::kHidden) == (p.kind == ParamKind::kMuon),
+                    "the model's Muon parameters are its hidden matrices");
+    if (p.sharded) {
+      spec.gtp_sharded = true;
+      spec.gtp_group = w;
+      spec.pad_length = p.sharding.pad_length;
+    }
+    s.muon->add_parameter(std::move(spec));
+    s.grads.push_back(p.grad.view());
+  }
+  s.validation = s.data->validation_batch(w.rank(), w.size(), s.config.train.eval_windows);
+  s.entropy = distmuon::unigram_entropy(s.data->bytes());
+}
+
+Trainer::~Trainer() = default;
+Trainer::Trainer(Trainer&&) noexcept = default;
+Trainer& Trainer::operator=(Trainer&&) noexcept = default;
+
+StepRecord Trainer::step() {
+  Impl& s = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  StepRecord r;
+  r.step = s.step + 1;
+  const CharBatch batch = s.data->train_batch(static_cast<std::uint64_t>(r.step), s.world.rank(),
+                                              s.world.size(), s.config.train.batch);
+  r.loss = s.model->forward_backward(batch);
+  s.muon->step(s.grads);
+  const MuonStepStats stats = s.muon->last_step_stats();
+  r.opt_ms = stats.total_s * 1e3;
+  r.opt_comm_ms = stats.comm_s * 1e3;
+  r.step_ms = ms_since(t0);
+  s.step = r.step;
+  return r;
+}
+
+double Trainer::evaluate() {
+  return impl_->model->evaluate(impl_->validation);
+}
+
+int Trainer::step_count() const {
+  return impl_->step;
+}
+const TrainConfig& Trainer::config() const {
+  return impl_->config;
+}
+const Communicator& Trainer::world() const {
+  return impl_->world;
+}
+const TextData& Trainer::data() const {
+  return *impl_->data;
+}
+double Trainer::unigram_entropy() const {
+  return impl_->entropy;
+}
+ShardedCharLm& Trainer::model() {
+  return *impl_->model;
+}
+const Muon& Trainer::optimizer() const {
+  return *impl_->muon;
+}
+
+std::vector<ShapeDecision> Trainer::decisions() const {
+  const Impl& s = *impl_;
+  const auto resolved = s.muon->auto_decisions();
+  const NsOptions ns = s.options.ns_options();
+  std::vector<ShapeDecision> out;
+  for (const ParamInfo& p : s.muon->parameters()) {
+    if (!p.muon) continue;
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const ShapeDecision& d) { return d.m == p.rows && d.n == p.cols; });
+    if (it != out.end()) {
+      it->names.push_back(p.name);
+      continue;
+    }
+    ShapeDecision d;
+    d.m = p.rows;
+    d.n = p.cols;
+    d.names = {p.name};
+    d.sharded = p.gtp_size > 1;
+    // Before the first step auto has not resolved yet: report the option.
+    d.mode = p.mode.value_or(s.options.tp_mode);
+    d.key = AutoKey{.m = p.rows,
+                    .n = p.cols,
+                    .group_size = p.gtp_size,
+                    .partition_dim = 0,
+                    .steps = ns.steps,
+                    .use_syrk = ns.use_syrk,
+                    .elem_size = 4};
+    for (const auto& [key, mode] : resolved) {
+      if (key.m == p.rows && key.n == p.cols && key.group_size == p.gtp_size) d.key = key;
+    }
+    d.in_seconds = s.profile.has_value();
+    d.estimate = estimate(d.key, s.profile ? &*s.profile : nullptr, s.cost_model);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace distmuon

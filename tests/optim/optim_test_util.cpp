@@ -1,0 +1,112 @@
+#include "optim_test_util.h"
+
+#include <numeric>
+
+namespace distmuon::test {
+
+Index TestLayout::global_row(int tp_rank, int gtp_rank, Index j) const {
+  const Index i = gtp_rank * shard_rows() + j;  // row of the padded TP-local tensor
+  if (i >= m_tp()) return -1;
+  return tp_dim == 0 ? tp_rank * m_tp() + i : i;
+}
+
+Matrix shard_for(ConstMatrixView full, const TestLayout& l, int tp_rank, int gtp_rank,
+                 float pad_fill) {
+  const Matrix tp_local =
+      l.tp_dim == kNoPartition ? Matrix::from(full) : shard_of(full, l.tp_dim, l.tp, tp_rank);
+  Matrix padded(tp_local.rows() + l.pad, tp_local.cols());
+  copy(tp_local.view(), padded.view().row_block(0, tp_local.rows()));
+  for (Index i = tp_local.rows(); i < padded.rows(); ++i)
+    for (Index j = 0; j < padded.cols(); ++j)
+      padded(i, j) = pad_fill;
+  return shard_of(padded.view(), 0, l.gtp, gtp_rank);
+}
+
+Matrix reference_orthogonalize(ConstMatrixView u, const std::vector<Index>& ids,
+                               const std::vector<Index>& qkv, const NsOptions& ns,
+                               const std::function<double(Index, Index)>& scale) {
+  const Index period = std::accumulate(qkv.begin(), qkv.end(), Index{0});
+  auto class_of = [&](Index row) {
+    if (qkv.empty()) return 0;
+    Index within = row % period;
+    int c = 0;
+    while (within >= qkv[static_cast<std::size_t>(c)])
+      within -= qkv[static_cast<std::size_t>(c++)];
+    return c;
+  };
+  Matrix out(u.rows, u.cols);
+  const int classes = qkv.empty() ? 1 : static_cast<int>(qkv.size());
+  for (int c = 0; c < classes; ++c) {
+    std::vector<Index> rows;
+    for (Index k = 0; k < u.rows; ++k)
+      if (ids[static_cast<std::size_t>(k)] >= 0 && class_of(ids[static_cast<std::size_t>(k)]) == c)
+        rows.push_back(k);
+    if (rows.empty()) continue;
+    Matrix x(static_cast<Index>(rows.size()), u.cols);
+    for (std::size_t k = 0; k < rows.size(); ++k)
+      copy(u.row_block(rows[k], 1), x.view().row_block(static_cast<Index>(k), 1));
+    const Matrix o = reference_newton_schulz<double>(x.view(), ns.coefficients, ns.steps, ns.eps);
+    const double f = scale(x.rows(), x.cols());
+    for (std::size_t k = 0; k < rows.size(); ++k)
+      for (Index j = 0; j < u.cols; ++j)
+        out(rows[k], j) = static_cast<float>(o(static_cast<Index>(k), j) * f);
+  }
+  return out;
+}
+
+ReferenceMuon::ReferenceMuon(MuonOptions options, Index m, Index n)
+    : o_(std::move(options)), buf_(static_cast<std::size_t>(m * n), 0.0) {}
+
+Matrix ReferenceMuon::advance(Matrix& p, ConstMatrixView g) {
+  const double mu = o_.momentum, wd = o_.weight_decay, lr = o_.lr;
+  Matrix u(g.rows, g.cols);
+  for (Index i = 0; i < g.rows; ++i) {
+    for (Index j = 0; j < g.cols; ++j) {
+      double gij = g(i, j);
+      double& w = buf_[static_cast<std::size_t>(i * g.cols + j)];
+      switch (o_.weight_decay_method) {
+        case WeightDecayMethod::kDecoupled:
+          p(i, j) = static_cast<float>(p(i, j) * (1 - lr * wd));
+          break;
+        case WeightDecayMethod::kIndependent:
+          p(i, j) = static_cast<float>(p(i, j) * (1 - wd));
+          break;
+        case WeightDecayMethod::kL2:
+          gij += wd * p(i, j);
+          break;
+      }
+      w = mu * w + (1 - mu) * gij;
+      u(i, j) = static_cast<float>(o_.nesterov ? (1 - mu) * gij + mu * w : w);
+    }
+  }
+  return u;
+}
+
+void ReferenceMuon::apply(Matrix& p, ConstMatrixView o) const {
+  for (Index i = 0; i < p.rows(); ++i)
+    for (Index j = 0; j < p.cols(); ++j)
+      p(i, j) = static_cast<float>(p(i, j) - o_.lr * static_cast<double>(o(i, j)));
+}
+
+void reference_step(ReferenceMuon& ref, Matrix& p, ConstMatrixView g,
+                    const std::vector<Index>& qkv) {
+  const Matrix u = ref.advance(p, g);
+  std::vector<Index> ids(static_cast<std::size_t>(u.rows()));
+  std::iota(ids.begin(), ids.end(), Index{0});
+  const MuonOptions& o = ref.options();
+  const Matrix upd = reference_orthogonalize(
+      u.view(), ids, qkv, o.ns_options(),
+      [&](Index m, Index n) { return muon_scale(o.scale_mode, m, n) * o.extra_scale_factor; });
+  ref.apply(p, upd.view());
+}
+
+bool padding_is_zero(ConstMatrixView shard, const TestLayout& l, int tp_rank, int gtp_rank) {
+  for (Index j = 0; j < shard.rows; ++j) {
+    if (l.global_row(tp_rank, gtp_rank, j) >= 0) continue;
+    for (Index c = 0; c < shard.cols; ++c)
+      if (shard(j, c) != 0.0f) return false;
+  }
+  return true;
+}
+
+}  // namespace distmuon::test
