@@ -27,7 +27,7 @@ struct NsCliOptions {
 void add_demo_command(CLI::App& app, Context& ctx);
 void add_orthogonalize_command(CLI::App& app, Context& ctx);
 void add_planning_commands(CLI::App& app, Context& ctx);  // plan, profiles, topology
-void add_bench_command(CLI::App& app, Context& ctx);
 void add_train_command(CLI::App& app, Context& ctx);
+void add_bench_command(CLI::App& app, Context& ctx);
 
 }  // namespace distmuon::cli

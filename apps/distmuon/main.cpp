@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
     cli::add_demo_command(app, ctx);
     cli::add_orthogonalize_command(app, ctx);
     cli::add_planning_commands(app, ctx);
-    cli::add_bench_command(app, ctx);
     cli::add_train_command(app, ctx);
+    cli::add_bench_command(app, ctx);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
