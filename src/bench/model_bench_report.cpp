@@ -116,7 +116,7 @@ std::string format_report(const ModelBenchReport& r) {
     for (const ModelBenchMode& m : s.modes)
       out += fmt::format(" {:>15.2f}", m.time.median_s * 1e3);
     if (r.has_profile) {
-      out += fmt::format(" {:>10.2f} {:>11.2f}", s.estimate.duplicated.seconds() * 1e3,
+      out += fmt::format(" {:>10.4g} {:>11.4g}", s.estimate.duplicated.seconds() * 1e3,
                          s.estimate.distributed.seconds() * 1e3);
     }
     out += fmt::format(" {:<12} {:<12} {:>6.1f}%\n", " " + std::string(to_string(s.auto_mode)),
@@ -128,7 +128,7 @@ std::string format_report(const ModelBenchReport& r) {
   const auto line = [&](const char* name, double measured, double predicted, std::string note) {
     out += fmt::format("  {:<20} {:>10.2f} ms", name, measured * 1e3);
     if (r.has_profile && predicted > 0)
-      out += fmt::format("   (predicted {:.2f} ms)", predicted * 1e3);
+      out += fmt::format("   (predicted {:.4g} ms)", predicted * 1e3);
     out += note.empty() ? "\n" : "   " + note + "\n";
   };
   line("always duplicated", t.duplicated_s, t.predicted_duplicated_s,
