@@ -64,10 +64,10 @@ struct CollectiveSweep {
 };
 
 struct CalibrationReport {
-  HardwareProfile profile;  // what `calibrate --out` writes
-  std::vector<GemmRate> gram_syrk, update_gemm;  // s-major over the grid (m, n, k as run)
+  HardwareProfile profile;                        // what `calibrate --out` writes
+  std::vector<GemmRate> gram_syrk, update_gemm;   // s-major over the grid (m, n, k as run)
   TimingSummary sum_squares, scale, axpby, fill;  // one pass each
-  std::vector<CollectiveSweep> collectives;  // empty for a group of one
+  std::vector<CollectiveSweep> collectives;       // empty for a group of one
 };
 
 // Collective over the group: every rank must call it with the same options. The profile is the
