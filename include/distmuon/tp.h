@@ -83,6 +83,9 @@ double tp_flops(Index m, Index n, int group_size, int partition_dim, TpMode mode
 // reassembles shards (in rank order) into the full matrix.
 Matrix shard_of(ConstMatrixView full, int dim, int parts, int index);
 Matrix unshard(const std::vector<Matrix>& shards, int dim);
+// All-gathers this rank's equal shard along dim (0: rows, 1: columns) into the full matrix,
+// shards in group rank order. One all-gather; columns are interleaved after it.
+Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group);
 
 // Communicators of one rank for world = TP x GTP x replicas, TP varying fastest (Megatron):
 // world_rank = tp_rank + tp * (gtp_rank + gtp * replica).

@@ -10,29 +10,6 @@
 namespace distmuon::detail {
 namespace {
 
-// Rows stacked in group rank order: (rows * G) x cols.
-Matrix gather_rows(ConstMatrixView local, const Communicator& group) {
-  const Matrix send = Matrix::from(local);
-  Matrix out(local.rows * group.size(), local.cols);
-  group.all_gather<float>(send.values(), out.values());
-  return out;
-}
-
-// Columns side by side in group rank order: rows x (cols * G).
-Matrix gather_cols(ConstMatrixView local, const Communicator& group) {
-  const Matrix send = Matrix::from(local);
-  const int g = group.size();
-  std::vector<float> stacked(send.values().size() * static_cast<std::size_t>(g));
-  group.all_gather<float>(send.values(), stacked);
-  Matrix out(local.rows, local.cols * g);
-  for (int r = 0; r < g; ++r) {
-    const ConstMatrixView piece{stacked.data() + send.values().size() * static_cast<std::size_t>(r),
-                                local.rows, local.cols, local.cols};
-    copy(piece, out.view().block(0, local.cols * r, local.rows, local.cols));
-  }
-  return out;
-}
-
 // How a class matrix is orthogonalised.
 struct Placement {
   const Communicator* group = nullptr;  // nullptr: local NS
@@ -163,10 +140,10 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
 
   if (mode == TpMode::kDuplicated) {
     // GTP gather -> TP-local tensor; TP gather -> the full (padded per TP block) weight.
-    Matrix tp_local = gtp_on ? gather_rows(u, gtp) : Matrix::from(u);
+    Matrix tp_local = gtp_on ? all_gather_shards(u, 0, gtp) : Matrix::from(u);
     Matrix full = !tp_on ? std::move(tp_local)
-                         : (layout.tp_dim == 0 ? gather_rows(tp_local.view(), tp)
-                                               : gather_cols(tp_local.view(), tp));
+                         : (layout.tp_dim == 0 ? all_gather_shards(tp_local.view(), 0, tp)
+                                               : all_gather_shards(tp_local.view(), 1, tp));
     const int blocks = tp_on && layout.tp_dim == 0 ? layout.tp_size : 1;
     for (int t = 0; t < blocks; ++t)
       ids_of(blocks > 1 ? t : t_rank, 0, r_tp, ids);
@@ -181,13 +158,13 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
   if (tp_on && gtp_on && layout.gtp_size >= layout.tp_size) {
     // Gather over TP, distribute over GTP with the Gram on the columns.
     if (layout.tp_dim == 0) {
-      Matrix p = gather_rows(u, tp);
+      Matrix p = all_gather_shards(u, 0, tp);
       for (int t = 0; t < layout.tp_size; ++t)
         ids_of(t, g_rank * r_l, r_l, ids);
       orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute);
       copy(p.view().block(t_rank * r_l, 0, r_l, n_tp), u);
     } else {
-      Matrix p = gather_cols(u, tp);
+      Matrix p = all_gather_shards(u, 1, tp);
       ids_of(t_rank, g_rank * r_l, r_l, ids);
       orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute);
       copy(p.view().block(0, t_rank * n_tp, r_l, n_tp), u);
@@ -197,7 +174,7 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
   const GramSide tp_side = layout.tp_dim == 0 ? GramSide::kCols : GramSide::kRows;
   if (tp_on && gtp_on) {
     // TP larger: gather over GTP into the TP-local tensor, distribute over TP.
-    Matrix p = gather_rows(u, gtp);
+    Matrix p = all_gather_shards(u, 0, gtp);
     ids_of(t_rank, 0, r_tp, ids);
     orthogonalize_classes(p.view(), ids, layout, {&tp, tp_side}, ns, scale, compute);
     copy(p.view().block(g_rank * r_l, 0, r_l, n_tp), u);

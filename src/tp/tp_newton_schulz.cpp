@@ -58,29 +58,6 @@ void check_equal_shards(const Communicator& group, Index rows, Index cols, int p
   cache.insert(group, key);
 }
 
-// All-gathers equal shards along dim into the full matrix (rank order).
-Matrix gather_full(ConstMatrixView shard, int dim, const Communicator& group) {
-  const int g = group.size();
-  const Matrix contiguous = shard.contiguous() ? Matrix() : Matrix::from(shard);
-  const float* send = shard.contiguous() ? shard.data : contiguous.data();
-  const auto count = static_cast<std::size_t>(shard.size());
-  if (dim == 0) {
-    Matrix full(shard.rows * g, shard.cols);
-    group.all_gather<float>({send, count}, full.values());
-    return full;
-  }
-  // Columns: gather shards back to back, then interleave their rows.
-  std::vector<float> stacked(count * static_cast<std::size_t>(g));
-  group.all_gather<float>({send, count}, stacked);
-  Matrix full(shard.rows, shard.cols * g);
-  for (int r = 0; r < g; ++r) {
-    const ConstMatrixView piece{stacked.data() + count * static_cast<std::size_t>(r), shard.rows,
-                                shard.cols, shard.cols};
-    copy(piece, full.view().block(0, shard.cols * r, shard.rows, shard.cols));
-  }
-  return full;
-}
-
 }  // namespace
 
 TpMode parse_tp_mode(std::string_view name) {
@@ -126,6 +103,28 @@ Matrix shard_of(ConstMatrixView full, int dim, int parts, int index) {
                                : full.block(0, n * index, full.rows, n));
 }
 
+Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group) {
+  const int g = group.size();
+  const Matrix contiguous = shard.contiguous() ? Matrix() : Matrix::from(shard);
+  const float* send = shard.contiguous() ? shard.data : contiguous.data();
+  const auto count = static_cast<std::size_t>(shard.size());
+  if (dim == 0) {
+    Matrix full(shard.rows * g, shard.cols);
+    group.all_gather<float>({send, count}, full.values());
+    return full;
+  }
+  // Columns: gather shards back to back, then interleave their rows.
+  std::vector<float> stacked(count * static_cast<std::size_t>(g));
+  group.all_gather<float>({send, count}, stacked);
+  Matrix full(shard.rows, shard.cols * g);
+  for (int r = 0; r < g; ++r) {
+    const ConstMatrixView piece{stacked.data() + count * static_cast<std::size_t>(r), shard.rows,
+                                shard.cols, shard.cols};
+    copy(piece, full.view().block(0, shard.cols * r, shard.rows, shard.cols));
+  }
+  return full;
+}
+
 Matrix unshard(const std::vector<Matrix>& shards, int dim) {
   if (shards.empty()) throw Error("unshard: no shards");
   const Index r = shards[0].rows(), c = shards[0].cols();
@@ -154,7 +153,7 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
   }
   check_equal_shards(group, shard.rows, shard.cols, partition_dim);
   if (mode == TpMode::kDuplicated) {
-    Matrix full = gather_full(shard, partition_dim, group);
+    Matrix full = all_gather_shards(shard, partition_dim, group);
     newton_schulz_inplace(full.view(), opts, compute);
     const Index r = group.rank();
     copy(partition_dim == 0 ? full.view().block(shard.rows * r, 0, shard.rows, shard.cols)
