@@ -228,10 +228,9 @@ CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile
   // duplicated: gather the whole matrix, NS of it along min(m, n) on every rank.
   add_all_gather(est.duplicated, first_gather, g2, x, rates);
   add_all_gather(est.duplicated, padded * e, g, x, rates);
-  // The gathered buffer and the copy of the local shard sent (fresh buffers), the slice copied
-  // back.
-  if (g > 1)
-    add_elementwise(est.duplicated, {.scale = padded / g, .fill = padded + padded / g}, rates);
+  // The gathered matrix (a fresh buffer; a contiguous shard is sent as it is) and the slice
+  // copied back.
+  if (g > 1) add_elementwise(est.duplicated, {.scale = padded / g, .fill = padded}, rates);
   add_ns(est.duplicated, key.m, key.n, GramSide::kAuto, key, rates);
   // distributed: keep the shard, Gram on the unsplit side (n x n for rows, m x m for columns),
   // the norm all-reduce, then one Gram all-reduce per step.
