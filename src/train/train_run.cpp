@@ -1,4 +1,7 @@
 // run_training: the loop over steps with evaluations, checkpoints, the JSONL log and observers.
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -74,6 +77,26 @@ class JsonlLog {
   std::FILE* file_ = nullptr;
 };
 
+// Flushes denormal floats to zero on this thread while training runs, as ML frameworks do:
+// late in training, softmax tails and their gradients underflow into denormals, and x86 cores
+// handle those in microcode (the default run's steps grew from ~90 ms to ~250 ms of
+// forward/backward without it). Restores the caller's mode on exit.
+class FlushDenormals {
+ public:
+#if defined(__SSE2__)
+  FlushDenormals() : saved_(_mm_getcsr()) {
+    _mm_setcsr(saved_ | kFtz | kDaz);
+  }
+  ~FlushDenormals() {
+    _mm_setcsr(saved_);
+  }
+
+ private:
+  static constexpr unsigned kFtz = 0x8000, kDaz = 0x0040;
+  unsigned saved_;
+#endif
+};
+
 bool due(int step, int every) {
   return every > 0 && step % every == 0;
 }
@@ -82,6 +105,7 @@ bool due(int step, int every) {
 
 TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
                           std::span<TrainObserver* const> observers) {
+  const FlushDenormals flush_denormals;
   const Communicator& w = trainer.world();
   const TrainSchedule& schedule = trainer.config().train;
   // The same on every rank (the options come from the command line), so every rank throws.
