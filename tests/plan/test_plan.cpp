@@ -1,6 +1,8 @@
 // `distmuon plan`'s library side: grouping per shape, totals, JSON schema, the decision map.
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include "test_util.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -87,10 +89,7 @@ TEST(Plan, DecisionMapIsDrawnByGnuplot) {
   setenv("PATH", saved.c_str(), 1);
   if (system("command -v gnuplot > /dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot not installed";
   render_decision_map(o, kWeights, png);
-  std::ifstream in(png, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  EXPECT_TRUE(test::is_png_file(png));
   fs::remove(png);
 }
 

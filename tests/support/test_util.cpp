@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <random>
 
 namespace distmuon::test {
@@ -80,6 +81,13 @@ Matrix slice_rows(ConstMatrixView m, Index r0, Index n) {
 }
 Matrix slice_cols(ConstMatrixView m, Index c0, Index n) {
   return Matrix::from(m.block(0, c0, m.rows, n));
+}
+
+bool is_png_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, 8);
+  return in.gcount() == 8 && std::string(magic, 8) == "\x89PNG\r\n\x1a\n";
 }
 
 }  // namespace distmuon::test

@@ -3,6 +3,7 @@
 // float64 reference Newton-Schulz written straight from the definition (no BLAS).
 
 #include <cstdint>
+#include <filesystem>
 #include <vector>
 
 #include "distmuon/comm.h"
@@ -35,5 +36,8 @@ Matrix reference_newton_schulz(ConstMatrixView g, const CoefficientSet& coeffici
 // Rows [r0, r0 + n) / columns [c0, c0 + n) of m as a new matrix.
 Matrix slice_rows(ConstMatrixView m, Index r0, Index n);
 Matrix slice_cols(ConstMatrixView m, Index c0, Index n);
+
+// True when the file starts with the PNG signature (plots drawn through gnuplot).
+bool is_png_file(const std::filesystem::path& path);
 
 }  // namespace distmuon::test

@@ -1,7 +1,9 @@
 // What `distmuon train` prints and draws: the console report of a real (one-rank) run, the
 // decision table, the comparison of two runs and the loss plot.
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include "test_util.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -133,10 +135,7 @@ TEST(TrainReport, LossPlot) {
   if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) GTEST_SKIP() << "no gnuplot";
   const fs::path png = temp_path("loss.png");
   render_loss_plot({c, loss_curve(s, "duplicated")}, 3.17, "test's 'title'", png);
-  std::ifstream in(png, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  EXPECT_TRUE(test::is_png_file(png));
   fs::remove(png);
 }
 
