@@ -39,14 +39,18 @@ fs::path find_on_path(const std::string& name) {
 // Runs gnuplot on script with its output in log; returns the exit status (or -1 with errno set).
 int run_gnuplot(const fs::path& gnuplot, const fs::path& script, const fs::path& log) {
   posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  int rc = posix_spawn_file_actions_init(&actions);
+  if (rc != 0) {
+    errno = rc;
+    return -1;
+  }
+  rc = posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
+                                        O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (rc == 0) rc = posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   std::string exe = gnuplot.string(), arg = script.string();
   char* argv[] = {exe.data(), arg.data(), nullptr};
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, environ);
+  if (rc == 0) rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     errno = rc;
