@@ -34,13 +34,22 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
     // A rank holding no row of the class still joins the collectives, with one zero row: it adds
     // nothing to the norm or the Gram matrix (only possible with the Gram on the columns).
     DISTMUON_ASSERT(!rows.empty() || o.side == GramSide::kCols, "rows side needs every row");
+    const double f = where.local_scale ? scale(static_cast<Index>(rows.size()), p.cols)
+                                       : scale(layout.class_rows(c), layout.n);
+    const Communicator* group = distributed ? where.group : nullptr;
+    // The usual case (no QKV split; padding only at the end) is one run of rows: orthogonalise
+    // it in place rather than through a copy.
+    if (!rows.empty() && rows.back() - rows.front() + 1 == static_cast<Index>(rows.size())) {
+      const MatrixView run = p.row_block(rows.front(), static_cast<Index>(rows.size()));
+      newton_schulz_inplace(run, o, compute, group);
+      compute.scale(run, static_cast<float>(f));
+      continue;
+    }
     Matrix x(std::max<Index>(1, static_cast<Index>(rows.size())), p.cols);
     for (std::size_t k = 0; k < rows.size(); ++k) {
       copy(p.row_block(rows[k], 1), x.view().row_block(static_cast<Index>(k), 1));
     }
-    newton_schulz_inplace(x.view(), o, compute, distributed ? where.group : nullptr);
-    const double f = where.local_scale ? scale(static_cast<Index>(rows.size()), p.cols)
-                                       : scale(layout.class_rows(c), layout.n);
+    newton_schulz_inplace(x.view(), o, compute, group);
     compute.scale(x.view(), static_cast<float>(f));
     for (std::size_t k = 0; k < rows.size(); ++k) {
       copy(x.view().row_block(static_cast<Index>(k), 1), p.row_block(rows[k], 1));
