@@ -88,11 +88,11 @@ double calibrated_products_s(const Calibration& cal, Index rows, Index cols, Gra
 // Elements touched by the elementwise passes of one orthogonalisation of a rows x cols matrix as
 // the optimizer runs it (x = rows cols elements, s x s Gram matrices):
 //  - sum_squares: the norm, x;
-//  - fills of freshly allocated buffers: the optimizer's work matrix (x), the iteration's
-//    scratch (x) and its two s x s matrices A and B (2 s^2);
-//  - passes over buffers in use (one read-write stream each): the normalisation, the copy into
-//    the work matrix, the Muon scaling and the copy out (4 x), and the copy back when the step
-//    count is odd (the iterate then sits in the scratch buffer, x);
+//  - fills of freshly allocated buffers: the iteration's scratch (x) and its two s x s matrices
+//    A and B (2 s^2); the optimizer orthogonalises its rows in place (one contiguous run);
+//  - passes over buffers in use (one read-write stream each): the normalisation and the Muon
+//    scaling (2 x), and the copy back when the step count is odd (the iterate then sits in the
+//    scratch buffer, x);
 //  - axpby: B = b A + c A A, s^2 per step.
 struct ElementwiseWork {
   double sum_squares = 0, scale = 0, axpby = 0, fill = 0;
@@ -102,9 +102,9 @@ ElementwiseWork ns_elementwise(Index rows, Index cols, GramSide side, int steps)
   const double s = gram_and_long(rows, cols, side).first;
   const double x = static_cast<double>(rows) * static_cast<double>(cols);
   return {.sum_squares = x,
-          .scale = x * (4 + (steps % 2 == 1 ? 1 : 0)),
+          .scale = x * (2 + (steps % 2 == 1 ? 1 : 0)),
           .axpby = steps * s * s,
-          .fill = 2 * x + 2 * s * s};
+          .fill = x + 2 * s * s};
 }
 
 void add_elementwise(ModeCost& c, const ElementwiseWork& w, const Rates& rates) {
