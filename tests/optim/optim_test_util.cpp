@@ -109,4 +109,20 @@ bool padding_is_zero(ConstMatrixView shard, const TestLayout& l, int tp_rank, in
   return true;
 }
 
+ParamSpec layout_spec(const TestLayout& l, const ProcessGroups& groups, MatrixView local,
+                      const std::string& name) {
+  ParamSpec s;
+  s.name = name;
+  s.local = local;
+  s.rows = l.m;
+  s.cols = l.n;
+  s.tp_partition_dim = l.tp_dim;
+  s.tp_group = groups.tp;
+  s.gtp_sharded = l.gtp > 1;
+  s.gtp_group = groups.gtp;
+  s.pad_length = l.pad;
+  s.qkv_split = l.qkv;
+  return s;
+}
+
 }  // namespace distmuon::test

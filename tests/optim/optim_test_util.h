@@ -60,6 +60,11 @@ void reference_step(ReferenceMuon& ref, Matrix& p, ConstMatrixView g,
                     const std::vector<Index>& qkv);
 
 // Rows of the shard that are padding are exactly zero.
+// The ParamSpec of a parameter laid out as l (TP over groups.tp, rows over groups.gtp when
+// l.gtp > 1), with this rank's shard `local`.
+ParamSpec layout_spec(const TestLayout& l, const ProcessGroups& groups, MatrixView local,
+                      const std::string& name);
+
 bool padding_is_zero(ConstMatrixView shard, const TestLayout& l, int tp_rank, int gtp_rank);
 
 }  // namespace distmuon::test

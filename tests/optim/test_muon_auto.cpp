@@ -35,17 +35,7 @@ struct Held {
 };
 
 ParamSpec spec(const TestLayout& l, Held& h, bool expert) {
-  ParamSpec s;
-  s.name = l.label;
-  s.local = h.local.view();
-  s.rows = l.m;
-  s.cols = l.n;
-  s.tp_partition_dim = l.tp_dim;
-  s.tp_group = h.groups.tp;
-  s.gtp_sharded = l.gtp > 1;
-  s.gtp_group = h.groups.gtp;
-  s.pad_length = l.pad;
-  s.qkv_split = l.qkv;
+  ParamSpec s = test::layout_spec(l, h.groups, h.local.view(), l.label);
   s.expert = expert;
   s.expert_rank = expert ? test::world().rank() / (l.tp * l.gtp) : 0;
   return s;

@@ -88,18 +88,7 @@ struct Registered {
 };
 
 ParamSpec spec_for(const TestLayout& l, Registered& r, const std::string& name) {
-  ParamSpec s;
-  s.name = name;
-  s.local = r.local.view();
-  s.rows = l.m;
-  s.cols = l.n;
-  s.tp_partition_dim = l.tp_dim;
-  s.tp_group = r.groups.tp;
-  s.gtp_sharded = l.gtp > 1;
-  s.gtp_group = r.groups.gtp;
-  s.pad_length = l.pad;
-  s.qkv_split = l.qkv;
-  return s;
+  return test::layout_spec(l, r.groups, r.local.view(), name);
 }
 
 MuonOptions test_options(TpMode mode) {
