@@ -51,6 +51,14 @@ class CommImpl {
   virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                               ReduceOp op) = 0;
   virtual void broadcast(void* buf, std::size_t count, DType t, int root) = 0;
+  // Personalised exchange: send_counts[r] elements at send + send_displs[r] go to rank r, and
+  // recv_counts[r] elements from rank r land at recv + recv_displs[r] (counts, displacements in
+  // elements; every array holds size() entries). send_counts[r] on this rank must equal
+  // recv_counts[this rank] on rank r.
+  virtual void all_to_all_v(const void* send, const std::size_t* send_counts,
+                            const std::size_t* send_displs, void* recv,
+                            const std::size_t* recv_counts, const std::size_t* recv_displs,
+                            DType t) = 0;
   virtual void barrier() = 0;
   // Ranks with the same color form a new communicator, ordered by (key, old rank).
   virtual std::shared_ptr<CommImpl> split(int color, int key) = 0;
@@ -99,6 +107,14 @@ class Communicator {
   void broadcast(std::span<T> buf, int root) const {
     impl_->broadcast(buf.data(), buf.size(), dtype_of<T>(), root);
   }
+  // all_to_all_v with packed buffers: the chunk for (from) rank r follows those of ranks < r.
+  // Checked: both count lists hold size() entries and sum to the buffer sizes.
+  template <typename T>
+  void all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts,
+                    std::span<T> recv, std::span<const std::size_t> recv_counts) const {
+    all_to_all_v_packed(send.data(), send.size(), send_counts, recv.data(), recv.size(),
+                        recv_counts, dtype_of<T>());
+  }
   // Broadcasts a string of any length from root.
   std::string broadcast_string(const std::string& s, int root) const;
   void barrier() const { impl_->barrier(); }
@@ -114,6 +130,10 @@ class Communicator {
 
  private:
   void check_gather(std::size_t send, std::size_t recv) const;
+  void all_to_all_v_packed(const void* send, std::size_t send_size,
+                           std::span<const std::size_t> send_counts, void* recv,
+                           std::size_t recv_size, std::span<const std::size_t> recv_counts,
+                           DType t) const;
   std::shared_ptr<CommImpl> impl_;
 };
 
@@ -140,13 +160,14 @@ Communicator world_communicator();
 
 // Counting decorator: forwards to an inner communicator and records, per operation, how many
 // calls were made and how many bytes this rank contributed (the payload size per call, as the
-// cost model counts it: all_gather = count * size * elem, all_reduce = count * elem).
+// cost model counts it: all_gather = count * size * elem, all_reduce = count * elem,
+// all_to_all = the elements this rank sends, its own chunk included, times elem).
 struct CommStats {
   struct Op {
     std::size_t calls = 0;
     std::size_t bytes = 0;
   };
-  Op all_gather, all_reduce, reduce_scatter, broadcast, barrier;
+  Op all_gather, all_reduce, reduce_scatter, broadcast, all_to_all, barrier;
   void reset() { *this = CommStats{}; }
 };
 Communicator counting_communicator(Communicator inner, std::shared_ptr<CommStats> stats);

@@ -9,6 +9,10 @@
 //  - distributed: keep the shard; normalise by the global Frobenius norm (one all-reduce of a
 //                 double) and all-reduce the Gram matrix once per step. partition_dim 0 iterates
 //                 on shard^T (Gram N x N), partition_dim 1 on the shard (Gram M x M).
+//  - owner:       for a list of weights (the optimizer's buckets, src/optim/owner_ns.h): each
+//                 full weight is gathered on one owner rank, orthogonalised there as in
+//                 duplicated mode (bit-equal result) and scattered back. Not a mode of one matrix:
+//                 newton_schulz_tp and the per-matrix traffic/FLOP functions reject it.
 //  - auto:        resolved per weight by the cost model (see cost_model.h) before calling here.
 
 #include <cstddef>
@@ -23,7 +27,7 @@
 
 namespace distmuon {
 
-enum class TpMode { kBlockwise, kDuplicated, kDistributed, kAuto };
+enum class TpMode { kBlockwise, kDuplicated, kDistributed, kAuto, kOwner };
 TpMode parse_tp_mode(std::string_view name);  // throws, listing the valid names
 const char* to_string(TpMode mode);
 

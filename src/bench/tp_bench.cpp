@@ -57,6 +57,8 @@ void validate(const Communicator& group, const TpBenchConfig& c) {
   for (TpMode mode : c.modes)
     if (mode == TpMode::kAuto)
       why = "mode auto cannot be benchmarked (it resolves to another mode)";
+    else if (mode == TpMode::kOwner)
+      why = "mode owner orthogonalises a list of weights: benchmark it with --model";
   if (c.shapes.empty() || c.modes.empty()) why = "no shapes or no modes to benchmark";
   try {
     c.ns.validate();

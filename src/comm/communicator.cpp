@@ -51,6 +51,35 @@ void Communicator::check_gather(std::size_t send, std::size_t recv) const {
   }
 }
 
+void Communicator::all_to_all_v_packed(const void* send, std::size_t send_size,
+                                       std::span<const std::size_t> send_counts, void* recv,
+                                       std::size_t recv_size,
+                                       std::span<const std::size_t> recv_counts, DType t) const {
+  const auto n = static_cast<std::size_t>(size());
+  auto displs = [&](std::span<const std::size_t> counts, std::size_t total, const char* which) {
+    if (counts.size() != n) {
+      throw Error(fmt::format("all_to_all_v on rank {} of {}: {} {} counts for {} ranks", rank(),
+                              size(), counts.size(), which, n));
+    }
+    std::vector<std::size_t> d(n);
+    std::size_t sum = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      d[r] = sum;
+      sum += counts[r];
+    }
+    if (sum != total) {
+      throw Error(
+          fmt::format("all_to_all_v on rank {} of {}: {} counts sum to {}, the buffer "
+                      "holds {} elements",
+                      rank(), size(), which, sum, total));
+    }
+    return d;
+  };
+  const std::vector<std::size_t> sd = displs(send_counts, send_size, "send");
+  const std::vector<std::size_t> rd = displs(recv_counts, recv_size, "receive");
+  impl_->all_to_all_v(send, send_counts.data(), sd.data(), recv, recv_counts.data(), rd.data(), t);
+}
+
 std::string Communicator::broadcast_string(const std::string& s, int root) const {
   std::int64_t n = static_cast<std::int64_t>(s.size());
   impl_->broadcast(&n, 1, DType::kI64, root);

@@ -8,6 +8,7 @@
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 #include "optim/muon_impl.h"
+#include "optim/owner_ns.h"
 #include "optim/timed_comm.h"
 
 namespace distmuon {
@@ -27,12 +28,9 @@ std::string describe_difference(const std::string& root_text, const std::string&
                      at(root), at(mine));
 }
 
-// Muon update of one parameter's shard (see muon.h for the formulas).
-void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
-  const MuonOptions& o = s.options;
+// Weight decay of the shard and the momentum step: writes the update u (before NS).
+void muon_direction(const MuonOptions& o, ParamState& p, ConstMatrixView g, MatrixView u) {
   const MatrixView w = p.spec.local;
-  if (s.scratch.rows() != w.rows || s.scratch.cols() != w.cols) s.scratch = Matrix(w.rows, w.cols);
-  const MatrixView u = s.scratch.view();
   const MatrixView buf = p.momentum.view();
   const bool l2 = o.weight_decay_method == WeightDecayMethod::kL2;
   if (o.weight_decay != 0.0 && !l2) {
@@ -51,11 +49,46 @@ void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
       u(i, j) = o.nesterov ? (1.0f - mu) * gij + mu * b : b;
     }
   }
-  const double extra = o.extra_scale_factor;
-  const ScaleMode mode = o.scale_mode;
+}
+
+detail::ScaleFn muon_scale_fn(const MuonOptions& o) {
+  return [mode = o.scale_mode, extra = o.extra_scale_factor](Index m, Index n) {
+    return muon_scale(mode, m, n) * extra;
+  };
+}
+
+// Muon update of one parameter's shard (see muon.h for the formulas).
+void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
+  const MatrixView w = p.spec.local;
+  if (s.scratch.rows() != w.rows || s.scratch.cols() != w.cols) s.scratch = Matrix(w.rows, w.cols);
+  const MatrixView u = s.scratch.view();
+  muon_direction(s.options, p, g, u);
   detail::orthogonalize_shard(u, p.layout, p.tp, p.gtp, s.mode_of(p), s.ns,
-                              [&](Index m, Index n) { return muon_scale(mode, m, n) * extra; });
-  cpu_compute().axpby(static_cast<float>(-o.lr), u, 1.0f, w);
+                              muon_scale_fn(s.options));
+  cpu_compute().axpby(static_cast<float>(-s.options.lr), u, 1.0f, w);
+}
+
+// tp_mode owner: the momentum of every listed parameter, one bucketed orthogonalisation of them
+// all (owner_ns.h), then the updates. The same arithmetic as muon_update, per parameter.
+void owner_update(Muon::Impl& s, std::span<const std::size_t> owned,
+                  std::span<const ConstMatrixView> grads) {
+  if (!s.owner) s.owner = std::make_shared<detail::OwnerStep>(detail::ns_flops_cost(s.ns));
+  std::vector<Matrix>& updates = s.owner->updates;
+  updates.resize(owned.size());
+  std::vector<detail::OwnerOrthogonalizer::Weight> weights;
+  for (std::size_t k = 0; k < owned.size(); ++k) {
+    ParamState& p = s.params[owned[k]];
+    const MatrixView w = p.spec.local;
+    if (updates[k].rows() != w.rows || updates[k].cols() != w.cols)
+      updates[k] = Matrix(w.rows, w.cols);
+    muon_direction(s.options, p, grads[owned[k]], updates[k].view());
+    weights.push_back({updates[k].view(), &p.layout, &p.tp, &p.gtp});
+  }
+  s.owner->orth.run(weights, s.ns, muon_scale_fn(s.options));
+  for (std::size_t k = 0; k < owned.size(); ++k) {
+    cpu_compute().axpby(static_cast<float>(-s.options.lr), updates[k].view(), 1.0f,
+                        s.params[owned[k]].spec.local);
+  }
 }
 
 }  // namespace
@@ -103,6 +136,9 @@ void Muon::Impl::prepare() {
 TpMode Muon::Impl::mode_of(ParamState& p) {
   if (p.mode) return *p.mode;
   if (options.tp_mode != TpMode::kAuto) return *(p.mode = options.tp_mode);
+  // auto resolves to duplicated or distributed per weight. Owner is not offered yet: it is a
+  // decision over a bucket (its LPT makespan against the per-weight costs). Once the resolver
+  // can return kOwner, step() already runs such parameters through the owner buckets.
   return resolve_auto_mode(*this, p);
 }
 
@@ -203,15 +239,19 @@ void Muon::step(std::span<const ConstMatrixView> grads) {
   }
   s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
   ++s.step;
+  std::vector<std::size_t> owned;  // tp_mode owner: orthogonalised together after the loop
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
-    if (p.muon) {
+    if (p.muon && s.mode_of(p) == TpMode::kOwner) {
+      owned.push_back(i);
+    } else if (p.muon) {
       muon_update(s, p, grads[i]);
     } else {
       adamw_update(p.spec.local, grads[i], p.exp_avg.view(), p.exp_avg_sq.view(), s.step,
                    s.options.adamw);
     }
   }
+  if (!owned.empty()) owner_update(s, owned, grads);
   s.last = {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
             *s.comm_seconds};
 }

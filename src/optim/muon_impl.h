@@ -29,6 +29,9 @@ struct ParamState {
 };
 
 struct AutoState;  // muon_auto.cpp
+namespace detail {
+struct OwnerStep;  // owner_ns.h: tp_mode owner's orthogonalizer and update buffers
+}
 
 struct Muon::Impl {
   MuonOptions options;
@@ -42,6 +45,7 @@ struct Muon::Impl {
   MuonStepStats last;
   Matrix scratch;
   std::unique_ptr<AutoState, void (*)(AutoState*)> auto_state{nullptr, nullptr};
+  std::shared_ptr<detail::OwnerStep> owner;  // tp_mode owner, created on the first step
 
   Impl(MuonOptions o, Communicator w);
   // The rank-independent configuration: options and every parameter's global metadata.

@@ -123,10 +123,35 @@ void ShardLayout::validate(const std::string& what) const {
   }
 }
 
+Index full_work_rows(const ShardLayout& layout) {
+  const bool tp_rows = layout.tp_dim == 0 && layout.tp_size > 1;
+  return layout.padded_rows() * (tp_rows ? layout.tp_size : 1);
+}
+
+Index full_work_cols(const ShardLayout& layout) {
+  return layout.n;
+}
+
+void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
+                        const ScaleFn& scale, Compute& compute) {
+  DISTMUON_ASSERT(full.rows == full_work_rows(layout) && full.cols == full_work_cols(layout),
+                  "full work matrix shape");
+  const int blocks = layout.tp_dim == 0 && layout.tp_size > 1 ? layout.tp_size : 1;
+  std::vector<Index> ids;
+  ids.reserve(static_cast<std::size_t>(full.rows));
+  // Without a TP row split every TP rank's tensor holds the same global rows (TP rank 0's ids).
+  for (int t = 0; t < blocks; ++t) {
+    for (Index i = 0; i < layout.padded_rows(); ++i)
+      ids.push_back(layout.global_row(t, i));
+  }
+  orthogonalize_classes(full, ids, layout, {}, ns, scale, compute);
+}
+
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
                          const ScaleFn& scale, Compute& compute) {
   DISTMUON_ASSERT(mode != TpMode::kAuto, "auto must be resolved before orthogonalising");
+  DISTMUON_ASSERT(mode != TpMode::kOwner, "owner mode orthogonalises buckets (owner_ns.h)");
   DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
   const bool tp_on = layout.tp_dim != kNoPartition && layout.tp_size > 1;
   const bool gtp_on = layout.gtp_size > 1;
@@ -154,9 +179,7 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
                          : (layout.tp_dim == 0 ? all_gather_shards(tp_local.view(), 0, tp)
                                                : all_gather_shards(tp_local.view(), 1, tp));
     const int blocks = tp_on && layout.tp_dim == 0 ? layout.tp_size : 1;
-    for (int t = 0; t < blocks; ++t)
-      ids_of(blocks > 1 ? t : t_rank, 0, r_tp, ids);
-    orthogonalize_classes(full.view(), ids, layout, {}, ns, scale, compute);
+    orthogonalize_full(full.view(), layout, ns, scale, compute);
     const Index row0 = (blocks > 1 ? t_rank * r_tp : 0) + g_rank * r_l;
     const Index col0 = tp_on && layout.tp_dim == 1 ? t_rank * n_tp : 0;
     copy(full.view().block(row0, col0, r_l, n_tp), u);

@@ -50,6 +50,16 @@ struct ShardLayout {
 // scale(rows, cols) of an orthogonalised m x n block (scale mode times extra factor).
 using ScaleFn = std::function<double(Index, Index)>;
 
+// The work matrix duplicated mode gathers for a weight: every TP rank's TP-local (padded) tensor,
+// stacked by rows for tp_dim 0 ((tp_size * padded_rows) x n), side by side for tp_dim 1
+// (padded_rows x n), the TP-local tensor itself without TP. full_work_rows/cols give its shape.
+Index full_work_rows(const ShardLayout& layout);
+Index full_work_cols(const ShardLayout& layout);
+// Orthogonalises and scales that full work matrix in place, per row class, zeroing padding rows:
+// exactly what duplicated mode runs on it (owner mode runs the same code on the owner rank).
+void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
+                        const ScaleFn& scale, Compute& compute = cpu_compute());
+
 // Orthogonalises and scales this rank's update shard u (shard_rows x n_tp) in place.
 // tp and gtp are this rank's groups (size 1 when absent); mode is not kAuto.
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,

@@ -27,6 +27,13 @@ class TimedComm final : public CommImpl {
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
     timed([&] { inner_->broadcast(buf, count, t, root); });
   }
+  void all_to_all_v(const void* send, const std::size_t* send_counts,
+                    const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
+                    const std::size_t* recv_displs, DType t) override {
+    timed([&] {
+      inner_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+    });
+  }
   void barrier() override {
     timed([&] { inner_->barrier(); });
   }

@@ -65,8 +65,9 @@ TpMode parse_tp_mode(std::string_view name) {
   if (name == "duplicated") return TpMode::kDuplicated;
   if (name == "distributed") return TpMode::kDistributed;
   if (name == "auto") return TpMode::kAuto;
-  throw Error(
-      fmt::format("unknown tp_mode '{}'; valid: blockwise, duplicated, distributed, auto", name));
+  if (name == "owner") return TpMode::kOwner;
+  throw Error(fmt::format(
+      "unknown tp_mode '{}'; valid: blockwise, duplicated, distributed, owner, auto", name));
 }
 
 const char* to_string(TpMode mode) {
@@ -79,6 +80,8 @@ const char* to_string(TpMode mode) {
       return "distributed";
     case TpMode::kAuto:
       return "auto";
+    case TpMode::kOwner:
+      return "owner";
   }
   return "?";
 }
@@ -143,6 +146,10 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
                       const NsOptions& opts, Compute& compute) {
   if (mode == TpMode::kAuto)
     throw Error("newton_schulz_tp: tp_mode auto must be resolved before the call");
+  if (mode == TpMode::kOwner) {
+    throw Error(
+        "newton_schulz_tp: tp_mode owner orthogonalises a list of weights (Muon), not one matrix");
+  }
   if (partition_dim != kNoPartition && partition_dim != 0 && partition_dim != 1) {
     throw Error(
         fmt::format("newton_schulz_tp: partition dim {} (valid: none, 0, 1)", partition_dim));

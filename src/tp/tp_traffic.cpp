@@ -18,6 +18,10 @@ void check_args(const char* what, Index m, Index n, int group_size, int partitio
   }
   if (mode == TpMode::kAuto)
     throw Error(fmt::format("{}: tp_mode auto must be resolved first", what));
+  if (mode == TpMode::kOwner) {
+    throw Error(
+        fmt::format("{}: tp_mode owner is a mode of a list of weights, not of one matrix", what));
+  }
   const Index extent = partition_dim == 0 ? m : n;
   if (partition_dim != kNoPartition && extent % group_size != 0) {
     throw Error(fmt::format("{}: {} does not split into {} equal shards along dim {}", what,

@@ -24,6 +24,21 @@ class LocalComm final : public CommImpl {
     if (root != 0)
       throw Error("broadcast: root " + std::to_string(root) + " outside a 1-rank group");
   }
+  void all_to_all_v(const void* send, const std::size_t* send_counts,
+                    const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
+                    const std::size_t* recv_displs, DType t) override {
+    if (send_counts[0] != recv_counts[0]) {
+      throw Error("all_to_all_v: sends " + std::to_string(send_counts[0]) +
+                  " elements to itself "
+                  "but expects " +
+                  std::to_string(recv_counts[0]));
+    }
+    if (send_counts[0] > 0) {
+      std::memmove(static_cast<char*>(recv) + recv_displs[0] * dtype_size(t),
+                   static_cast<const char*>(send) + send_displs[0] * dtype_size(t),
+                   send_counts[0] * dtype_size(t));
+    }
+  }
   void barrier() override {}
   std::shared_ptr<CommImpl> split(int, int) override { return std::make_shared<LocalComm>(); }
   void abort(int code) override { std::exit(code); }

@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace distmuon {
 namespace {
@@ -113,6 +114,29 @@ class MpiComm final : public CommImpl {
     }
     check_mpi(MPI_Bcast(buf, checked_count(count, "Bcast"), mpi_type(t), root, comm_), "Bcast",
               detail(count, t));
+  }
+  void all_to_all_v(const void* send, const std::size_t* send_counts,
+                    const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
+                    const std::size_t* recv_displs, DType t) override {
+    const auto n = static_cast<std::size_t>(size_);
+    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    std::size_t sent = 0, received = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      // Counts and the end of each chunk must fit MPI's int (displacements included).
+      sc[r] = checked_count(send_counts[r], "Alltoallv");
+      sd[r] = checked_count(send_displs[r], "Alltoallv");
+      rc[r] = checked_count(recv_counts[r], "Alltoallv");
+      rd[r] = checked_count(recv_displs[r], "Alltoallv");
+      checked_count(send_displs[r] + send_counts[r], "Alltoallv");
+      checked_count(recv_displs[r] + recv_counts[r], "Alltoallv");
+      sent += send_counts[r];
+      received += recv_counts[r];
+    }
+    check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(t), recv, rc.data(), rd.data(),
+                            mpi_type(t), comm_),
+              "Alltoallv",
+              fmt::format("(sends {}, receives {} x {} on rank {} of {})", sent, received,
+                          dtype_name(t), rank_, size_));
   }
   void barrier() override { check_mpi(MPI_Barrier(comm_), "Barrier"); }
   std::shared_ptr<CommImpl> split(int color, int key) override {

@@ -1,0 +1,104 @@
+#pragma once
+// Owner mode (layer-sharded Muon): each sharded weight of a bucket is orthogonalised by ONE owner
+// rank, which gathers the full matrix, runs the single-process Newton-Schulz on it (the same code
+// as duplicated mode: orthogonalize_full), scales it and scatters the shards back. The NS work of
+// a list of weights is split across the ranks that hold them instead of being repeated on each.
+//
+// A bucket is the weights that share the same (TP group, GTP group): the T x G ranks of the grid
+// hold a shard of each. Rank (t, g) has owner index t + T g. Traffic per bucket, in two stages
+// with only the TP and GTP communicators:
+//   gather   1. all-to-all-v over GTP: every rank sends its shard of weight w to GTP rank g_o(w);
+//               rank (t, g_o) then holds TP rank t's TP-local (padded) tensor of w.
+//            2. all-to-all-v over TP: the ranks (t, g_o) send it to TP rank t_o(w), the owner.
+//   scatter  the same two exchanges in reverse (TP, then GTP).
+// One collective per stage per bucket (stages over a group of one are skipped); a weight's full
+// matrix crosses the network twice (in, out) instead of being all-gathered by every rank.
+//
+// Owners are assigned by LPT (longest processing time first) on a per-weight cost estimate, ties
+// broken by weight index then by owner index, so every rank computes the same assignment; it is
+// decided once per bucket composition and cached.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "distmuon/comm.h"
+#include "distmuon/compute.h"
+#include "distmuon/matrix.h"
+#include "distmuon/newton_schulz.h"
+#include "optim/sharded_ns.h"
+
+namespace distmuon::detail {
+
+// Estimated cost (any unit, larger is slower) of orthogonalising one weight on its owner.
+using OwnerCostFn = std::function<double(const ShardLayout&)>;
+// The default estimate: ns_flops of the full m x n matrix with ns's steps, syrk setting and
+// coefficients (the cost model can supply a finer one, e.g. with the gather traffic).
+OwnerCostFn ns_flops_cost(const NsOptions& ns);
+
+// LPT: items in decreasing cost (ties: lower index first) each go to the least-loaded of `ranks`
+// bins (ties: lower bin). Returns the bin of each item. Deterministic; makespan at most
+// 4/3 - 1/(3 ranks) of the optimum.
+std::vector<int> lpt_assign(std::span<const double> costs, int ranks);
+// The largest total cost of any bin under an assignment.
+double makespan(std::span<const double> costs, std::span<const int> owners, int ranks);
+
+// One weight of a bucket: this rank's update shard (shard_rows x n_tp, any ld) and its layout.
+struct OwnerItem {
+  MatrixView shard;
+  const ShardLayout* layout = nullptr;
+};
+
+// Orthogonalises and scales a bucket in place: owners[i] (t + T g) runs NS for items[i]. Every
+// item shares tp (used when the layouts are TP-sharded) and gtp (when GTP-sharded), and every
+// rank of the T x G grid calls this with the same items in the same order. No agreement check:
+// see OwnerOrthogonalizer.
+void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
+                         const Communicator& tp, const Communicator& gtp, const NsOptions& ns,
+                         const ScaleFn& scale, Compute& compute = cpu_compute());
+
+// Buckets a list of weights by group, assigns owners (cached per bucket composition; the first
+// time a composition is seen its ranks check, collectively, that they agree on it) and runs the
+// buckets in the order of their first weight. Unsharded weights run the local NS.
+class OwnerOrthogonalizer {
+ public:
+  explicit OwnerOrthogonalizer(OwnerCostFn cost) : cost_(std::move(cost)) {}
+
+  struct Weight {
+    MatrixView shard;
+    const ShardLayout* layout = nullptr;
+    const Communicator* tp = nullptr;   // this rank's TP group (any size when not TP-sharded)
+    const Communicator* gtp = nullptr;  // this rank's GTP group
+  };
+  void run(std::span<const Weight> weights, const NsOptions& ns, const ScaleFn& scale,
+           Compute& compute = cpu_compute());
+
+  // Owner index (t + T g) of weights[i] in the last run; -1 for an unsharded weight.
+  const std::vector<int>& last_owners() const { return last_owners_; }
+
+ private:
+  const std::vector<int>& owners_for(std::span<const OwnerItem> items, const Communicator& tp,
+                                     const Communicator& gtp);
+
+  OwnerCostFn cost_;
+  using Key = std::tuple<std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>, std::string>;
+  struct KeyLess {
+    bool operator()(const Key& a, const Key& b) const;
+  };
+  std::map<Key, std::vector<int>, KeyLess> cache_;
+  std::vector<int> last_owners_;
+};
+
+// Muon's state for tp_mode owner: the orthogonalizer (its assignment cache) and one update
+// buffer per owner-mode parameter, kept from the momentum pass until the bucketed NS is done.
+struct OwnerStep {
+  explicit OwnerStep(OwnerCostFn cost) : orth(std::move(cost)) {}
+  OwnerOrthogonalizer orth;
+  std::vector<Matrix> updates;
+};
+
+}  // namespace distmuon::detail
