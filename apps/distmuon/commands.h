@@ -20,6 +20,8 @@ struct NsCliOptions {
   std::string custom;  // "a,b,c;a,b,c" when coefficients == "custom"
   int steps = 5;
   bool syrk = true;
+  std::string algorithm = "standard";  // --ns-algorithm standard|gram
+  int gram_restart = 0;
   void add_to(CLI::App& app);
   NsOptions resolve() const;
 };

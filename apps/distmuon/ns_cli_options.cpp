@@ -12,6 +12,15 @@ void NsCliOptions::add_to(CLI::App& app) {
   app.add_option("--steps", steps, "Newton-Schulz steps (>= 1)")->capture_default_str();
   app.add_flag("--syrk,!--no-syrk", syrk, "Symmetric products with BLAS syrk (default) or gemm")
       ->capture_default_str();
+  app.add_option("--ns-algorithm", algorithm,
+                 "Newton-Schulz algorithm: standard, or gram (the iteration on s x s matrices "
+                 "only; docs/gram-newton-schulz.md)")
+      ->check(CLI::IsMember({"standard", "gram"}))
+      ->capture_default_str();
+  app.add_option("--gram-restart", gram_restart,
+                 "With --ns-algorithm gram: re-form the Gram matrix every N steps (0 = never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 }
 
 NsOptions NsCliOptions::resolve() const {
@@ -27,6 +36,8 @@ NsOptions NsCliOptions::resolve() const {
   }
   o.steps = steps;
   o.use_syrk = syrk;
+  o.algorithm = parse_ns_algorithm(algorithm);
+  o.gram_restart = gram_restart;
   o.validate();
   return o;
 }

@@ -108,6 +108,7 @@ struct TpBenchReport {
   std::string coefficients;
   int steps = 0;
   bool use_syrk = true;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
   TimingOptions timing, rate_timing;
   std::vector<TpBenchResult> results;  // shapes x modes, in config order
 };

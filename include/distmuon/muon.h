@@ -68,6 +68,8 @@ struct MuonOptions {
   std::string custom_coefficients;       // "a,b,c;a,b,c;..." when coefficients == "custom"
   int steps = 5;                         // Newton-Schulz steps
   bool use_syrk = true;
+  NsAlgorithm ns_algorithm = NsAlgorithm::kStandard;  // JSON "ns_algorithm": standard, gram
+  int gram_restart = 0;  // ns_algorithm gram: re-form the Gram matrix every N steps (0 = never)
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;
   TpMode tp_mode = TpMode::kAuto;

@@ -55,6 +55,18 @@ CoefficientSet parse_custom_coefficients(std::string_view text);
 // Which side the Gram matrix is taken on: kRows: A = X X^T (rows x rows), kCols: A = X^T X.
 enum class GramSide { kAuto, kRows, kCols };
 
+// How the iteration is run (docs/gram-newton-schulz.md):
+//  kStandard: the steps above on the s x L iterate X; a distributed run all-reduces every step's
+//             Gram matrix.
+//  kGram:     the same polynomial run on s x s matrices only. Every iterate is X_k = Q_k X_0 with
+//             Q_k a polynomial in G_0 = X_0 X_0^T, so with R = X_k X_k^T and P = a I + b R + c R^2
+//             a step is Q <- P Q, R <- R P^2, and X = Q X_0 is formed once at the end. One Gram
+//             matrix of X (one all-reduce with a group) per call, plus one per restart: every
+//             gram_restart steps X = Q X_0 is formed and R re-formed from it (0 = never).
+enum class NsAlgorithm { kStandard, kGram };
+NsAlgorithm parse_ns_algorithm(std::string_view name);  // "standard", "gram"; throws otherwise
+const char* to_string(NsAlgorithm algorithm);
+
 struct NsOptions {
   CoefficientSet coefficients = coefficient_set("quintic");
   int steps = 5;
@@ -62,6 +74,8 @@ struct NsOptions {
   double eps = 1e-15;               // X / max(||X||_F, eps)
   bool norm_in_double = true;       // accumulate the Frobenius norm in double
   GramSide side = GramSide::kAuto;  // kAuto: the smaller dimension
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
+  int gram_restart = 0;  // kGram: re-form R from X every this many steps (0 = never; >= 0)
 
   void validate() const;  // throws distmuon::Error with the valid values
 };
@@ -69,6 +83,7 @@ struct NsOptions {
 // Reusable scratch for the iteration (avoids reallocations across calls of the same shape).
 struct NsWorkspace {
   Matrix gram, poly, next;
+  Matrix gram_q, gram_t, gram_u;  // NsAlgorithm::kGram: Q and two s x s scratch matrices
 };
 
 // Orthogonalises x in place. With a group, x is this rank's piece of a matrix split along the
@@ -84,6 +99,12 @@ Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts = {},
 // FLOPs of one NS run of an m x n matrix as executed (Gram on the side given, syrk or gemm).
 double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side = GramSide::kAuto,
                 const CoefficientSet* coefficients = nullptr);
+// FLOPs of one NS run of an m x n matrix with opts (algorithm, steps, syrk, side, coefficients,
+// restarts) as executed.
+double ns_flops(Index m, Index n, const NsOptions& opts);
+// NsAlgorithm::kGram: how many Gram matrices of the s x L iterate one run forms (1 + restarts);
+// with a group, each is one all-reduce of s x s elements.
+int gram_ns_gram_count(int steps, int gram_restart);
 // The plain-GEMM count used for reporting GFLOP/s: steps * (4 s^2 L + 2 s^3).
 double ns_gemm_flops(Index m, Index n, int steps);
 

@@ -49,7 +49,8 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
 //  - blockwise, partition_dim kNoPartition or group_size 1: nothing.
 //  - duplicated:  1 all-gather of m * n * elem_size bytes.
 //  - distributed: steps all-reduces of s * s * elem_size bytes (s = n for partition_dim 0,
-//                 m for 1) plus 1 all-reduce of 8 bytes (the squared norm).
+//                 m for 1) plus 1 all-reduce of 8 bytes (the squared norm); with the Gram
+//                 algorithm 1 (+ 1 per restart) s * s all-reduce instead of steps.
 // Not included: the one-time shard-shape check, an all-gather of 3 int64 per rank
 // (24 * group_size bytes) the first time a (group, shard shape) pair is seen.
 struct TpTraffic {
@@ -61,6 +62,10 @@ struct TpTraffic {
 };
 TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode, int steps,
                      int elem_size = 4);
+// The same for opts' algorithm: with NsAlgorithm::kGram the distributed mode all-reduces
+// gram_ns_gram_count(steps, gram_restart) Gram matrices (1 without restarts) instead of steps.
+TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode,
+                     const NsOptions& opts, int elem_size = 4);
 
 // The NS problem one rank really runs in newton_schulz_tp for a full M x N matrix: the local
 // matrix (rows x cols) and the Gram side, resolved (kRows or kCols). blockwise: the shard with
@@ -77,7 +82,8 @@ TpLocalNs tp_local_ns(Index m, Index n, int group_size, int partition_dim, TpMod
                       GramSide requested = GramSide::kAuto);
 
 // FLOPs one rank executes in newton_schulz_tp for a full M x N matrix (ns_flops of the matrix the
-// mode really iterates on, with the Gram side it uses and opts' syrk setting and coefficients):
+// mode really iterates on, with the Gram side it uses and opts' algorithm, syrk setting and
+// coefficients; the Gram algorithm's s x s iteration runs redundantly on every rank):
 // blockwise the shard, duplicated the full matrix, distributed the shard with the Gram side
 // fixed by partition_dim. Elementwise work (norm, scaling, B = bA + cA^2 + aI) is not counted.
 double tp_flops(Index m, Index n, int group_size, int partition_dim, TpMode mode,

@@ -25,17 +25,17 @@ struct Message {
   std::size_t bytes;
   std::size_t calls;
 };
-std::vector<Message> messages(Index m, Index n, int g, int dim, TpMode mode, int steps) {
-  const TpTraffic t = tp_traffic(m, n, g, dim, mode, steps);
+std::vector<Message> messages(Index m, Index n, int g, int dim, TpMode mode, const NsOptions& ns) {
+  const TpTraffic t = tp_traffic(m, n, g, dim, mode, ns);
   std::vector<Message> out;
   if (t.all_gather_calls > 0) {
     out.push_back({CollectiveKind::kAllGather, DType::kF32, t.all_gather_bytes / t.all_gather_calls,
                    t.all_gather_calls});
   }
   if (t.all_reduce_calls > 0) {
-    // steps Gram matrices (fp32) and one double (the squared norm).
+    // Gram matrices (fp32; steps of them, or one per Gram-algorithm run) and one double.
     const std::size_t gram =
-        (t.all_reduce_bytes - sizeof(double)) / static_cast<std::size_t>(steps);
+        (t.all_reduce_bytes - sizeof(double)) / (t.all_reduce_calls - 1);
     out.push_back({CollectiveKind::kAllReduce, DType::kF32, gram, t.all_reduce_calls - 1});
     out.push_back({CollectiveKind::kAllReduce, DType::kF64, sizeof(double), 1});
   }
@@ -81,6 +81,7 @@ TpBenchReport run_tp_bench(const Communicator& group, const TpBenchConfig& confi
   report.coefficients = config.ns.coefficients.name;
   report.steps = config.ns.steps;
   report.use_syrk = config.ns.use_syrk;
+  report.algorithm = config.ns.algorithm;
   report.timing = config.timing;
   report.rate_timing = config.rate_timing;
 
@@ -101,12 +102,12 @@ TpBenchReport run_tp_bench(const Communicator& group, const TpBenchConfig& confi
       r.mode = mode;
       r.local = tp_local_ns(m, n, g, dim, mode, config.ns.side);
       r.flops_per_rank = tp_flops(m, n, g, dim, mode, config.ns);
-      r.traffic = tp_traffic(m, n, g, dim, mode, config.ns.steps);
+      r.traffic = tp_traffic(m, n, g, dim, mode, config.ns);
 
       const auto [gm, gn, gk] = update_gemm(r.local);
       r.sgemm = measure_sgemm(group, gm, gn, gk, config.rate_timing, compute);
       r.compute_bound_s = r.flops_per_rank / r.sgemm.flops_per_s;
-      for (const Message& msg : messages(m, n, g, dim, mode, config.ns.steps)) {
+      for (const Message& msg : messages(m, n, g, dim, mode, config.ns)) {
         r.collectives.push_back(
             measure_collective(group, msg.kind, msg.dtype, msg.bytes, config.rate_timing));
         r.comm_bound_s += static_cast<double>(msg.calls * msg.bytes) / r.collectives.back().alg_bw;
@@ -131,6 +132,7 @@ nlohmann::json to_json(const TpBenchReport& report) {
             {"coefficients", report.coefficients},
             {"steps", report.steps},
             {"syrk", report.use_syrk},
+            {"ns_algorithm", to_string(report.algorithm)},
             {"warmup", report.timing.warmup},
             {"reps", report.timing.reps},
             {"rate_reps", report.rate_timing.reps}};
@@ -179,10 +181,10 @@ nlohmann::json to_json(const TpBenchReport& report) {
 
 std::string format_report(const TpBenchReport& report) {
   std::string out = fmt::format(
-      "distmuon bench: {} rank(s), {} BLAS thread(s) per rank, {} x {} steps, {}; {} timed run(s) "
-      "after {} warm-up; a run's time is the slowest rank's\n",
+      "distmuon bench: {} rank(s), {} BLAS thread(s) per rank, {} x {} steps, {}, {} NS; {} timed "
+      "run(s) after {} warm-up; a run's time is the slowest rank's\n",
       report.group_size, report.blas_threads, report.coefficients, report.steps,
-      report.use_syrk ? "syrk" : "gemm", report.timing.reps, report.timing.warmup);
+      report.use_syrk ? "syrk" : "gemm", to_string(report.algorithm), report.timing.reps, report.timing.warmup);
   out +=
       "bound = GFLOP/rank at the sgemm rate + bytes at the collective bandwidth, both measured "
       "(all ranks at once) right before each case\n\n";

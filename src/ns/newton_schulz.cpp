@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "distmuon/error.h"
+#include "ns/gram_newton_schulz.h"
 
 namespace distmuon {
 namespace {
@@ -36,6 +37,10 @@ void gram(Compute& compute, GramSide side, bool use_syrk, ConstMatrixView x, Mat
 
 void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
                            const Communicator* group, NsWorkspace* ws) {
+  if (opts.algorithm == NsAlgorithm::kGram) {
+    detail::gram_newton_schulz_inplace(x, opts, compute, group, ws);
+    return;
+  }
   opts.validate();
   const bool distributed = group != nullptr && group->size() > 1;
   if (distributed && opts.side == GramSide::kAuto) {
@@ -113,6 +118,14 @@ double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,
     total += gram * s * s * l + (cubic ? 0.0 : gram * s * s * s) + 2.0 * s * s * l;
   }
   return total;
+}
+
+double ns_flops(Index m, Index n, const NsOptions& opts) {
+  if (opts.algorithm == NsAlgorithm::kGram) {
+    return detail::gram_ns_flops(m, n, opts.steps, opts.use_syrk, opts.side, opts.coefficients,
+                                 opts.gram_restart);
+  }
+  return ns_flops(m, n, opts.steps, opts.use_syrk, opts.side, &opts.coefficients);
 }
 
 double ns_gemm_flops(Index m, Index n, int steps) {

@@ -91,6 +91,8 @@ void MuonOptions::validate() const {
   check(cost_model == "refined" || cost_model == "reference", "cost_model", cost_model,
         "refined, reference");
   check(!profile.empty(), "profile", "''", "none, a built-in profile name or a JSON file");
+  check(gram_restart >= 0, "gram_restart", fmt::format("{}", gram_restart),
+        "an integer >= 0 (0 = never)");
   ns_options().validate();  // coefficient set name, custom table, steps
   adamw.validate();
 }
@@ -107,6 +109,8 @@ NsOptions MuonOptions::ns_options() const {
   }
   o.steps = steps;
   o.use_syrk = use_syrk;
+  o.algorithm = ns_algorithm;
+  o.gram_restart = gram_restart;
   return o;
 }
 
@@ -120,6 +124,8 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"custom_coefficients", o.custom_coefficients},
                      {"steps", o.steps},
                      {"use_syrk", o.use_syrk},
+                     {"ns_algorithm", to_string(o.ns_algorithm)},
+                     {"gram_restart", o.gram_restart},
                      {"scale_mode", to_string(o.scale_mode)},
                      {"extra_scale_factor", o.extra_scale_factor},
                      {"tp_mode", to_string(o.tp_mode)},
@@ -143,6 +149,10 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   j.at("custom_coefficients").get_to(o.custom_coefficients);
   j.at("steps").get_to(o.steps);
   j.at("use_syrk").get_to(o.use_syrk);
+  // Absent in options written before the Gram algorithm existed: keep the defaults.
+  if (j.contains("ns_algorithm"))
+    o.ns_algorithm = parse_ns_algorithm(j.at("ns_algorithm").get<std::string>());
+  if (j.contains("gram_restart")) j.at("gram_restart").get_to(o.gram_restart);
   o.scale_mode = parse_scale_mode(j.at("scale_mode").get<std::string>());
   j.at("extra_scale_factor").get_to(o.extra_scale_factor);
   o.tp_mode = parse_tp_mode(j.at("tp_mode").get<std::string>());

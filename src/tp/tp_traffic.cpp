@@ -33,14 +33,9 @@ bool communicates(int group_size, int partition_dim, TpMode mode) {
   return group_size > 1 && partition_dim != kNoPartition && mode != TpMode::kBlockwise;
 }
 
-}  // namespace
-
-TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode, int steps,
-                     int elem_size) {
-  check_args("tp_traffic", m, n, group_size, partition_dim, mode);
-  if (steps < 0 || elem_size < 1) {
-    throw Error(fmt::format("tp_traffic: invalid steps {} or element size {}", steps, elem_size));
-  }
+// Distributed traffic with gram_matrices all-reduces of the s x s Gram matrix.
+TpTraffic traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode,
+                  int gram_matrices, int elem_size) {
   TpTraffic t;
   if (!communicates(group_size, partition_dim, mode)) return t;
   const auto es = static_cast<std::size_t>(elem_size);
@@ -50,9 +45,34 @@ TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode
     return t;
   }
   const auto s = static_cast<std::size_t>(partition_dim == 0 ? n : m);
-  t.all_reduce_calls = static_cast<std::size_t>(steps) + 1;
-  t.all_reduce_bytes = static_cast<std::size_t>(steps) * s * s * es + sizeof(double);
+  t.all_reduce_calls = static_cast<std::size_t>(gram_matrices) + 1;
+  t.all_reduce_bytes = static_cast<std::size_t>(gram_matrices) * s * s * es + sizeof(double);
   return t;
+}
+
+void check_traffic_args(Index m, Index n, int group_size, int partition_dim, TpMode mode,
+                        int steps, int elem_size) {
+  check_args("tp_traffic", m, n, group_size, partition_dim, mode);
+  if (steps < 0 || elem_size < 1) {
+    throw Error(fmt::format("tp_traffic: invalid steps {} or element size {}", steps, elem_size));
+  }
+}
+
+}  // namespace
+
+TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode, int steps,
+                     int elem_size) {
+  check_traffic_args(m, n, group_size, partition_dim, mode, steps, elem_size);
+  return traffic(m, n, group_size, partition_dim, mode, steps, elem_size);
+}
+
+TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode,
+                     const NsOptions& opts, int elem_size) {
+  check_traffic_args(m, n, group_size, partition_dim, mode, opts.steps, elem_size);
+  const int grams = opts.algorithm == NsAlgorithm::kGram
+                        ? gram_ns_gram_count(opts.steps, opts.gram_restart)
+                        : opts.steps;
+  return traffic(m, n, group_size, partition_dim, mode, grams, elem_size);
 }
 
 TpLocalNs tp_local_ns(Index m, Index n, int group_size, int partition_dim, TpMode mode,
@@ -75,8 +95,9 @@ TpLocalNs tp_local_ns(Index m, Index n, int group_size, int partition_dim, TpMod
 double tp_flops(Index m, Index n, int group_size, int partition_dim, TpMode mode,
                 const NsOptions& opts) {
   const TpLocalNs local = tp_local_ns(m, n, group_size, partition_dim, mode, opts.side);
-  return ns_flops(local.rows, local.cols, opts.steps, opts.use_syrk, local.side,
-                  &opts.coefficients);
+  NsOptions o = opts;
+  o.side = local.side;
+  return ns_flops(local.rows, local.cols, o);
 }
 
 }  // namespace distmuon

@@ -1,0 +1,197 @@
+// Gram Newton-Schulz: the NS polynomial iterated on s x s matrices only.
+//
+// With X_0 the normalised s x L input (Gram side s) and the step X <- (a I + b A + c A^2) X,
+// A = X X^T, every iterate is X_k = Q_k X_0 where Q_k is a polynomial in G_0 = X_0 X_0^T; all of
+// Q_k, R_k = X_k X_k^T = Q_k G_0 Q_k^T and P_k = a I + b R_k + c R_k^2 are polynomials in G_0 and
+// commute. So a step needs only
+//   P = a I + b R + c R^2   (R^2 by syrk, R symmetric)
+//   Q <- P Q                (the first step: Q = P, no product)
+//   R <- R P^2              (P^2 by syrk; skipped on the last step)
+// and X = Q X_0 is formed once at the end. The s x L products are the Gram matrix G_0 and the
+// final product, instead of two per step; with a group, G_0 is the only all-reduced Gram matrix.
+// A restart every gram_restart steps forms X = Q X_0, R = X X^T (all-reduced), Q = I, X_0 = X.
+//
+// For the column side (X = the input's transpose) the same algebra reads G_0 = X_0^T X_0 and
+// X = X_0 Q^T, so that the column path is the row path on the transpose, product for product.
+#include "ns/gram_newton_schulz.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "distmuon/error.h"
+
+namespace distmuon {
+
+NsAlgorithm parse_ns_algorithm(std::string_view name) {
+  if (name == "standard") return NsAlgorithm::kStandard;
+  if (name == "gram") return NsAlgorithm::kGram;
+  throw Error(fmt::format("unknown Newton-Schulz algorithm '{}'; valid: standard, gram", name));
+}
+
+const char* to_string(NsAlgorithm algorithm) {
+  switch (algorithm) {
+    case NsAlgorithm::kStandard:
+      return "standard";
+    case NsAlgorithm::kGram:
+      return "gram";
+  }
+  return "?";
+}
+
+int gram_ns_gram_count(int steps, int gram_restart) {
+  if (steps < 1) return 0;
+  // A restart runs after step k (1-based) when k is a multiple of gram_restart and steps remain.
+  return 1 + (gram_restart > 0 ? (steps - 1) / gram_restart : 0);
+}
+
+namespace detail {
+namespace {
+
+void ensure_shape(Matrix& m, Index rows, Index cols) {
+  if (m.rows() != rows || m.cols() != cols) m = Matrix(rows, cols);
+}
+
+// out = alpha * a a^T for a symmetric s x s a (that is, alpha a^2), by syrk or gemm.
+void symmetric_square(Compute& compute, bool use_syrk, float alpha, ConstMatrixView a,
+                      MatrixView out) {
+  if (use_syrk) {
+    compute.syrk(Trans::kNo, alpha, a, 0.0f, out);
+  } else {
+    compute.gemm(Trans::kNo, Trans::kNo, alpha, a, a, 0.0f, out);
+  }
+}
+
+// The Gram matrix of the iterate on the chosen side, summed over the group when distributed.
+void form_gram(Compute& compute, bool rows, bool use_syrk, ConstMatrixView x, MatrixView r,
+               const Communicator* group) {
+  const Trans t = rows ? Trans::kNo : Trans::kYes;
+  if (use_syrk) {
+    compute.syrk(t, 1.0f, x, 0.0f, r);
+  } else {
+    compute.gemm(t, rows ? Trans::kYes : Trans::kNo, 1.0f, x, x, 0.0f, r);
+  }
+  if (group != nullptr)
+    group->all_reduce(std::span<float>(r.data, static_cast<std::size_t>(r.size())));
+}
+
+// out = Q X_0 (row side) or X_0 Q^T (column side).
+void apply_q(Compute& compute, bool rows, ConstMatrixView q, ConstMatrixView x0, MatrixView out) {
+  if (rows) {
+    compute.gemm(Trans::kNo, Trans::kNo, 1.0f, q, x0, 0.0f, out);
+  } else {
+    compute.gemm(Trans::kNo, Trans::kYes, 1.0f, x0, q, 0.0f, out);
+  }
+}
+
+bool restart_after(int step, int steps, int gram_restart) {
+  return gram_restart > 0 && step + 1 < steps && (step + 1) % gram_restart == 0;
+}
+
+}  // namespace
+
+void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
+                                const Communicator* group, NsWorkspace* ws) {
+  opts.validate();
+  const bool distributed = group != nullptr && group->size() > 1;
+  if (distributed && opts.side == GramSide::kAuto) {
+    throw Error(
+        "gram newton_schulz over a group needs an explicit Gram side (the local shard's shape "
+        "does not tell the global orientation)");
+  }
+  if (x.size() == 0) return;
+  const GramSide side = opts.side != GramSide::kAuto
+                            ? opts.side
+                            : (x.rows <= x.cols ? GramSide::kRows : GramSide::kCols);
+  const bool rows = side == GramSide::kRows;
+  const Index s = rows ? x.rows : x.cols;
+  const Communicator* reduce_over = distributed ? group : nullptr;
+
+  NsWorkspace local_ws;
+  NsWorkspace& w = ws != nullptr ? *ws : local_ws;
+  for (Matrix* m : {&w.gram, &w.poly, &w.gram_q, &w.gram_t, &w.gram_u})
+    ensure_shape(*m, s, s);
+  ensure_shape(w.next, x.rows, x.cols);
+
+  // Normalise by the (global) Frobenius norm, exactly as the standard algorithm does.
+  double ss = compute.sum_squares(x, opts.norm_in_double);
+  if (distributed) ss = group->all_reduce(ss);
+  if (!std::isfinite(ss)) {
+    throw Error(fmt::format(
+        "gram newton_schulz: input {}{} contains non-finite values (or its norm overflows)",
+        shape_str(x), distributed ? fmt::format(" (rank {})", group->rank()) : ""));
+  }
+  compute.scale(x, static_cast<float>(1.0 / std::max(std::sqrt(ss), opts.eps)));
+
+  MatrixView x0 = x;                // the iterate Q applies to
+  MatrixView spare = w.next.view();  // where X = Q X_0 is formed
+  MatrixView r = w.gram.view(), p = w.poly.view(), q = w.gram_q.view();
+  MatrixView t = w.gram_t.view(), u = w.gram_u.view();
+  form_gram(compute, rows, opts.use_syrk, x0, r, reduce_over);
+  bool q_is_identity = true;
+  for (int step = 0; step < opts.steps; ++step) {
+    const NsCoefficients& k = opts.coefficients.at(step);
+    // P = c R^2 + b R + a I.
+    if (k.c != 0.0) {
+      symmetric_square(compute, opts.use_syrk, static_cast<float>(k.c), r, p);
+      compute.axpby(static_cast<float>(k.b), r, 1.0f, p);
+    } else {
+      compute.axpby(static_cast<float>(k.b), r, 0.0f, p);
+    }
+    compute.add_diagonal(p, static_cast<float>(k.a));
+    // Q <- P Q. On the first step (or after a restart) Q = P: P's buffer becomes Q's and P's
+    // next buffer is the old Q's.
+    MatrixView p_now = p;
+    if (q_is_identity) {
+      std::swap(q, p);
+      p_now = q;
+      q_is_identity = false;
+    } else {
+      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, p, q, 0.0f, u);
+      std::swap(q, u);
+    }
+    if (step + 1 == opts.steps) break;
+    if (restart_after(step, opts.steps, opts.gram_restart)) {
+      apply_q(compute, rows, q, x0, spare);
+      std::swap(x0, spare);
+      form_gram(compute, rows, opts.use_syrk, x0, r, reduce_over);
+      q_is_identity = true;
+      continue;
+    }
+    // R <- R P^2 (all commute; P^2 = P P^T since P is symmetric).
+    symmetric_square(compute, opts.use_syrk, 1.0f, p_now, t);
+    compute.gemm(Trans::kNo, Trans::kNo, 1.0f, r, t, 0.0f, u);
+    std::swap(r, u);
+  }
+  apply_q(compute, rows, q, x0, spare);
+  if (spare.data != x.data) copy(spare, x);
+}
+
+double gram_ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,
+                     const CoefficientSet& coefficients, int gram_restart) {
+  if (side == GramSide::kAuto) side = m <= n ? GramSide::kRows : GramSide::kCols;
+  const double s = static_cast<double>(side == GramSide::kRows ? m : n);
+  const double l = static_cast<double>(side == GramSide::kRows ? n : m);
+  const double sym = use_syrk ? 1.0 : 2.0;  // a symmetric product: half a gemm with syrk
+  const double gram = sym * s * s * l, apply = 2.0 * s * s * l;
+  double total = gram;  // G_0
+  bool q_is_identity = true;
+  for (int step = 0; step < steps; ++step) {
+    if (coefficients.at(step).c != 0.0) total += sym * s * s * s;  // R^2
+    if (!q_is_identity) total += 2.0 * s * s * s;                  // P Q
+    q_is_identity = false;
+    if (step + 1 == steps) break;
+    if (restart_after(step, steps, gram_restart)) {
+      total += apply + gram;
+      q_is_identity = true;
+    } else {
+      total += sym * s * s * s + 2.0 * s * s * s;  // P^2, R P^2
+    }
+  }
+  return total + apply;  // X = Q X_0
+}
+
+}  // namespace detail
+}  // namespace distmuon

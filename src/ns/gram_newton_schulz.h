@@ -1,0 +1,17 @@
+#pragma once
+// Gram Newton-Schulz (NsAlgorithm::kGram), reached through newton_schulz_inplace and ns_flops.
+
+#include "distmuon/comm.h"
+#include "distmuon/compute.h"
+#include "distmuon/matrix.h"
+#include "distmuon/newton_schulz.h"
+
+namespace distmuon::detail {
+
+void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
+                                const Communicator* group, NsWorkspace* ws);
+
+double gram_ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,
+                     const CoefficientSet& coefficients, int gram_restart);
+
+}  // namespace distmuon::detail
