@@ -59,6 +59,9 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
         c.modes.push_back(parse_tp_mode(m));
     }
     c.ns = common.ns.resolve();
+    // Both algorithms unless --ns-algorithm pins one.
+    c.algorithm = cmd.count("--ns-algorithm") > 0 ? c.ns.algorithm : NsAlgorithm::kAuto;
+    c.ns.algorithm = NsAlgorithm::kStandard;
     c.timing = {common.warmup, common.reps};
     c.profile = model.profile;
     c.cost_model = model.cost_model;

@@ -32,11 +32,13 @@ WeightShape parse_shape(const std::string& text) {
 }  // namespace
 
 void add_plan_command(CLI::App& app, Context& ctx) {
-  auto* cmd =
-      app.add_subcommand("plan", "Choose duplicated or distributed per weight from the cost model");
+  auto* cmd = app.add_subcommand(
+      "plan",
+      "Choose per weight (duplicated or distributed, standard or Gram NS) and owner mode "
+      "for the model, from the cost model");
   struct Opts {
     std::vector<std::string> shapes;
-    std::string model, profile = "none", cost_model = "refined", map;
+    std::string model, profile = "none", cost_model = "refined", map, algorithm = "auto";
     int group_size = 8, partition_dim = 0, steps = 5, elem_size = 2;
     bool syrk = true, crosses = false, json = false, list_models = false;
   };
@@ -53,6 +55,11 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "Newton-Schulz steps")->capture_default_str();
   cmd->add_flag("--syrk,!--no-syrk", o->syrk, "Symmetric products with syrk (default) or gemm");
+  cmd->add_option("--ns-algorithm", o->algorithm,
+                  "Newton-Schulz algorithms auto may pick: auto (standard or gram), standard, "
+                  "gram")
+      ->check(CLI::IsMember({"auto", "standard", "gram"}))
+      ->capture_default_str();
   cmd->add_option("--elem-size", o->elem_size, "Bytes per element NS runs in (2 bf16, 4 fp32)")
       ->capture_default_str();
   cmd->add_option("--profile", o->profile,
@@ -85,6 +92,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
     opts.partition_dim = o->partition_dim;
     opts.steps = o->steps;
     opts.use_syrk = o->syrk;
+    opts.algorithm = parse_ns_algorithm(o->algorithm);
     opts.elem_size = o->elem_size;
     opts.crosses_domain = o->crosses;
     opts.model = parse_cost_model(o->cost_model);

@@ -15,21 +15,27 @@ void add_train_command(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand(
       "train", "Train the character-level model with Muon on weights sharded over the ranks");
   struct Opts {
-    std::string config, data, tp_mode, profile, cost_model, log, checkpoint, resume, plot, compare;
+    std::string config, data, tp_mode, profile, cost_model, log, checkpoint, resume, plot, compare,
+        ns_algorithm;
     std::uint64_t seed = 0;
     int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
     double progress = 10.0;
   };
   auto o = std::make_shared<Opts>();
-  const std::string modes = "blockwise|duplicated|distributed|auto";
+  const std::string modes = "blockwise|duplicated|distributed|owner|auto";
   cmd->add_option("--config", o->config,
                   "Training config JSON, merged over the embedded default (docs/training.md)");
   cmd->add_option("--data", o->data, "Text file to train on (default: the config's data.path)");
   auto* seed = cmd->add_option("--seed", o->seed, "Seed of weights, data split and batches");
   auto* steps = cmd->add_option("--steps", o->steps, "Training steps")->check(CLI::PositiveNumber);
-  const std::vector<std::string> mode_names{"blockwise", "duplicated", "distributed", "auto"};
+  const std::vector<std::string> mode_names{"blockwise", "duplicated", "distributed", "owner",
+                                            "auto"};
   cmd->add_option("--tp-mode", o->tp_mode, "How Newton-Schulz runs on the shards: " + modes)
       ->check(CLI::IsMember(mode_names));
+  cmd->add_option("--ns-algorithm", o->ns_algorithm,
+                  "Newton-Schulz algorithm: auto (tp-mode auto picks standard or gram per weight; "
+                  "standard with a fixed tp-mode), standard or gram")
+      ->check(CLI::IsMember({"auto", "standard", "gram"}));
   cmd->add_option("--profile", o->profile,
                   "Hardware profile for tp-mode auto: none, a built-in name (distmuon profiles) or "
                   "a JSON file (distmuon calibrate)");
@@ -69,6 +75,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       if (log_interval->count() > 0) config.train.log_every = o->log_interval;
       if (eval_interval->count() > 0) config.train.eval_every = o->eval_interval;
       if (!o->tp_mode.empty()) config.optimizer["tp_mode"] = o->tp_mode;
+      if (!o->ns_algorithm.empty()) config.optimizer["ns_algorithm"] = o->ns_algorithm;
       if (!o->profile.empty()) config.optimizer["profile"] = o->profile;
       if (!o->cost_model.empty()) config.optimizer["cost_model"] = o->cost_model;
       options = optimizer_options(config);

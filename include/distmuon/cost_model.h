@@ -1,6 +1,7 @@
 #pragma once
-// Cost model for choosing, per weight, between the duplicated and distributed TP modes, and
-// the tp_mode=auto resolver built on it.
+// Cost model for choosing, per weight, between the duplicated and distributed TP modes, each with
+// the standard or the Gram Newton-Schulz algorithm, and per bucket of weights owner mode against
+// the best per-weight choices; and the tp_mode=auto resolver built on it.
 //
 // CONTRACT (used by the optimizer; keep these declarations): AutoKey, AutoModeResolver.
 //
@@ -12,18 +13,23 @@
 //    two-step TP x GTP case, the norm all-reduce), ring latencies, and the payload bytes the
 //    counting communicator records.
 // Without a profile both compare FLOPs (a group that crosses an NVLink domain gives duplicated).
+// Only the refined model prices the Gram algorithm and owner mode; the reference model keeps the
+// original two candidates (duplicated, distributed with standard NS).
 
 #include <compare>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "distmuon/comm.h"
 #include "distmuon/hardware_profile.h"
 #include "distmuon/matrix.h"
+#include "distmuon/newton_schulz.h"
 #include "distmuon/tp.h"
 
 namespace distmuon {
@@ -39,8 +45,19 @@ struct AutoKey {
   int steps = 5;
   bool use_syrk = true;
   int elem_size = 4;  // bytes per element of the precision NS runs in (4 fp32, 2 bf16)
+  // The algorithms auto may pick: kStandard or kGram (pinned), kAuto (either; refined model).
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
+  int gram_restart = 0;  // the Gram algorithm's restart period (NsOptions::gram_restart)
   auto operator<=>(const AutoKey&) const = default;
 };
+
+// One candidate: a mode and the algorithm NS runs with.
+struct AutoChoice {
+  TpMode mode = TpMode::kDuplicated;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
+  auto operator<=>(const AutoChoice&) const = default;
+};
+std::string to_string(const AutoChoice& choice);  // "distributed", "owner+gram"
 
 enum class CostModel { kReference, kRefined };
 CostModel parse_cost_model(std::string_view name);  // "reference", "refined"; throws listing them
@@ -63,12 +80,26 @@ struct ModeCost {
 };
 
 struct CostEstimate {
-  ModeCost duplicated, distributed;
+  ModeCost duplicated, distributed;            // standard NS
+  ModeCost duplicated_gram, distributed_gram;  // Gram NS (refined model; else zero)
+  // Owner mode, this weight's share: the NS of the full matrix on its owner (compute and
+  // elementwise terms) and the bytes it moves (its padded matrix in and out, as payload). The
+  // time of a bucket (the busiest owner plus the all-to-alls) is estimate_owner_bucket's.
+  ModeCost owner, owner_gram;
   bool has_profile = false;
   bool crosses_domain = false;
-  TpMode choice = TpMode::kDuplicated;  // kDuplicated or kDistributed
-  // Seconds with a profile, FLOPs without (what the choice compares).
-  double cost(TpMode mode) const;
+  bool prices_gram = false;  // refined model: the *_gram and owner costs are filled
+  // The per-weight best among the candidates the key allows: duplicated or distributed, with
+  // algorithm standard or gram.
+  TpMode choice = TpMode::kDuplicated;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
+  AutoChoice best() const { return {choice, algorithm}; }
+  const ModeCost& of(TpMode mode, NsAlgorithm algorithm = NsAlgorithm::kStandard) const;
+  // Seconds with a profile, FLOPs without (what the choice compares). Owner: this weight's NS on
+  // its owner, without traffic.
+  double cost(TpMode mode, NsAlgorithm algorithm = NsAlgorithm::kStandard) const;
+  double cost(const AutoChoice& c) const { return cost(c.mode, c.algorithm); }
+  double best_cost() const { return cost(best()); }
 };
 
 // The reference model exactly: s = min(m, n), L = max(m, n), k = m / G, gram = 1 with syrk else 2;
@@ -84,6 +115,41 @@ CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profi
 // uses its own fitted latency and bandwidth. Otherwise the profile's datasheet figures apply.
 CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile);
 CostEstimate estimate(const AutoKey& key, const HardwareProfile* profile, CostModel model);
+
+// LPT (longest processing time first): items in decreasing cost (ties: lower index first) each go
+// to the least-loaded of `ranks` bins (ties: lower bin). Returns the bin of each item.
+// Deterministic; its makespan is at most 4/3 - 1/(3 ranks) of the optimum.
+std::vector<int> lpt_assign(std::span<const double> costs, int ranks);
+
+// Owner mode for a bucket of weights that share their groups (every key with the same group
+// sizes, partition and domain crossing): LPT assigns each weight to one of the
+// group_size x second_group_size ranks on its FLOPs (the executor's assignment), the busiest
+// owner's NS time is the compute term, and the gather and scatter all-to-alls are priced on the
+// busiest rank's bytes sent or received (at the all-gather rates) plus ring latencies.
+struct OwnerBucketEstimate {
+  std::vector<int> owners;              // per weight
+  std::vector<NsAlgorithm> algorithms;  // per weight: the cheaper allowed on the owner
+  double compute = 0;        // the busiest owner's NS: seconds with a profile, FLOPs without
+  double comm_s = 0;         // both all-to-alls (0 without a profile)
+  double payload_bytes = 0;  // the bucket's bytes through the all-to-alls (in and out)
+  double cost() const { return compute + comm_s; }
+};
+OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
+                                          std::span<const CostEstimate> estimates,
+                                          const HardwareProfile* profile);
+
+// auto over a bucket: owner (with each weight's cheaper algorithm) when its estimate beats the
+// sum of the per-weight best choices, else each weight's best. The reference model never picks
+// owner. Every key must describe the same groups.
+struct BucketPlan {
+  std::vector<AutoChoice> choices;           // per weight
+  double per_weight_cost = 0;                // the sum of the per-weight best costs
+  std::optional<OwnerBucketEstimate> owner;  // priced when the model and the keys allow it
+  bool chose_owner() const { return !choices.empty() && choices[0].mode == TpMode::kOwner; }
+};
+BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,
+                       CostModel model);
+
 // Throws distmuon::Error when a key cannot be estimated (non-positive sizes, steps, elem_size).
 void validate_key(const AutoKey& key);
 // "4096x1024 G=8 intra-domain" (with " dim=1" and " G2=2" when they apply).
@@ -101,16 +167,20 @@ class AutoModeResolver {
   AutoModeResolver(AutoModeResolver&&) noexcept;
   AutoModeResolver& operator=(AutoModeResolver&&) noexcept;
 
-  // kDuplicated or kDistributed. Cached per key; the first time a key is seen the group's rank 0
-  // evaluates the model and broadcasts the decision, so every rank agrees even when their local
-  // profiles differ. Logs the decision with its estimates once, at info level, on rank 0.
-  TpMode resolve(const AutoKey& key, const Communicator& group);
+  // The per-weight best (duplicated or distributed, standard or Gram NS as the key allows).
+  // Cached per key; the first time a key is seen the group's rank 0 evaluates the model and
+  // broadcasts the decision, so every rank agrees even when their local profiles differ. Logs the
+  // decision with every candidate's estimate once, at info level, on rank 0.
+  AutoChoice resolve(const AutoKey& key, const Communicator& group);
+  // plan_bucket on this rank alone (no collective: the caller shares the result). Logs each new
+  // key's candidates and the bucket's decision; records the choices as decisions.
+  BucketPlan plan(std::span<const AutoKey> keys);
 
   // Number of cost-model evaluations made by this rank (tests check the cache).
   std::size_t model_evaluations() const;
   // Decisions made so far (saved in checkpoints) and restoring them (on load).
-  const std::map<AutoKey, TpMode>& decisions() const;
-  void restore(const AutoKey& key, TpMode mode);
+  const std::map<AutoKey, AutoChoice>& decisions() const;
+  void restore(const AutoKey& key, const AutoChoice& choice);
 
   // The profile (empty for "none") and model this resolver estimates with.
   const std::optional<HardwareProfile>& profile() const;

@@ -1,19 +1,23 @@
 #pragma once
 // The per-model benchmark (`distmuon bench --model`): for every distinct Muon weight shape of a
-// model, the Newton-Schulz time of each TP mode measured as training runs it, set beside
-// tp_mode=auto's choice and the measured-fastest mode.
+// model, the Newton-Schulz time of each TP mode with each NS algorithm measured as training runs
+// it, owner mode measured over the whole model at once, set beside tp_mode=auto's plan and the
+// measured-fastest candidates.
 //
 // Each weight is sharded as the training run shards it: GTP rows (dim 0) over the whole group,
 // padded to ceil(m / G) rows per rank (RowSharding), and orthogonalised by the optimizer's code
-// path (the same call Muon::step makes). Timing follows bench.h (a run's time is the slowest
-// rank's, medians); the modes of a shape are interleaved round by round, so that a slow spell of a
-// shared machine hits every mode alike. Auto's choice comes from AutoModeResolver with the given
-// profile and cost model, on the key the optimizer builds (partition_dim 0, the group's size,
-// crosses_domain of the group, fp32).
+// path (the same calls Muon::step makes). Timing follows bench.h (a run's time is the slowest
+// rank's, medians); the candidates of a shape are interleaved round by round, so that a slow spell
+// of a shared machine hits every candidate alike. Auto's plan comes from AutoModeResolver::plan
+// with the given profile and cost model over every weight of the model (one bucket: they share
+// the group), on the keys the optimizer builds (partition_dim 0, the group's size,
+// crosses_domain of the group, fp32), planned on rank 0 and shared.
 //
-// Totals are per optimizer step, count-weighted medians: always-duplicated, always-distributed,
-// auto (each shape in auto's mode) and the oracle (each shape in its measured-fastest exact mode;
-// blockwise is reported for reference only, it changes the mathematics).
+// Totals are per optimizer step, count-weighted medians: always-duplicated and always-distributed
+// (standard NS: the modes before owner and Gram existed), each owner run, auto (owner's measured
+// time when it planned owner, else each shape in its planned candidate) and the oracle (the
+// fastest of: every shape in its measured-fastest exact per-weight candidate, and each owner run).
+// Blockwise is reported for reference only, it changes the mathematics.
 
 #include <cstdint>
 #include <filesystem>
@@ -37,7 +41,9 @@ struct ModelBenchConfig {
   std::vector<WeightShape> weights;                     // e.g. model_weights(model)
   // Must hold duplicated and distributed; blockwise is optional (reference); auto is refused.
   std::vector<TpMode> modes = {TpMode::kDuplicated, TpMode::kDistributed, TpMode::kBlockwise};
-  NsOptions ns;
+  NsOptions ns;  // ns.algorithm is ignored: see algorithm
+  // The algorithms measured and offered to auto: kAuto (standard and gram), or one of them.
+  NsAlgorithm algorithm = NsAlgorithm::kAuto;
   TimingOptions timing{1, 5};    // warm-up rounds and timed rounds
   std::string profile = "none";  // auto's profile spec (name, file or none)
   std::string cost_model = "refined";
@@ -48,6 +54,7 @@ struct ModelBenchConfig {
 
 struct ModelBenchMode {
   TpMode mode = TpMode::kDuplicated;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
   TimingSummary time;
 };
 
@@ -55,20 +62,33 @@ struct ModelBenchShape {
   Index m = 0, n = 0, count = 0;
   std::vector<std::string> names;
   Index shard_rows = 0, pad = 0;      // per rank, and zero rows appended to the weight
-  std::vector<ModelBenchMode> modes;  // in config order
-  AutoKey key;                        // what auto resolved
+  std::vector<ModelBenchMode> modes;  // config modes x algorithms, in config order
+  AutoKey key;                        // what auto planned on
   CostEstimate estimate;              // the cost model's estimate for the key
-  TpMode auto_mode = TpMode::kDuplicated;
-  TpMode fastest = TpMode::kDuplicated;  // of duplicated and distributed, by median
-  double regret = 0;                     // auto's median / fastest's median - 1
+  AutoChoice auto_choice;             // auto's plan (owner: for the whole model)
+  AutoChoice fastest;                 // the fastest exact per-weight candidate, by median
+  double regret = 0;  // per-weight plans: auto's median / fastest's median - 1 (owner: 0)
 
-  double median_s(TpMode mode) const;  // throws when the mode was not measured
+  // Throws when the candidate was not measured.
+  double median_s(TpMode mode, NsAlgorithm algorithm = NsAlgorithm::kStandard) const;
+};
+
+// Owner mode over every Muon weight of the model at once (one bucket, LPT owners).
+struct ModelBenchOwner {
+  std::string label;                    // "owner", "owner+gram", "owner (auto's algorithms)"
+  std::vector<NsAlgorithm> algorithms;  // per weight, shapes in order, count copies each
+  TimingSummary time;
+  double predicted_s = 0;  // estimate_owner_bucket's cost with a profile (else 0)
 };
 
 struct ModelBenchTotals {
   double duplicated_s = 0, distributed_s = 0, auto_s = 0, oracle_s = 0;
+  double per_weight_oracle_s = 0;  // every shape in its fastest per-weight candidate
   // The cost model's predictions of the same totals (seconds; zero without a profile).
   double predicted_duplicated_s = 0, predicted_distributed_s = 0, predicted_auto_s = 0;
+  double best_fixed_s() const {
+    return duplicated_s < distributed_s ? duplicated_s : distributed_s;
+  }
 };
 
 struct ModelBenchReport {
@@ -85,6 +105,9 @@ struct ModelBenchReport {
   TimingOptions timing;
   std::vector<TpMode> modes;
   std::vector<ModelBenchShape> shapes;  // distinct (m, n), in order of first appearance
+  std::vector<ModelBenchOwner> owner;   // measured with more than one rank
+  bool auto_owner = false;              // auto planned owner mode for the model
+  std::vector<NsAlgorithm> algorithms;  // the algorithms measured
   ModelBenchTotals totals;
 };
 

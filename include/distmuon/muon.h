@@ -68,7 +68,9 @@ struct MuonOptions {
   std::string custom_coefficients;       // "a,b,c;a,b,c;..." when coefficients == "custom"
   int steps = 5;                         // Newton-Schulz steps
   bool use_syrk = true;
-  NsAlgorithm ns_algorithm = NsAlgorithm::kStandard;  // JSON "ns_algorithm": standard, gram
+  // JSON "ns_algorithm": standard, gram, or auto (the default): with tp_mode auto the cost model
+  // picks standard or gram per weight; with a fixed tp_mode auto runs standard.
+  NsAlgorithm ns_algorithm = NsAlgorithm::kAuto;
   int gram_restart = 0;  // ns_algorithm gram: re-form the Gram matrix every N steps (0 = never)
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;
@@ -118,7 +120,8 @@ struct ParamInfo {
   bool muon = false;
   Index rows = 0, cols = 0;
   int tp_size = 1, gtp_size = 1;
-  std::optional<TpMode> mode;  // the mode used (auto: resolved); empty until resolved or AdamW
+  std::optional<TpMode> mode;  // the mode used (auto: planned); empty until planned or AdamW
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm used (once planned)
 };
 
 // Seconds of the last step() on this rank: total, and waiting in the parameters' collectives.
@@ -153,7 +156,7 @@ class Muon {
   void set_learning_rates(double muon_lr, double adamw_lr);
   std::vector<ParamInfo> parameters() const;
   // tp_mode auto: the decisions of the cost model so far, per key.
-  std::map<AutoKey, TpMode> auto_decisions() const;
+  std::map<AutoKey, AutoChoice> auto_decisions() const;
   MuonStepStats last_step_stats() const;
 
   struct Impl;

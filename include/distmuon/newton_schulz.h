@@ -63,8 +63,10 @@ enum class GramSide { kAuto, kRows, kCols };
 //             a step is Q <- P Q, R <- R P^2, and X = Q X_0 is formed once at the end. One Gram
 //             matrix of X (one all-reduce with a group) per call, plus one per restart: every
 //             gram_restart steps X = Q X_0 is formed and R re-formed from it (0 = never).
-enum class NsAlgorithm { kStandard, kGram };
-NsAlgorithm parse_ns_algorithm(std::string_view name);  // "standard", "gram"; throws otherwise
+//  kAuto:     not an algorithm: MuonOptions' "let tp_mode=auto pick standard or gram per weight"
+//             (standard when the mode is fixed). NsOptions rejects it.
+enum class NsAlgorithm { kStandard, kGram, kAuto };
+NsAlgorithm parse_ns_algorithm(std::string_view name);  // "standard", "gram", "auto"; throws
 const char* to_string(NsAlgorithm algorithm);
 
 struct NsOptions {

@@ -1,7 +1,9 @@
 #pragma once
 // Planning: the cost model applied to every Muon weight of a model (or to given shapes), the
-// choice per distinct shape, and the totals per optimizer step for always-duplicated,
-// always-distributed and auto. What `distmuon plan` prints.
+// choice per distinct shape (duplicated or distributed, standard or Gram NS), owner mode over
+// every weight at once, and the totals per optimizer step for always-duplicated,
+// always-distributed, the per-weight choices, owner and auto (the cheaper of the last two).
+// What `distmuon plan` prints.
 
 #include <filesystem>
 #include <optional>
@@ -23,6 +25,7 @@ struct PlanOptions {
   bool use_syrk = true;
   int elem_size = 2;  // NS in bf16, as Muon runs it on GPUs
   bool crosses_domain = false;
+  NsAlgorithm algorithm = NsAlgorithm::kAuto;  // the algorithms auto may pick (refined model)
   CostModel model = CostModel::kRefined;
   std::optional<HardwareProfile> profile;
 
@@ -43,6 +46,10 @@ struct Plan {
   std::vector<PlanRow> rows;  // in order of first appearance
   // Sums over all weights (count x per-weight cost): seconds with a profile, FLOPs without.
   double total_duplicated = 0, total_distributed = 0, total_auto = 0;
+  double total_per_weight = 0;  // every weight in its per-weight best choice
+  // Owner mode over every weight (refined model, G > 1): LPT owners, busiest owner + all-to-alls.
+  std::optional<OwnerBucketEstimate> owner;
+  bool auto_owner = false;  // auto picks owner (its cost is below total_per_weight)
   bool in_seconds() const { return options.profile.has_value(); }
 };
 
@@ -51,8 +58,9 @@ Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts)
 // The table and totals as text.
 std::string format_plan(const Plan& plan);
 // {"weights": [{"m", "n", "count", "group_size", "mode", "names", "cost": {"duplicated",
-// "distributed"}, "breakdown": {...}}], "totals": {"duplicated", "distributed", "auto",
-// "speedup_vs_duplicated", "speedup_vs_distributed"}, "units": "seconds" | "flops", "options"}.
+// "distributed", ...+gram, "owner"...}, "breakdown": {...}}], "totals": {"duplicated",
+// "distributed", "per_weight", "owner", "auto", "auto_mode", "speedup_vs_duplicated",
+// "speedup_vs_distributed"}, "units": "seconds" | "flops", "options"}.
 void to_json(nlohmann::json& j, const Plan& plan);
 
 // Draws the decision over a grid of (m, n) from 256 to 65536 for the plan's options, with the

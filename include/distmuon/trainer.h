@@ -62,6 +62,7 @@ struct ShapeDecision {
   Index m = 0, n = 0;
   std::vector<std::string> names;  // the weights of this shape, in parameter order
   TpMode mode = TpMode::kDuplicated;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
   bool sharded = false;  // false at one rank: plain NS, nothing to decide
   AutoKey key;           // what auto resolves on (the optimizer's key when it resolved one)
   CostEstimate estimate;

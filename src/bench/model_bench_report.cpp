@@ -28,6 +28,16 @@ json cost_json(const ModeCost& c, bool seconds) {
   return j;
 }
 
+json timing_json(const TimingSummary& t) {
+  json samples = json::array();
+  for (double v : t.samples_s)
+    samples.push_back(v * 1e3);
+  return {{"median_ms", t.median_s * 1e3},
+          {"min_ms", t.min_s * 1e3},
+          {"max_ms", t.max_s * 1e3},
+          {"samples_ms", samples}};
+}
+
 std::string label(const ModelBenchShape& s) {
   return fmt::format("{} {}x{} (x{})", fmt::join(s.names, ","), s.m, s.n, s.count);
 }
@@ -54,14 +64,14 @@ json to_json(const ModelBenchReport& r) {
   j["shapes"] = json::array();
   for (const ModelBenchShape& s : r.shapes) {
     json measured = json::object();
-    for (const ModelBenchMode& m : s.modes) {
-      json samples = json::array();
-      for (double t : m.time.samples_s)
-        samples.push_back(t * 1e3);
-      measured[to_string(m.mode)] = {{"median_ms", m.time.median_s * 1e3},
-                                     {"min_ms", m.time.min_s * 1e3},
-                                     {"max_ms", m.time.max_s * 1e3},
-                                     {"samples_ms", samples}};
+    for (const ModelBenchMode& m : s.modes)
+      measured[to_string(AutoChoice{m.mode, m.algorithm})] = timing_json(m.time);
+    json model = json::object();
+    for (TpMode mode : {TpMode::kDuplicated, TpMode::kDistributed, TpMode::kOwner}) {
+      for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+        if (s.estimate.prices_gram || (a == NsAlgorithm::kStandard && mode != TpMode::kOwner))
+          model[to_string(AutoChoice{mode, a})] = cost_json(s.estimate.of(mode, a), r.has_profile);
+      }
     }
     j["shapes"].push_back({{"m", s.m},
                            {"n", s.n},
@@ -70,20 +80,32 @@ json to_json(const ModelBenchReport& r) {
                            {"shard_rows", s.shard_rows},
                            {"pad", s.pad},
                            {"measured", measured},
-                           {"model",
-                            {{"duplicated", cost_json(s.estimate.duplicated, r.has_profile)},
-                             {"distributed", cost_json(s.estimate.distributed, r.has_profile)}}},
-                           {"auto", to_string(s.auto_mode)},
+                           {"model", model},
+                           {"auto", to_string(s.auto_choice)},
                            {"fastest", to_string(s.fastest)},
-                           {"auto_ms", s.median_s(s.auto_mode) * 1e3},
-                           {"fastest_ms", s.median_s(s.fastest) * 1e3},
+                           {"fastest_ms", s.median_s(s.fastest.mode, s.fastest.algorithm) * 1e3},
                            {"regret", s.regret}});
+    if (!r.auto_owner)
+      j["shapes"].back()["auto_ms"] = s.median_s(s.auto_choice.mode, s.auto_choice.algorithm) * 1e3;
   }
+  j["owner"] = json::array();
+  for (const ModelBenchOwner& o : r.owner) {
+    json algorithms = json::array();
+    for (NsAlgorithm a : o.algorithms)
+      algorithms.push_back(to_string(a));
+    j["owner"].push_back({{"label", o.label},
+                          {"algorithms", algorithms},
+                          {"measured", timing_json(o.time)},
+                          {"predicted_ms", o.predicted_s * 1e3}});
+  }
+  j["auto_owner"] = r.auto_owner;
   const ModelBenchTotals& t = r.totals;
   j["totals"] = {{"duplicated_ms", t.duplicated_s * 1e3},
                  {"distributed_ms", t.distributed_s * 1e3},
                  {"auto_ms", t.auto_s * 1e3},
                  {"oracle_ms", t.oracle_s * 1e3},
+                 {"per_weight_oracle_ms", t.per_weight_oracle_s * 1e3},
+                 {"auto_speedup_vs_best_fixed", ratio(t.best_fixed_s(), t.auto_s)},
                  {"auto_over_oracle", ratio(t.auto_s, t.oracle_s) - 1},
                  {"auto_speedup_vs_duplicated", ratio(t.duplicated_s, t.auto_s)},
                  {"auto_speedup_vs_distributed", ratio(t.distributed_s, t.auto_s)}};
@@ -98,35 +120,49 @@ json to_json(const ModelBenchReport& r) {
 std::string format_report(const ModelBenchReport& r) {
   std::string out = fmt::format(
       "distmuon bench --model {}: {} rank(s), weights row-sharded over G = {} as in training, {} "
-      "BLAS thread(s) per rank, {} x {} steps, {}; {} timed round(s) after {} warm-up, modes "
+      "BLAS thread(s) per rank, {} x {} steps, {}; {} timed round(s) after {} warm-up, candidates "
       "interleaved; a run's time is the slowest rank's\n"
       "auto: profile {}, {} model, {}\n\n",
       r.model, r.group_size, r.group_size, r.blas_threads, r.coefficients, r.steps,
       r.use_syrk ? "syrk" : "gemm", r.timing.reps, r.timing.warmup, r.profile, r.cost_model,
       r.crosses_domain ? "group crosses domains" : "group inside one domain");
+  out += "median ms per NS run of one weight";
+  out += r.has_profile ? " (the model's prediction in brackets)\n" : "\n";
   out += fmt::format("  {:<18} {:>5} {:>10}", "weight", "count", "shard");
-  for (TpMode m : r.modes)
-    out += fmt::format(" {:>15}", fmt::format("{}_ms", to_string(m)));
-  if (r.has_profile) out += fmt::format(" {:>10} {:>11}", "pred_dup", "pred_dist");
-  out += fmt::format(" {:<12} {:<12} {:>7}\n", " auto", " fastest", "regret");
+  const std::size_t k = r.shapes.empty() ? 0 : r.shapes.front().modes.size();
+  for (std::size_t c = 0; c < k; ++c) {
+    const ModelBenchMode& m = r.shapes.front().modes[c];
+    out += fmt::format(" {:>22}", to_string(AutoChoice{m.mode, m.algorithm}));
+  }
+  out += fmt::format("  {:<17} {:<17} {:>7}\n", "auto", "fastest", "regret");
   for (const ModelBenchShape& s : r.shapes) {
     out += fmt::format("  {:<18} {:>5} {:>10}",
                        fmt::format("{} {}", fmt::join(s.names, ","), shape_str(s.m, s.n)), s.count,
                        shape_str(s.shard_rows, s.n));
-    for (const ModelBenchMode& m : s.modes)
-      out += fmt::format(" {:>15.2f}", m.time.median_s * 1e3);
-    if (r.has_profile) {
-      out += fmt::format(" {:>10.4g} {:>11.4g}", s.estimate.duplicated.seconds() * 1e3,
-                         s.estimate.distributed.seconds() * 1e3);
+    for (const ModelBenchMode& m : s.modes) {
+      const bool priced = r.has_profile && m.mode != TpMode::kBlockwise &&
+                          (s.estimate.prices_gram || m.algorithm == NsAlgorithm::kStandard);
+      out += priced ? fmt::format(" {:>22}",
+                                  fmt::format("{:.2f} ({:.3g})", m.time.median_s * 1e3,
+                                              s.estimate.of(m.mode, m.algorithm).seconds() * 1e3))
+                    : fmt::format(" {:>22.2f}", m.time.median_s * 1e3);
     }
-    out += fmt::format(" {:<12} {:<12} {:>6.1f}%\n", " " + std::string(to_string(s.auto_mode)),
-                       " " + std::string(to_string(s.fastest)), s.regret * 100);
+    out += fmt::format("  {:<17} {:<17} {:>6.1f}%\n", to_string(s.auto_choice),
+                       to_string(s.fastest), s.regret * 100);
+  }
+  if (!r.owner.empty()) {
+    out += "\nowner mode over every weight at once (LPT owners, bucketed all-to-alls):\n";
+    for (const ModelBenchOwner& o : r.owner) {
+      out += fmt::format("  {:<28} {:>10.2f} ms", o.label, o.time.median_s * 1e3);
+      if (r.has_profile) out += fmt::format("   (predicted {:.4g} ms)", o.predicted_s * 1e3);
+      out += "\n";
+    }
   }
   const ModelBenchTotals& t = r.totals;
   out += "\ntotals per optimizer step (count x median" +
          std::string(r.has_profile ? "; predicted by the model" : "") + "):\n";
   const auto line = [&](const char* name, double measured, double predicted, std::string note) {
-    out += fmt::format("  {:<20} {:>10.2f} ms", name, measured * 1e3);
+    out += fmt::format("  {:<24} {:>10.2f} ms", name, measured * 1e3);
     if (r.has_profile && predicted > 0)
       out += fmt::format("   (predicted {:.4g} ms)", predicted * 1e3);
     out += note.empty() ? "\n" : "   " + note + "\n";
@@ -135,26 +171,33 @@ std::string format_report(const ModelBenchReport& r) {
        fmt::format("auto is {:.2f}x faster", ratio(t.duplicated_s, t.auto_s)));
   line("always distributed", t.distributed_s, t.predicted_distributed_s,
        fmt::format("auto is {:.2f}x faster", ratio(t.distributed_s, t.auto_s)));
-  line("auto", t.auto_s, t.predicted_auto_s,
-       fmt::format("{:+.1f}% over the oracle", (ratio(t.auto_s, t.oracle_s) - 1) * 100));
-  line("oracle (fastest)", t.oracle_s, 0, "");
+  line(r.auto_owner ? "auto (owner)" : "auto (per weight)", t.auto_s, t.predicted_auto_s,
+       fmt::format("{:+.1f}% over the oracle; {:.2f}x faster than the best of duplicated and "
+                   "distributed",
+                   (ratio(t.auto_s, t.oracle_s) - 1) * 100, ratio(t.best_fixed_s(), t.auto_s)));
+  line("oracle per weight", t.per_weight_oracle_s, 0, "");
+  line("oracle (all candidates)", t.oracle_s, 0, "");
   return out;
 }
 
 void render_model_bench_plot(const ModelBenchReport& r, const std::filesystem::path& png) {
   detail::GnuplotJob job("bench --plot");
   // One bar per (shape, mode) at x = shape + offset; auto's bar gets a marker above it.
-  const auto k = static_cast<double>(r.modes.size());
+  const std::size_t candidates = r.shapes.empty() ? 0 : r.shapes.front().modes.size();
+  const auto k = static_cast<double>(candidates);
   const double width = 0.8 / k;
-  static const char* const kColors[] = {"#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc"};
+  static const char* const kColors[] = {"#9ecae1", "#3182bd", "#fdae6b",
+                                        "#e6550d", "#a1d99b", "#31a354"};
   std::string bars, marks, tics;
-  for (std::size_t mi = 0; mi < r.modes.size(); ++mi) {
+  for (std::size_t mi = 0; mi < candidates; ++mi) {
     for (std::size_t si = 0; si < r.shapes.size(); ++si) {
       const ModelBenchShape& s = r.shapes[si];
       const double x = static_cast<double>(si) + (static_cast<double>(mi) - (k - 1) / 2) * width;
       const double ms = s.modes[mi].time.median_s * 1e3;
       bars += fmt::format("{} {}\n", x, ms);
-      if (s.modes[mi].mode == s.auto_mode) marks += fmt::format("{} {}\n", x, ms * 1.35);
+      if (!r.auto_owner && s.modes[mi].mode == s.auto_choice.mode &&
+          s.modes[mi].algorithm == s.auto_choice.algorithm)
+        marks += fmt::format("{} {}\n", x, ms * 1.35);
     }
     bars += "\n\n";  // one data block per mode
   }
@@ -164,10 +207,11 @@ void render_model_bench_plot(const ModelBenchReport& r, const std::filesystem::p
   const std::string bars_file = job.data("bars.dat", bars);
   const std::string marks_file = job.data("auto.dat", marks);
   std::string plot;
-  for (std::size_t mi = 0; mi < r.modes.size(); ++mi) {
+  for (std::size_t mi = 0; mi < candidates; ++mi) {
+    const ModelBenchMode& m = r.shapes.front().modes[mi];
     plot +=
         fmt::format("{} index {} using 1:2 with boxes fs solid 0.9 lc rgb \"{}\" title \"{}\", ",
-                    bars_file, mi, kColors[mi % 4], to_string(r.modes[mi]));
+                    bars_file, mi, kColors[mi % 6], to_string(AutoChoice{m.mode, m.algorithm}));
   }
   plot += fmt::format(
       "{} using 1:2 with points pt 7 ps 1.6 lc rgb \"black\" title \"auto's choice\"", marks_file);

@@ -149,6 +149,11 @@ void NsOptions::validate() const {
   if (coefficients.table.empty()) throw Error("Newton-Schulz options: empty coefficient set");
   coefficients.validate_steps(steps);
   if (!(eps > 0)) throw Error(fmt::format("Newton-Schulz options: eps must be > 0, got {}", eps));
+  if (algorithm == NsAlgorithm::kAuto) {
+    throw Error(
+        "Newton-Schulz options: algorithm 'auto' is chosen per weight by the optimizer's "
+        "tp_mode=auto; a Newton-Schulz run needs standard or gram");
+  }
   if (gram_restart < 0) {
     throw Error(fmt::format("Newton-Schulz options: gram_restart must be >= 0 (0 = never), got {}",
                             gram_restart));

@@ -28,7 +28,9 @@ namespace distmuon {
 NsAlgorithm parse_ns_algorithm(std::string_view name) {
   if (name == "standard") return NsAlgorithm::kStandard;
   if (name == "gram") return NsAlgorithm::kGram;
-  throw Error(fmt::format("unknown Newton-Schulz algorithm '{}'; valid: standard, gram", name));
+  if (name == "auto") return NsAlgorithm::kAuto;
+  throw Error(
+      fmt::format("unknown Newton-Schulz algorithm '{}'; valid: standard, gram, auto", name));
 }
 
 const char* to_string(NsAlgorithm algorithm) {
@@ -37,6 +39,8 @@ const char* to_string(NsAlgorithm algorithm) {
       return "standard";
     case NsAlgorithm::kGram:
       return "gram";
+    case NsAlgorithm::kAuto:
+      return "auto";
   }
   return "?";
 }
@@ -125,7 +129,7 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
   }
   compute.scale(x, static_cast<float>(1.0 / std::max(std::sqrt(ss), opts.eps)));
 
-  MatrixView x0 = x;                // the iterate Q applies to
+  MatrixView x0 = x;                 // the iterate Q applies to
   MatrixView spare = w.next.view();  // where X = Q X_0 is formed
   MatrixView r = w.gram.view(), p = w.poly.view(), q = w.gram_q.view();
   MatrixView t = w.gram_t.view(), u = w.gram_u.view();

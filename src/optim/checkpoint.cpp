@@ -41,7 +41,9 @@ void to_json(nlohmann::json& j, const AutoKey& k) {
        {"crosses_domain", k.crosses_domain},
        {"steps", k.steps},
        {"use_syrk", k.use_syrk},
-       {"elem_size", k.elem_size}};
+       {"elem_size", k.elem_size},
+       {"algorithm", to_string(k.algorithm)},
+       {"gram_restart", k.gram_restart}};
 }
 
 void from_json(const nlohmann::json& j, AutoKey& k) {
@@ -54,6 +56,10 @@ void from_json(const nlohmann::json& j, AutoKey& k) {
   j.at("steps").get_to(k.steps);
   j.at("use_syrk").get_to(k.use_syrk);
   j.at("elem_size").get_to(k.elem_size);
+  // Absent in checkpoints written before the Gram algorithm: the standard-only key.
+  k.algorithm = j.contains("algorithm") ? parse_ns_algorithm(j.at("algorithm").get<std::string>())
+                                        : NsAlgorithm::kStandard;
+  k.gram_restart = j.value("gram_restart", 0);
 }
 
 namespace {
@@ -189,7 +195,10 @@ void Muon::save(const std::filesystem::path& dir) {
                           {"gtp_rank", p.layout.gtp_rank},
                           {"expert_rank", p.spec.expert_rank},
                           {"tensors", tensors}};
-      if (p.mode) e["mode"] = to_string(*p.mode);
+      if (p.mode) {
+        e["mode"] = to_string(*p.mode);
+        e["algorithm"] = to_string(p.algorithm);
+      }
       if (p.auto_key) e["auto_key"] = *p.auto_key;
       params.push_back(e);
     }
@@ -229,7 +238,7 @@ void Muon::load(const std::filesystem::path& dir) {
   s.prepare();
   struct Loaded {
     std::vector<Matrix> tensors;
-    std::optional<TpMode> mode;
+    std::optional<AutoChoice> choice;
     std::optional<AutoKey> key;
   };
   std::vector<Loaded> loaded;
@@ -311,7 +320,11 @@ void Muon::load(const std::filesystem::path& dir) {
         const auto& e = ranks[static_cast<std::size_t>(r)].at("params")[i];
         if (e.contains("auto_key") && e.contains("mode")) {
           out.key = e.at("auto_key").get<AutoKey>();
-          out.mode = parse_tp_mode(e.at("mode").get<std::string>());
+          // "algorithm" is absent in checkpoints written before the Gram algorithm: standard.
+          out.choice = AutoChoice{parse_tp_mode(e.at("mode").get<std::string>()),
+                                  e.contains("algorithm")
+                                      ? parse_ns_algorithm(e.at("algorithm").get<std::string>())
+                                      : NsAlgorithm::kStandard};
         }
       }
       loaded.push_back(std::move(out));
@@ -331,10 +344,11 @@ void Muon::load(const std::filesystem::path& dir) {
       p.exp_avg = std::move(in.tensors[0]);
       p.exp_avg_sq = std::move(in.tensors[1]);
     }
-    if (in.mode) {
-      p.mode = in.mode;
+    if (in.choice) {
+      p.mode = in.choice->mode;
+      p.algorithm = in.choice->algorithm;
       p.auto_key = in.key;
-      restore_auto_decision(s, *in.key, *in.mode);
+      restore_auto_decision(s, *in.key, *in.choice);
     }
   }
 }

@@ -63,7 +63,7 @@ void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
   if (s.scratch.rows() != w.rows || s.scratch.cols() != w.cols) s.scratch = Matrix(w.rows, w.cols);
   const MatrixView u = s.scratch.view();
   muon_direction(s.options, p, g, u);
-  detail::orthogonalize_shard(u, p.layout, p.tp, p.gtp, s.mode_of(p), s.ns,
+  detail::orthogonalize_shard(u, p.layout, p.tp, p.gtp, *p.mode, s.ns_of(p),
                               muon_scale_fn(s.options));
   cpu_compute().axpby(static_cast<float>(-s.options.lr), u, 1.0f, w);
 }
@@ -82,7 +82,7 @@ void owner_update(Muon::Impl& s, std::span<const std::size_t> owned,
     if (updates[k].rows() != w.rows || updates[k].cols() != w.cols)
       updates[k] = Matrix(w.rows, w.cols);
     muon_direction(s.options, p, grads[owned[k]], updates[k].view());
-    weights.push_back({updates[k].view(), &p.layout, &p.tp, &p.gtp});
+    weights.push_back({updates[k].view(), &p.layout, &p.tp, &p.gtp, p.algorithm});
   }
   s.owner->orth.run(weights, s.ns, muon_scale_fn(s.options));
   for (std::size_t k = 0; k < owned.size(); ++k) {
@@ -94,7 +94,13 @@ void owner_update(Muon::Impl& s, std::span<const std::size_t> owned,
 }  // namespace
 
 Muon::Impl::Impl(MuonOptions o, Communicator w)
-    : options(std::move(o)), ns(options.ns_options()), world(std::move(w)) {}
+    : options(std::move(o)), ns(options.ns_options()), world(std::move(w)), ns_gram(ns) {
+  ns_gram.algorithm = NsAlgorithm::kGram;
+}
+
+NsAlgorithm Muon::Impl::fixed_algorithm() const {
+  return options.ns_algorithm == NsAlgorithm::kAuto ? NsAlgorithm::kStandard : options.ns_algorithm;
+}
 
 nlohmann::json Muon::Impl::config() const {
   nlohmann::json list = nlohmann::json::array();
@@ -133,13 +139,18 @@ void Muon::Impl::prepare() {
   prepared = true;
 }
 
-TpMode Muon::Impl::mode_of(ParamState& p) {
-  if (p.mode) return *p.mode;
-  if (options.tp_mode != TpMode::kAuto) return *(p.mode = options.tp_mode);
-  // auto resolves to duplicated or distributed per weight. Owner is not offered yet: it is a
-  // decision over a bucket (its LPT makespan against the per-weight costs). Once the resolver
-  // can return kOwner, step() already runs such parameters through the owner buckets.
-  return resolve_auto_mode(*this, p);
+void Muon::Impl::plan() {
+  bool pending = false;
+  for (ParamState& p : params) {
+    if (!p.muon || p.mode) continue;
+    if (options.tp_mode != TpMode::kAuto) {
+      p.mode = options.tp_mode;
+      p.algorithm = fixed_algorithm();
+    } else {
+      pending = true;
+    }
+  }
+  if (pending) plan_auto_modes(*this);
 }
 
 Muon::Muon(MuonOptions options, Communicator world) {
@@ -198,7 +209,10 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   if (p.muon) {
     p.momentum = Matrix(ps.local.rows, ps.local.cols);
     // One full matrix per rank: plain NS whatever the mode; auto has nothing to decide.
-    if (!p.sharded() && s.options.tp_mode == TpMode::kAuto) p.mode = TpMode::kDuplicated;
+    if (!p.sharded() && s.options.tp_mode == TpMode::kAuto) {
+      p.mode = TpMode::kDuplicated;
+      p.algorithm = s.fixed_algorithm();
+    }
   } else {
     p.exp_avg = Matrix(ps.local.rows, ps.local.cols);
     p.exp_avg_sq = Matrix(ps.local.rows, ps.local.cols);
@@ -208,11 +222,8 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   return s.params.size() - 1;
 }
 
-void Muon::step(std::span<const ConstMatrixView> grads) {
-  Impl& s = *impl_;
-  const auto start = std::chrono::steady_clock::now();
-  *s.comm_seconds = 0.0;
-  s.prepare();
+void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads) const {
+  const Impl& s = *this;
   std::string reason;
   if (grads.size() != s.params.size()) {
     reason = fmt::format("{} gradients for {} parameters", grads.size(), s.params.size());
@@ -238,11 +249,20 @@ void Muon::step(std::span<const ConstMatrixView> grads) {
     }
   }
   s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
+}
+
+void Muon::step(std::span<const ConstMatrixView> grads) {
+  Impl& s = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  *s.comm_seconds = 0.0;
+  s.prepare();
+  s.validate_gradients(grads);
+  s.plan();
   ++s.step;
   std::vector<std::size_t> owned;  // tp_mode owner: orthogonalised together after the loop
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
-    if (p.muon && s.mode_of(p) == TpMode::kOwner) {
+    if (p.muon && *p.mode == TpMode::kOwner) {
       owned.push_back(i);
     } else if (p.muon) {
       muon_update(s, p, grads[i]);
@@ -278,7 +298,7 @@ std::vector<ParamInfo> Muon::parameters() const {
   std::vector<ParamInfo> out;
   for (const ParamState& p : impl_->params) {
     out.push_back({p.spec.name, p.muon, p.spec.rows, p.spec.cols, p.layout.tp_size,
-                   p.layout.gtp_size, p.muon ? p.mode : std::nullopt});
+                   p.layout.gtp_size, p.muon ? p.mode : std::nullopt, p.algorithm});
   }
   return out;
 }

@@ -2,6 +2,9 @@
 // one decision shared by every rank that holds a piece of the weight.
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "distmuon/checkpoint.h"
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/topology.h"
@@ -30,57 +33,148 @@ bool probe(AutoState& a, const Communicator& group) {
 
 }  // namespace
 
-TpMode resolve_auto_mode(Muon::Impl& s, ParamState& p) {
-  DISTMUON_ASSERT(s.auto_state != nullptr, "tp_mode auto without a resolver");
+namespace {
+
+// The cost model's key of an auto parameter and the group it is resolved over (the larger one;
+// the smaller one is all-gathered first in the two-step TP x GTP case).
+struct KeyOf {
+  AutoKey key;
+  bool crosses = false;  // this rank's probe of the weight's groups
+};
+
+KeyOf key_of(Muon::Impl& s, ParamState& p) {
   AutoState& a = *s.auto_state;
   const detail::ShardLayout& l = p.layout;
   const bool tp_on = l.tp_dim != kNoPartition && l.tp_size > 1;
   const bool gtp_on = l.gtp_size > 1;
   DISTMUON_ASSERT(tp_on || gtp_on, "auto on an unsharded parameter");
-  AutoKey key{.m = l.m, .n = l.n, .steps = s.ns.steps, .use_syrk = s.ns.use_syrk, .elem_size = 4};
-  const Communicator* larger = &p.gtp;    // distributes
-  const Communicator* smaller = nullptr;  // two-step: all-gathered first
+  KeyOf out;
+  AutoKey& key = out.key;
+  key = {.m = l.m,
+         .n = l.n,
+         .steps = s.ns.steps,
+         .use_syrk = s.ns.use_syrk,
+         .elem_size = 4,
+         .algorithm = s.options.ns_algorithm,
+         .gram_restart = s.ns.gram_restart};
   if (tp_on && gtp_on) {
     const bool over_gtp = l.gtp_size >= l.tp_size;  // a tie distributes over GTP
-    larger = over_gtp ? &p.gtp : &p.tp;
-    smaller = over_gtp ? &p.tp : &p.gtp;
-    key.group_size = larger->size();
-    key.second_group_size = smaller->size();
+    key.group_size = over_gtp ? l.gtp_size : l.tp_size;
+    key.second_group_size = over_gtp ? l.tp_size : l.gtp_size;
     key.partition_dim = over_gtp ? 0 : l.tp_dim;
   } else if (gtp_on) {
     key.group_size = l.gtp_size;
     key.partition_dim = 0;
   } else {
-    larger = &p.tp;
     key.group_size = l.tp_size;
     key.partition_dim = l.tp_dim;
   }
-  // The weight crosses a domain when either of its groups does. In the two-step case the OR is
-  // taken over every group that holds a piece of the weight, so all those ranks build one key.
-  bool crosses = probe(a, *larger) || (smaller != nullptr && probe(a, *smaller));
-  if (smaller != nullptr) {
-    crosses = smaller->all_reduce<std::int32_t>(crosses ? 1 : 0, ReduceOp::kMax) != 0;
-    crosses = larger->all_reduce<std::int32_t>(crosses ? 1 : 0, ReduceOp::kMax) != 0;
-  }
-  key.crosses_domain = crosses;
-  TpMode mode = a.resolver.resolve(key, *larger);
-  if (smaller != nullptr) {
-    // Every larger group decided on its own rank 0; the smaller group's rank 0 lies in one and
-    // the same larger group for all of them, so its decision becomes everybody's.
-    std::int32_t m = static_cast<std::int32_t>(mode);
-    smaller->broadcast(std::span<std::int32_t>(&m, 1), 0);
-    mode = static_cast<TpMode>(m);
-  }
-  p.mode = mode;
-  p.auto_key = key;
-  return mode;
+  out.crosses = (gtp_on && probe(a, p.gtp)) || (tp_on && probe(a, p.tp));
+  return out;
 }
 
-void restore_auto_decision(Muon::Impl& s, const AutoKey& key, TpMode mode) {
-  if (s.auto_state != nullptr) s.auto_state->resolver.restore(key, mode);
+// A bucket: the auto parameters that share their groups, as owner mode runs them together.
+std::vector<std::vector<std::size_t>> buckets_of(const Muon::Impl& s,
+                                                 const std::vector<std::size_t>& todo) {
+  std::vector<std::vector<std::size_t>> buckets;
+  std::vector<std::pair<const CommImpl*, const CommImpl*>> groups;
+  for (const std::size_t i : todo) {
+    const ParamState& p = s.params[i];
+    const bool tp_on = p.layout.tp_dim != kNoPartition && p.layout.tp_size > 1;
+    const std::pair<const CommImpl*, const CommImpl*> g{
+        tp_on ? p.tp.impl_ptr().get() : nullptr,
+        p.layout.gtp_size > 1 ? p.gtp.impl_ptr().get() : nullptr};
+    const auto it = std::find(groups.begin(), groups.end(), g);
+    if (it == groups.end()) {
+      groups.push_back(g);
+      buckets.push_back({i});
+    } else {
+      buckets[static_cast<std::size_t>(it - groups.begin())].push_back(i);
+    }
+  }
+  return buckets;
 }
 
-std::map<AutoKey, TpMode> Muon::auto_decisions() const {
+constexpr std::int64_t kFailed = -1;
+
+}  // namespace
+
+void plan_auto_modes(Muon::Impl& s) {
+  DISTMUON_ASSERT(s.auto_state != nullptr, "tp_mode auto without a resolver");
+  std::vector<std::size_t> todo;
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    if (s.params[i].muon && !s.params[i].mode) todo.push_back(i);
+  }
+  if (todo.empty()) return;
+  // Keys on every rank; a weight crosses a domain when any group holding a piece of it does, on
+  // any rank (one all-reduce for all of them).
+  std::vector<AutoKey> keys;
+  std::vector<std::int32_t> crosses;
+  for (const std::size_t i : todo) {
+    const KeyOf k = key_of(s, s.params[i]);
+    keys.push_back(k.key);
+    crosses.push_back(k.crosses ? 1 : 0);
+  }
+  s.world.all_reduce(std::span<std::int32_t>(crosses), ReduceOp::kMax);
+  std::string text;
+  for (std::size_t j = 0; j < todo.size(); ++j) {
+    keys[j].crosses_domain = crosses[j] != 0;
+    text += describe(keys[j]) + ";";
+  }
+  // World rank 0 plans every bucket and shares the codes (first: a status, then the hash of the
+  // keys it planned, then one code per parameter).
+  std::vector<std::int64_t> msg(todo.size() + 2, 0);
+  const auto hash = static_cast<std::int64_t>(fnv1a64(text.data(), text.size()));
+  std::string failure;
+  if (s.world.rank() == 0) {
+    try {
+      for (const std::vector<std::size_t>& bucket : buckets_of(s, todo)) {
+        std::vector<AutoKey> bucket_keys;
+        std::vector<std::size_t> at;
+        for (const std::size_t i : bucket) {
+          at.push_back(
+              static_cast<std::size_t>(std::find(todo.begin(), todo.end(), i) - todo.begin()));
+          bucket_keys.push_back(keys[at.back()]);
+        }
+        const BucketPlan plan = s.auto_state->resolver.plan(bucket_keys);
+        for (std::size_t k = 0; k < at.size(); ++k) {
+          msg[at[k] + 2] = static_cast<std::int64_t>(plan.choices[k].mode) * 4 +
+                           static_cast<std::int64_t>(plan.choices[k].algorithm);
+        }
+      }
+      msg[1] = hash;
+    } catch (const std::exception& e) {
+      msg[0] = kFailed;
+      failure = e.what();
+    }
+  }
+  s.world.broadcast(std::span<std::int64_t>(msg), 0);
+  if (msg[0] == kFailed) {
+    const std::string why = s.world.broadcast_string(failure, 0);
+    throw CollectiveError(fmt::format("tp_mode=auto: rank 0 could not plan the modes: {}", why));
+  }
+  const bool same = msg[1] == hash;
+  s.world.agree_or_throw(
+      same, "tp_mode=auto",
+      same ? std::string()
+           : fmt::format("rank {} plans different weights or settings than rank 0: {}",
+                         s.world.rank(), text));
+  for (std::size_t j = 0; j < todo.size(); ++j) {
+    ParamState& p = s.params[todo[j]];
+    const AutoChoice choice{static_cast<TpMode>(msg[j + 2] / 4),
+                            static_cast<NsAlgorithm>(msg[j + 2] % 4)};
+    p.mode = choice.mode;
+    p.algorithm = choice.algorithm;
+    p.auto_key = keys[j];
+    s.auto_state->resolver.restore(keys[j], choice);
+  }
+}
+
+void restore_auto_decision(Muon::Impl& s, const AutoKey& key, const AutoChoice& choice) {
+  if (s.auto_state != nullptr) s.auto_state->resolver.restore(key, choice);
+}
+
+std::map<AutoKey, AutoChoice> Muon::auto_decisions() const {
   if (impl_->auto_state == nullptr) return {};
   return impl_->auto_state->resolver.decisions();
 }

@@ -21,10 +21,11 @@ struct ParamState {
   Communicator gtp;
   detail::ShardLayout layout;
   bool muon = false;
-  Matrix momentum;                  // Muon: shard-shaped
-  Matrix exp_avg, exp_avg_sq;       // AdamW: shard-shaped
-  std::optional<TpMode> mode;       // Muon: the mode used (auto: once resolved)
-  std::optional<AutoKey> auto_key;  // auto: the key it was resolved on
+  Matrix momentum;                                 // Muon: shard-shaped
+  Matrix exp_avg, exp_avg_sq;                      // AdamW: shard-shaped
+  std::optional<TpMode> mode;                      // Muon: the mode used (auto: once planned)
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm (auto: planned)
+  std::optional<AutoKey> auto_key;                 // auto: the key it was resolved on
   bool sharded() const { return layout.tp_dim != kNoPartition || layout.gtp_size > 1; }
 };
 
@@ -46,6 +47,7 @@ struct Muon::Impl {
   Matrix scratch;
   std::unique_ptr<AutoState, void (*)(AutoState*)> auto_state{nullptr, nullptr};
   std::shared_ptr<detail::OwnerStep> owner;  // tp_mode owner, created on the first step
+  NsOptions ns_gram;                         // ns with the Gram algorithm
 
   Impl(MuonOptions o, Communicator w);
   // The rank-independent configuration: options and every parameter's global metadata.
@@ -53,18 +55,29 @@ struct Muon::Impl {
   // Collective over the world: the configuration is the same on every rank, else
   // CollectiveError on every rank naming the first difference.
   void prepare();
-  // The mode of a Muon parameter; resolves tp_mode=auto the first time (collective over its
-  // groups).
-  TpMode mode_of(ParamState& p);
+  // Gives every Muon parameter its mode and NS algorithm: fixed by the options, or planned by
+  // tp_mode=auto for all pending parameters at once (collective over the world). Called before
+  // a step's first collective.
+  void plan();
+  // The algorithm of a parameter whose mode is not planned by auto.
+  NsAlgorithm fixed_algorithm() const;
+  // Collective over the world: every gradient matches its shard and is finite (padding rows
+  // aside), else CollectiveError on every rank naming the parameter. Nothing is updated.
+  void validate_gradients(std::span<const ConstMatrixView> grads) const;
+  // The NS options of a planned parameter (its algorithm).
+  const NsOptions& ns_of(const ParamState& p) const {
+    return p.algorithm == NsAlgorithm::kGram ? ns_gram : ns;
+  }
 };
 
 // tp_mode=auto (muon_auto.cpp). The resolver of the options' profile and cost model; throws on
 // an invalid profile or model.
 std::unique_ptr<AutoState, void (*)(AutoState*)> make_auto_state(const MuonOptions& options);
-// Resolves p's mode over its groups and records it in p.
-TpMode resolve_auto_mode(Muon::Impl& impl, ParamState& p);
+// Plans the mode and algorithm of every Muon parameter without one (collective over the world:
+// world rank 0 plans each bucket of parameters sharing their groups, and shares the result).
+void plan_auto_modes(Muon::Impl& impl);
 // Restores a saved decision into the resolver's cache (checkpoint load).
-void restore_auto_decision(Muon::Impl& impl, const AutoKey& key, TpMode mode);
+void restore_auto_decision(Muon::Impl& impl, const AutoKey& key, const AutoChoice& choice);
 
 void to_json(nlohmann::json& j, const AutoKey& k);
 void from_json(const nlohmann::json& j, AutoKey& k);

@@ -109,7 +109,7 @@ NsOptions MuonOptions::ns_options() const {
   }
   o.steps = steps;
   o.use_syrk = use_syrk;
-  o.algorithm = ns_algorithm;
+  o.algorithm = ns_algorithm == NsAlgorithm::kAuto ? NsAlgorithm::kStandard : ns_algorithm;
   o.gram_restart = gram_restart;
   return o;
 }

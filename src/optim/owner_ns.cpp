@@ -61,34 +61,12 @@ std::string describe(const ShardLayout& l) {
 }  // namespace
 
 OwnerCostFn ns_flops_cost(const NsOptions& ns) {
-  return [ns](const ShardLayout& l) {
-    return ns_flops(l.m, l.n, ns.steps, ns.use_syrk, GramSide::kAuto, &ns.coefficients);
+  return [ns](const ShardLayout& l, NsAlgorithm algorithm) {
+    NsOptions o = ns;
+    o.side = GramSide::kAuto;
+    o.algorithm = algorithm;
+    return ns_flops(l.m, l.n, o);
   };
-}
-
-std::vector<int> lpt_assign(std::span<const double> costs, int ranks) {
-  if (ranks < 1) throw Error(fmt::format("lpt_assign: {} ranks", ranks));
-  std::vector<std::size_t> order(costs.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return costs[a] > costs[b]; });
-  std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
-  std::vector<int> owner(costs.size(), 0);
-  for (const std::size_t i : order) {
-    // min_element returns the first (lowest) bin among equal loads.
-    const auto bin = std::min_element(load.begin(), load.end()) - load.begin();
-    owner[i] = static_cast<int>(bin);
-    load[static_cast<std::size_t>(bin)] += costs[i];
-  }
-  return owner;
-}
-
-double makespan(std::span<const double> costs, std::span<const int> owners, int ranks) {
-  DISTMUON_ASSERT(costs.size() == owners.size(), "one owner per cost");
-  std::vector<double> load(static_cast<std::size_t>(std::max(ranks, 1)), 0.0);
-  for (std::size_t i = 0; i < costs.size(); ++i)
-    load.at(static_cast<std::size_t>(owners[i])) += costs[i];
-  return *std::max_element(load.begin(), load.end());
 }
 
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
@@ -187,8 +165,12 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   }
 
   // The owner's NS: the code duplicated mode runs on the same matrix.
+  NsOptions gram = ns;
+  gram.algorithm = NsAlgorithm::kGram;
   for (std::size_t i = 0; i < n_items; ++i) {
-    if (mine(i)) orthogonalize_full(full[i].view(), layout(i), ns, scale, compute);
+    if (!mine(i)) continue;
+    orthogonalize_full(full[i].view(), layout(i),
+                       items[i].algorithm == NsAlgorithm::kGram ? gram : ns, scale, compute);
   }
 
   // Scatter, stage 2 reversed: the owner sends TP rank j its TP-local block.
@@ -267,7 +249,7 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
   const Grid grid = grid_of(first);
   std::string composition = fmt::format("grid {}x{}", grid.T, grid.G);
   for (const OwnerItem& it : items)
-    composition += ";" + describe(*it.layout);
+    composition += fmt::format(";{}:{}", describe(*it.layout), to_string(it.algorithm));
   Key key{tp_on(first) ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
           composition};
   if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
@@ -304,7 +286,7 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
   std::vector<double> costs;
   costs.reserve(items.size());
   for (const OwnerItem& it : items)
-    costs.push_back(cost_(*it.layout));
+    costs.push_back(cost_(*it.layout, it.algorithm));
   return cache_.emplace(std::move(key), lpt_assign(costs, grid.T * grid.G)).first->second;
 }
 
@@ -322,7 +304,9 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     const Weight& w = weights[i];
     DISTMUON_ASSERT(w.layout != nullptr && w.tp != nullptr && w.gtp != nullptr, "owner weight");
     if (!sharded(*w.layout)) {
-      orthogonalize_shard(w.shard, *w.layout, *w.tp, *w.gtp, TpMode::kDuplicated, ns, scale,
+      NsOptions local = ns;
+      local.algorithm = w.algorithm;
+      orthogonalize_shard(w.shard, *w.layout, *w.tp, *w.gtp, TpMode::kDuplicated, local, scale,
                           compute);
       continue;
     }
@@ -339,7 +323,7 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
   for (const Bucket& b : buckets) {
     items.clear();
     for (const std::size_t i : b.index)
-      items.push_back({weights[i].shard, weights[i].layout});
+      items.push_back({weights[i].shard, weights[i].layout, weights[i].algorithm});
     const std::vector<int>& owners = owners_for(items, *b.tp, *b.gtp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
       last_owners_[b.index[k]] = owners[k];

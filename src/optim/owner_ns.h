@@ -28,29 +28,25 @@
 
 #include "distmuon/comm.h"
 #include "distmuon/compute.h"
+#include "distmuon/cost_model.h"
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
 #include "optim/sharded_ns.h"
 
 namespace distmuon::detail {
 
-// Estimated cost (any unit, larger is slower) of orthogonalising one weight on its owner.
-using OwnerCostFn = std::function<double(const ShardLayout&)>;
-// The default estimate: ns_flops of the full m x n matrix with ns's steps, syrk setting and
-// coefficients (the cost model can supply a finer one, e.g. with the gather traffic).
+// Estimated cost (any unit, larger is slower) of orthogonalising one weight on its owner with an
+// algorithm.
+using OwnerCostFn = std::function<double(const ShardLayout&, NsAlgorithm)>;
+// The default estimate: ns_flops of the full m x n matrix with ns's settings and the algorithm
+// (the cost model's owner estimate assigns on the same FLOPs: estimate_owner_bucket).
 OwnerCostFn ns_flops_cost(const NsOptions& ns);
-
-// LPT: items in decreasing cost (ties: lower index first) each go to the least-loaded of `ranks`
-// bins (ties: lower bin). Returns the bin of each item. Deterministic; makespan at most
-// 4/3 - 1/(3 ranks) of the optimum.
-std::vector<int> lpt_assign(std::span<const double> costs, int ranks);
-// The largest total cost of any bin under an assignment.
-double makespan(std::span<const double> costs, std::span<const int> owners, int ranks);
 
 // One weight of a bucket: this rank's update shard (shard_rows x n_tp, any ld) and its layout.
 struct OwnerItem {
   MatrixView shard;
   const ShardLayout* layout = nullptr;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;  // the owner's NS (ns's other settings)
 };
 
 // Orthogonalises and scales a bucket in place: owners[i] (t + T g) runs NS for items[i]. Every
@@ -73,6 +69,7 @@ class OwnerOrthogonalizer {
     const ShardLayout* layout = nullptr;
     const Communicator* tp = nullptr;   // this rank's TP group (any size when not TP-sharded)
     const Communicator* gtp = nullptr;  // this rank's GTP group
+    NsAlgorithm algorithm = NsAlgorithm::kStandard;
   };
   void run(std::span<const Weight> weights, const NsOptions& ns, const ScaleFn& scale,
            Compute& compute = cpu_compute());

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <cstdint>
+#include <set>
+#include <vector>
 
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
@@ -13,7 +15,7 @@ namespace distmuon {
 namespace {
 
 // The key as broadcast by rank 0, after the decision code.
-constexpr std::size_t kFields = 10;
+constexpr std::size_t kFields = 12;
 std::array<std::int64_t, kFields> pack(std::int64_t code, const AutoKey& k) {
   return {code,
           k.m,
@@ -24,20 +26,56 @@ std::array<std::int64_t, kFields> pack(std::int64_t code, const AutoKey& k) {
           k.crosses_domain ? 1 : 0,
           k.steps,
           k.use_syrk ? 1 : 0,
-          k.elem_size};
+          k.elem_size,
+          static_cast<std::int64_t>(k.algorithm),
+          k.gram_restart};
 }
 
 constexpr std::int64_t kFailed = -1;
-constexpr std::int64_t kDuplicatedCode = 0;
-constexpr std::int64_t kDistributedCode = 1;
+// A choice as one code: mode * 4 + algorithm.
+std::int64_t code_of(const AutoChoice& c) {
+  return static_cast<std::int64_t>(c.mode) * 4 + static_cast<std::int64_t>(c.algorithm);
+}
+AutoChoice choice_of(std::int64_t code) {
+  return {static_cast<TpMode>(code / 4), static_cast<NsAlgorithm>(code % 4)};
+}
+
+// "duplicated 1.20 ms, duplicated+gram 0.61 ms, ..." for the candidates an estimate priced.
+std::string candidates(const AutoKey& key, const CostEstimate& e) {
+  std::vector<std::string> parts;
+  for (TpMode mode : {TpMode::kDuplicated, TpMode::kDistributed, TpMode::kOwner}) {
+    if (mode == TpMode::kOwner && !e.prices_gram) continue;
+    for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+      if (a == NsAlgorithm::kGram && !e.prices_gram) continue;
+      if (key.algorithm != NsAlgorithm::kAuto && key.algorithm != a && e.prices_gram) continue;
+      parts.push_back(fmt::format("{} {}{}", to_string(AutoChoice{mode, a}),
+                                  format_cost(e.cost(mode, a), e.has_profile),
+                                  mode == TpMode::kOwner ? " (NS on the owner)" : ""));
+    }
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
 
 }  // namespace
 
 struct AutoModeResolver::Impl {
   std::optional<HardwareProfile> profile;
   CostModel model = CostModel::kRefined;
-  std::map<AutoKey, TpMode> decisions;
+  std::map<AutoKey, AutoChoice> decisions;
+  std::set<AutoKey> logged;
   std::size_t evaluations = 0;
+
+  const HardwareProfile* profile_ptr() const { return profile ? &*profile : nullptr; }
+  // Estimates a key, logging its candidates the first time.
+  CostEstimate evaluate(const AutoKey& key) {
+    CostEstimate est = estimate(key, profile_ptr(), model);
+    ++evaluations;
+    if (logged.insert(key).second) {
+      spdlog::info("tp_mode=auto: {} -> {} ({})", describe(key), to_string(est.best()),
+                   candidates(key, est));
+    }
+    return est;
+  }
 };
 
 AutoModeResolver::AutoModeResolver(const std::string& profile_spec, const std::string& cost_model)
@@ -50,21 +88,14 @@ AutoModeResolver::~AutoModeResolver() = default;
 AutoModeResolver::AutoModeResolver(AutoModeResolver&&) noexcept = default;
 AutoModeResolver& AutoModeResolver::operator=(AutoModeResolver&&) noexcept = default;
 
-TpMode AutoModeResolver::resolve(const AutoKey& key, const Communicator& group) {
+AutoChoice AutoModeResolver::resolve(const AutoKey& key, const Communicator& group) {
   if (const auto it = impl_->decisions.find(key); it != impl_->decisions.end()) return it->second;
 
   std::int64_t code = kFailed;
   std::string failure;
   if (group.rank() == 0) {
     try {
-      const HardwareProfile* p = impl_->profile ? &*impl_->profile : nullptr;
-      const CostEstimate est = estimate(key, p, impl_->model);
-      ++impl_->evaluations;
-      code = est.choice == TpMode::kDistributed ? kDistributedCode : kDuplicatedCode;
-      spdlog::info("tp_mode=auto: {} -> {} (duplicated {}, distributed {})", describe(key),
-                   to_string(est.choice),
-                   format_cost(est.cost(TpMode::kDuplicated), est.has_profile),
-                   format_cost(est.cost(TpMode::kDistributed), est.has_profile));
+      code = code_of(impl_->evaluate(key).best());
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -85,34 +116,62 @@ TpMode AutoModeResolver::resolve(const AutoKey& key, const Communicator& group) 
                      .crosses_domain = msg[6] != 0,
                      .steps = static_cast<int>(msg[7]),
                      .use_syrk = msg[8] != 0,
-                     .elem_size = static_cast<int>(msg[9])};
+                     .elem_size = static_cast<int>(msg[9]),
+                     .algorithm = static_cast<NsAlgorithm>(msg[10]),
+                     .gram_restart = static_cast<int>(msg[11])};
   group.agree_or_throw(
       same, "tp_mode=auto",
-      same ? std::string()
-           : fmt::format("rank {} resolves {} (steps {}, syrk {}, elem {}) but rank 0 resolves {} "
-                         "(steps {}, syrk {}, elem {})",
-                         group.rank(), describe(key), key.steps, key.use_syrk, key.elem_size,
-                         describe(root), root.steps, root.use_syrk, root.elem_size));
-  const TpMode mode = msg[0] == kDistributedCode ? TpMode::kDistributed : TpMode::kDuplicated;
-  impl_->decisions.emplace(key, mode);
-  return mode;
+      same
+          ? std::string()
+          : fmt::format("rank {} resolves {} (steps {}, syrk {}, elem {}, algorithm {}) but rank 0 "
+                        "resolves {} (steps {}, syrk {}, elem {}, algorithm {})",
+                        group.rank(), describe(key), key.steps, key.use_syrk, key.elem_size,
+                        to_string(key.algorithm), describe(root), root.steps, root.use_syrk,
+                        root.elem_size, to_string(root.algorithm)));
+  const AutoChoice choice = choice_of(msg[0]);
+  impl_->decisions.emplace(key, choice);
+  return choice;
+}
+
+BucketPlan AutoModeResolver::plan(std::span<const AutoKey> keys) {
+  for (const AutoKey& k : keys)
+    impl_->evaluate(k);  // logs each new key's candidates
+  BucketPlan plan = plan_bucket(keys, impl_->profile_ptr(), impl_->model);
+  if (plan.owner) {
+    const bool s = impl_->profile.has_value();
+    spdlog::info(
+        "tp_mode=auto: bucket of {} weight(s) over {} rank(s) -> {} (owner {}: busiest owner {} + "
+        "all-to-alls {}; best per weight {})",
+        keys.size(), keys.front().group_size * keys.front().second_group_size,
+        plan.chose_owner() ? "owner" : "per-weight choices", format_cost(plan.owner->cost(), s),
+        format_cost(plan.owner->compute, s), format_cost(plan.owner->comm_s, true),
+        format_cost(plan.per_weight_cost, s));
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    impl_->decisions.insert_or_assign(keys[i], plan.choices[i]);
+  return plan;
 }
 
 std::size_t AutoModeResolver::model_evaluations() const {
   return impl_->evaluations;
 }
 
-const std::map<AutoKey, TpMode>& AutoModeResolver::decisions() const {
+const std::map<AutoKey, AutoChoice>& AutoModeResolver::decisions() const {
   return impl_->decisions;
 }
 
-void AutoModeResolver::restore(const AutoKey& key, TpMode mode) {
-  if (mode != TpMode::kDuplicated && mode != TpMode::kDistributed) {
-    throw Error(
-        fmt::format("tp_mode=auto: cannot restore {} as '{}' (valid: duplicated, distributed)",
-                    describe(key), to_string(mode)));
+void AutoModeResolver::restore(const AutoKey& key, const AutoChoice& choice) {
+  const bool mode_ok = choice.mode == TpMode::kDuplicated || choice.mode == TpMode::kDistributed ||
+                       choice.mode == TpMode::kOwner;
+  const bool algorithm_ok =
+      choice.algorithm == NsAlgorithm::kStandard || choice.algorithm == NsAlgorithm::kGram;
+  if (!mode_ok || !algorithm_ok) {
+    throw Error(fmt::format(
+        "tp_mode=auto: cannot restore {} as '{}' (valid: duplicated, distributed, owner, each "
+        "with standard or gram)",
+        describe(key), to_string(choice)));
   }
-  impl_->decisions.insert_or_assign(key, mode);
+  impl_->decisions.insert_or_assign(key, choice);
 }
 
 const std::optional<HardwareProfile>& AutoModeResolver::profile() const {

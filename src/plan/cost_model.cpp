@@ -8,35 +8,17 @@
 
 #include "distmuon/error.h"
 #include "distmuon/newton_schulz.h"
+#include "plan/cost_rates.h"
 
 namespace distmuon {
 namespace {
+using detail::Rates;
 
 constexpr double kNormBytes = 8;  // the global Frobenius norm is all-reduced as one double
 
 Index ceil_div(Index a, Index b) {
   return (a + b - 1) / b;
 }
-
-// The figures one estimate uses: the profile's datasheet values, replaced by its calibration
-// where that applies (same precision for compute; same side of a domain boundary for the
-// collectives).
-struct Rates {
-  const HardwareProfile* profile = nullptr;
-  const Calibration* compute = nullptr;
-  const CollectiveFit* all_gather = nullptr;
-  const CollectiveFit* all_reduce = nullptr;
-
-  Rates(const HardwareProfile* p, int elem_size, bool crosses) : profile(p) {
-    if (p == nullptr || !p->calibration) return;
-    const Calibration& c = *p->calibration;
-    if (c.elem_size == elem_size) compute = &c;
-    if (c.crosses_domain == crosses) {
-      if (c.all_gather) all_gather = &*c.all_gather;
-      if (c.all_reduce) all_reduce = &*c.all_reduce;
-    }
-  }
-};
 
 // Adds one ring collective over g ranks of `payload` bytes (as CommStats counts it) to a mode.
 // All-gather: each rank sends payload (g - 1) / g in g - 1 steps; all-reduce (reduce-scatter then
@@ -72,39 +54,50 @@ std::pair<double, double> gram_and_long(Index rows, Index cols, GramSide side) {
 }
 
 // Seconds of NS's matrix products on a rows x cols matrix at the calibrated rates of their own
-// shapes. Per step: the Gram matrix (syrk s x s of inner size l, or a gemm s x s x l), A A (syrk
-// or gemm of size s x s x s) and the update X B (gemm l x s x s). FLOPs as ns_flops counts them.
+// shapes. Standard, per step: the Gram matrix (syrk s x s of inner size l, or a gemm s x s x l),
+// A A (syrk or gemm of size s x s x s) and the update X B (gemm l x s x s). Gram algorithm: the
+// Gram matrices of the s x L iterate (1 + restarts) and as many products Q X_0 (gemm s x s x l);
+// per step R^2 (syrk s^3); on every step but the last and those ending in a restart, P Q, P^2
+// and R P^2 (gemm, syrk, gemm of size s^3). FLOPs as ns_flops counts them.
 double calibrated_products_s(const Calibration& cal, Index rows, Index cols, GramSide side,
-                             int steps, bool use_syrk) {
+                             const AutoKey& key, NsAlgorithm algorithm) {
   const auto [s, l] = gram_and_long(rows, cols, side);
-  const double gram = use_syrk ? s * s * l / cal.gram_syrk.flops_per_s(s, l)
-                               : 2 * s * s * l / cal.update_gemm.flops_per_s(s, l);
-  const double square = use_syrk ? s * s * s / cal.gram_syrk.flops_per_s(s, s)
-                                 : 2 * s * s * s / cal.update_gemm.flops_per_s(s, s);
+  const bool syrk = key.use_syrk;
+  const double gram = syrk ? s * s * l / cal.gram_syrk.flops_per_s(s, l)
+                           : 2 * s * s * l / cal.update_gemm.flops_per_s(s, l);
+  const double square = syrk ? s * s * s / cal.gram_syrk.flops_per_s(s, s)
+                             : 2 * s * s * s / cal.update_gemm.flops_per_s(s, s);
   const double update = 2 * s * s * l / cal.update_gemm.flops_per_s(s, l);
-  return steps * (gram + square + update);
+  if (algorithm != NsAlgorithm::kGram) return key.steps * (gram + square + update);
+  const double cube = 2 * s * s * s / cal.update_gemm.flops_per_s(s, s);
+  const int grams = gram_ns_gram_count(key.steps, key.gram_restart);
+  const int inner = key.steps - grams;  // steps followed by P Q, P^2 and R P^2
+  return grams * (gram + update) + key.steps * square + inner * (square + 2 * cube);
 }
 
 // Elements touched by the elementwise passes of one orthogonalisation of a rows x cols matrix as
 // the optimizer runs it (x = rows cols elements, s x s Gram matrices):
 //  - sum_squares: the norm, x;
-//  - fills of freshly allocated buffers: the iteration's scratch (x) and its two s x s matrices
-//    A and B (2 s^2); the optimizer orthogonalises its rows in place (one contiguous run);
+//  - fills of freshly allocated buffers: the iteration's scratch (x) and its s x s matrices (A
+//    and B; the Gram algorithm's five); the optimizer orthogonalises its rows in place;
 //  - passes over buffers in use (one read-write stream each): the normalisation and the Muon
-//    scaling (2 x), and the copy back when the step count is odd (the iterate then sits in the
-//    scratch buffer, x);
-//  - axpby: B = b A + c A A, s^2 per step.
+//    scaling (2 x), and the copy back when the result sits in the scratch buffer (standard: an
+//    odd step count; Gram: always, Q X_0 is formed there), x;
+//  - axpby: B = b A + c A A (Gram: P = b R + c R^2), s^2 per step.
 struct ElementwiseWork {
   double sum_squares = 0, scale = 0, axpby = 0, fill = 0;
 };
 
-ElementwiseWork ns_elementwise(Index rows, Index cols, GramSide side, int steps) {
+ElementwiseWork ns_elementwise(Index rows, Index cols, GramSide side, int steps,
+                               NsAlgorithm algorithm) {
   const double s = gram_and_long(rows, cols, side).first;
   const double x = static_cast<double>(rows) * static_cast<double>(cols);
+  const bool gram = algorithm == NsAlgorithm::kGram;
+  const bool copy_back = gram || steps % 2 == 1;
   return {.sum_squares = x,
-          .scale = x * (2 + (steps % 2 == 1 ? 1 : 0)),
+          .scale = x * (2 + (copy_back ? 1 : 0)),
           .axpby = steps * s * s,
-          .fill = x + 2 * s * s};
+          .fill = x + (gram ? 5 : 2) * s * s};
 }
 
 void add_elementwise(ModeCost& c, const ElementwiseWork& w, const Rates& rates) {
@@ -120,26 +113,47 @@ void add_elementwise(ModeCost& c, const ElementwiseWork& w, const Rates& rates) 
 // at the calibrated rates when they apply, else FLOPs at the profile's peak (and no elementwise
 // time: the datasheet model leaves it out).
 void add_ns(ModeCost& c, Index rows, Index cols, GramSide side, const AutoKey& key,
-            const Rates& rates) {
-  const double flops = ns_flops(rows, cols, key.steps, key.use_syrk, side);
+            NsAlgorithm algorithm, const Rates& rates) {
+  NsOptions o;
+  o.steps = key.steps;
+  o.use_syrk = key.use_syrk;
+  o.side = side;
+  o.algorithm = algorithm;
+  o.gram_restart = key.gram_restart;
+  const double flops = ns_flops(rows, cols, o);
   c.flops += flops;
-  add_elementwise(c, ns_elementwise(rows, cols, side, key.steps), rates);
+  add_elementwise(c, ns_elementwise(rows, cols, side, key.steps, algorithm), rates);
   if (rates.compute != nullptr) {
-    c.compute_s += calibrated_products_s(*rates.compute, rows, cols, side, key.steps, key.use_syrk);
+    c.compute_s += calibrated_products_s(*rates.compute, rows, cols, side, key, algorithm);
   } else if (rates.profile != nullptr) {
     c.compute_s += flops / (rates.profile->peak_tflops(key.elem_size) * 1e12);
   }
 }
 
-// Fewer seconds (profile) or fewer FLOPs (none; a crossing group gives duplicated). Ties:
-// duplicated.
-void choose(CostEstimate& e) {
-  if (!e.has_profile && e.crosses_domain) {
-    e.choice = TpMode::kDuplicated;
-    return;
+bool allows(const AutoKey& key, NsAlgorithm a) {
+  return key.algorithm == NsAlgorithm::kAuto || key.algorithm == a;
+}
+
+// Fewer seconds (profile) or fewer FLOPs (none; a crossing group gives duplicated) among the
+// candidates: duplicated and distributed, with the standard algorithm and, when the estimate
+// prices it and the key allows it, the Gram algorithm. Ties: duplicated, then standard.
+void choose(CostEstimate& e, const AutoKey& key) {
+  std::vector<NsAlgorithm> algorithms;
+  if (!e.prices_gram || allows(key, NsAlgorithm::kStandard))
+    algorithms.push_back(NsAlgorithm::kStandard);
+  if (e.prices_gram && allows(key, NsAlgorithm::kGram)) algorithms.push_back(NsAlgorithm::kGram);
+  const bool only_duplicated = !e.has_profile && e.crosses_domain;
+  bool first = true;
+  for (TpMode mode : {TpMode::kDuplicated, TpMode::kDistributed}) {
+    if (only_duplicated && mode == TpMode::kDistributed) continue;
+    for (NsAlgorithm a : algorithms) {
+      if (first || e.cost(mode, a) < e.best_cost()) {
+        e.choice = mode;
+        e.algorithm = a;
+        first = false;
+      }
+    }
   }
-  e.choice = e.cost(TpMode::kDistributed) < e.cost(TpMode::kDuplicated) ? TpMode::kDistributed
-                                                                        : TpMode::kDuplicated;
 }
 
 }  // namespace
@@ -154,10 +168,28 @@ const char* to_string(CostModel model) {
   return model == CostModel::kReference ? "reference" : "refined";
 }
 
-double CostEstimate::cost(TpMode mode) const {
-  DISTMUON_ASSERT(mode == TpMode::kDuplicated || mode == TpMode::kDistributed,
-                  "cost of a non-estimated mode");
-  const ModeCost& c = mode == TpMode::kDuplicated ? duplicated : distributed;
+std::string to_string(const AutoChoice& choice) {
+  return choice.algorithm == NsAlgorithm::kGram ? fmt::format("{}+gram", to_string(choice.mode))
+                                                : std::string(to_string(choice.mode));
+}
+
+const ModeCost& CostEstimate::of(TpMode mode, NsAlgorithm algorithm) const {
+  const bool gram = algorithm == NsAlgorithm::kGram;
+  switch (mode) {
+    case TpMode::kDuplicated:
+      return gram ? duplicated_gram : duplicated;
+    case TpMode::kDistributed:
+      return gram ? distributed_gram : distributed;
+    case TpMode::kOwner:
+      return gram ? owner_gram : owner;
+    default:
+      break;
+  }
+  throw Error(fmt::format("cost model: no estimate for mode {}", to_string(mode)));
+}
+
+double CostEstimate::cost(TpMode mode, NsAlgorithm algorithm) const {
+  const ModeCost& c = of(mode, algorithm);
   return has_profile ? c.seconds() : c.flops;
 }
 
@@ -171,6 +203,7 @@ void validate_key(const AutoKey& key) {
   if (key.partition_dim != 0 && key.partition_dim != 1) bad("partition_dim must be 0 or 1");
   if (key.steps < 1) bad(fmt::format("steps must be >= 1, got {}", key.steps));
   if (key.elem_size < 1) bad(fmt::format("elem_size must be >= 1, got {}", key.elem_size));
+  if (key.gram_restart < 0) bad(fmt::format("gram_restart must be >= 0, got {}", key.gram_restart));
 }
 
 CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profile) {
@@ -204,7 +237,7 @@ CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profi
       c->bandwidth_s = c->wire_bytes / bw;
     }
   }
-  choose(est);
+  choose(est, key);
   return est;
 }
 
@@ -225,27 +258,38 @@ CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile
   // Two-step TP x GTP: the smaller group is all-gathered first (each rank then holds the shard of
   // the larger group), in both modes.
   const double first_gather = padded * e / g;
-  // duplicated: gather the whole matrix, NS of it along min(m, n) on every rank.
-  add_all_gather(est.duplicated, first_gather, g2, x, rates);
-  add_all_gather(est.duplicated, padded * e, g, x, rates);
-  // The gathered matrix (a fresh buffer; a contiguous shard is sent as it is) and the slice
-  // copied back.
-  if (g > 1) add_elementwise(est.duplicated, {.scale = padded / g, .fill = padded}, rates);
-  add_ns(est.duplicated, key.m, key.n, GramSide::kAuto, key, rates);
-  // distributed: keep the shard, Gram on the unsplit side (n x n for rows, m x m for columns),
-  // the norm all-reduce, then one Gram all-reduce per step.
-  ModeCost& dist = est.distributed;
-  add_all_gather(dist, first_gather, g2, x, rates);
-  const double gram_side = static_cast<double>(rows_split ? key.n : key.m);
-  add_all_reduce(dist, kNormBytes, g, x, rates);
-  for (int step = 0; step < key.steps; ++step)
-    add_all_reduce(dist, gram_side * gram_side * e, g, x, rates);
-  if (rows_split) {
-    add_ns(dist, k, key.n, GramSide::kCols, key, rates);
-  } else {
-    add_ns(dist, key.m, k, GramSide::kRows, key, rates);
+  // duplicated: gather the whole matrix, NS of it along min(m, n) on every rank. The gathered
+  // matrix is a fresh buffer (a contiguous shard is sent as it is) and the slice is copied back.
+  for (ModeCost* c : {&est.duplicated, &est.duplicated_gram}) {
+    add_all_gather(*c, first_gather, g2, x, rates);
+    add_all_gather(*c, padded * e, g, x, rates);
+    if (g > 1) add_elementwise(*c, {.scale = padded / g, .fill = padded}, rates);
   }
-  choose(est);
+  add_ns(est.duplicated, key.m, key.n, GramSide::kAuto, key, NsAlgorithm::kStandard, rates);
+  add_ns(est.duplicated_gram, key.m, key.n, GramSide::kAuto, key, NsAlgorithm::kGram, rates);
+  // distributed: keep the shard, Gram on the unsplit side (n x n for rows, m x m for columns),
+  // the norm all-reduce, then one Gram all-reduce per step (Gram algorithm: 1 + restarts).
+  const double gram_side = static_cast<double>(rows_split ? key.n : key.m);
+  const GramSide shard_side = rows_split ? GramSide::kCols : GramSide::kRows;
+  const Index shard_rows = rows_split ? k : key.m, shard_cols = rows_split ? key.n : k;
+  for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+    ModeCost& dist = a == NsAlgorithm::kGram ? est.distributed_gram : est.distributed;
+    add_all_gather(dist, first_gather, g2, x, rates);
+    add_all_reduce(dist, kNormBytes, g, x, rates);
+    const int grams =
+        a == NsAlgorithm::kGram ? gram_ns_gram_count(key.steps, key.gram_restart) : key.steps;
+    for (int i = 0; i < grams; ++i)
+      add_all_reduce(dist, gram_side * gram_side * e, g, x, rates);
+    add_ns(dist, shard_rows, shard_cols, shard_side, key, a, rates);
+  }
+  // owner: the full (padded) matrix's NS on one rank; its bytes in and out of the all-to-alls.
+  for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+    ModeCost& own = a == NsAlgorithm::kGram ? est.owner_gram : est.owner;
+    own.payload_bytes = 2 * padded * e;
+    add_ns(own, key.m, key.n, GramSide::kAuto, key, a, rates);
+  }
+  est.prices_gram = true;
+  choose(est, key);
   return est;
 }
 

@@ -42,7 +42,8 @@ AutoKey PlanOptions::key(Index m, Index n) const {
                  .crosses_domain = crosses_domain,
                  .steps = steps,
                  .use_syrk = use_syrk,
-                 .elem_size = elem_size};
+                 .elem_size = elem_size,
+                 .algorithm = algorithm};
 }
 
 std::string PlanOptions::describe() const {
@@ -50,9 +51,9 @@ std::string PlanOptions::describe() const {
                                 : elem_size == 4 ? "fp32"
                                                  : fmt::format("{} B", elem_size);
   return fmt::format(
-      "G={} (dim {}), profile {}, {} model, {} steps, {}, {}, {}", group_size, partition_dim,
+      "G={} (dim {}), profile {}, {} model, {} steps, {}, NS {}, {}, {}", group_size, partition_dim,
       profile ? fmt::format("{} ({})", profile->name, profile->device) : "none (FLOPs)",
-      to_string(model), steps, use_syrk ? "syrk" : "gemm", precision,
+      to_string(model), steps, use_syrk ? "syrk" : "gemm", to_string(algorithm), precision,
       crosses_domain ? "cross-domain" : "intra-domain");
 }
 
@@ -74,30 +75,50 @@ Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts)
     if (std::find(row.names.begin(), row.names.end(), w.name) == row.names.end())
       row.names.push_back(w.name);
   }
+  std::vector<AutoKey> keys;
   for (const auto& row : plan.rows) {
     const double c = static_cast<double>(row.count);
     plan.total_duplicated += c * row.estimate.cost(TpMode::kDuplicated);
     plan.total_distributed += c * row.estimate.cost(TpMode::kDistributed);
-    plan.total_auto += c * row.estimate.cost(row.estimate.choice);
+    plan.total_per_weight += c * row.estimate.best_cost();
+    keys.insert(keys.end(), static_cast<std::size_t>(row.count), opts.key(row.m, row.n));
   }
+  plan.total_auto = plan.total_per_weight;
+  const BucketPlan bucket = plan_bucket(keys, profile, opts.model);
+  plan.owner = bucket.owner;
+  plan.auto_owner = bucket.chose_owner();
+  if (plan.auto_owner) plan.total_auto = bucket.owner->cost();
   return plan;
 }
 
 std::string format_plan(const Plan& plan) {
   const bool s = plan.in_seconds();
+  const bool gram = !plan.rows.empty() && plan.rows.front().estimate.prices_gram;
   std::string out = fmt::format("plan: {}\n", plan.options.describe());
-  out += fmt::format("cost per weight ({}); total = count x the chosen mode's cost\n\n",
-                     s ? "predicted NS time on one rank" : "FLOPs per rank");
-  out += fmt::format("{:>7} {:>7} {:>7}  {:<24} {:>12} {:>12}  {:<11} {:>12}\n", "count", "m", "n",
-                     "weights", "duplicated", "distributed", "choice", "total");
+  out += fmt::format(
+      "cost per weight ({}); +gram: Gram Newton-Schulz; owner NS: the weight's NS on its owner; "
+      "total = count x the chosen candidate's cost\n\n",
+      s ? "predicted NS time on one rank" : "FLOPs per rank");
+  out += fmt::format("{:>7} {:>7} {:>7}  {:<24} {:>12} {:>12}", "count", "m", "n", "weights",
+                     "duplicated", "distributed");
+  if (gram) out += fmt::format(" {:>12} {:>12} {:>12}", "dup+gram", "dist+gram", "owner NS");
+  out += fmt::format("  {:<17} {:>12}\n", "choice", "total");
   for (const auto& r : plan.rows) {
     std::string names = fmt::format("{}", fmt::join(r.names, ","));
     if (names.size() > 24) names = names.substr(0, 21) + "...";
-    out += fmt::format(
-        "{:>7} {:>7} {:>7}  {:<24} {:>12} {:>12}  {:<11} {:>12}\n", r.count, r.m, r.n, names,
-        format_cost(r.estimate.cost(TpMode::kDuplicated), s),
-        format_cost(r.estimate.cost(TpMode::kDistributed), s), to_string(r.estimate.choice),
-        format_cost(static_cast<double>(r.count) * r.estimate.cost(r.estimate.choice), s));
+    const CostEstimate& e = r.estimate;
+    out += fmt::format("{:>7} {:>7} {:>7}  {:<24} {:>12} {:>12}", r.count, r.m, r.n, names,
+                       format_cost(e.cost(TpMode::kDuplicated), s),
+                       format_cost(e.cost(TpMode::kDistributed), s));
+    if (gram) {
+      const double owner =
+          std::min(e.cost(TpMode::kOwner), e.cost(TpMode::kOwner, NsAlgorithm::kGram));
+      out += fmt::format(
+          " {:>12} {:>12} {:>12}", format_cost(e.cost(TpMode::kDuplicated, NsAlgorithm::kGram), s),
+          format_cost(e.cost(TpMode::kDistributed, NsAlgorithm::kGram), s), format_cost(owner, s));
+    }
+    out += fmt::format("  {:<17} {:>12}\n", to_string(e.best()),
+                       format_cost(static_cast<double>(r.count) * e.best_cost(), s));
   }
   out += fmt::format("\ntotals per optimizer step ({} Muon weights):\n", [&] {
     Index n = 0;
@@ -112,7 +133,14 @@ std::string format_plan(const Plan& plan) {
   out += fmt::format("  always distributed  {:>12}   auto: {:.2f}x {}\n",
                      format_cost(plan.total_distributed, s),
                      ratio(plan.total_distributed, plan.total_auto), better);
-  out += fmt::format("  auto                {:>12}\n", format_cost(plan.total_auto, s));
+  out += fmt::format("  best per weight     {:>12}\n", format_cost(plan.total_per_weight, s));
+  if (plan.owner) {
+    out += fmt::format("  owner (LPT)         {:>12}   busiest owner {}, all-to-alls {}\n",
+                       format_cost(plan.owner->cost(), s), format_cost(plan.owner->compute, s),
+                       format_cost(plan.owner->comm_s, true));
+  }
+  out += fmt::format("  auto                {:>12}   {}\n", format_cost(plan.total_auto, s),
+                     plan.auto_owner ? "owner mode" : "per-weight choices");
   return out;
 }
 
@@ -120,24 +148,35 @@ void to_json(json& j, const Plan& plan) {
   const PlanOptions& o = plan.options;
   json weights = json::array();
   for (const auto& r : plan.rows) {
+    json cost = json::object(), breakdown = json::object();
+    for (TpMode mode : {TpMode::kDuplicated, TpMode::kDistributed, TpMode::kOwner}) {
+      for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+        const bool priced =
+            r.estimate.prices_gram || (a == NsAlgorithm::kStandard && mode != TpMode::kOwner);
+        if (!priced) continue;
+        const std::string name = to_string(AutoChoice{mode, a});
+        cost[name] = r.estimate.cost(mode, a);
+        breakdown[name] = mode_json(r.estimate.of(mode, a));
+      }
+    }
     weights.push_back({{"m", r.m},
                        {"n", r.n},
                        {"count", r.count},
                        {"group_size", o.group_size},
                        {"mode", to_string(r.estimate.choice)},
+                       {"algorithm", to_string(r.estimate.algorithm)},
                        {"names", r.names},
-                       {"cost",
-                        {{"duplicated", r.estimate.cost(TpMode::kDuplicated)},
-                         {"distributed", r.estimate.cost(TpMode::kDistributed)}}},
-                       {"breakdown",
-                        {{"duplicated", mode_json(r.estimate.duplicated)},
-                         {"distributed", mode_json(r.estimate.distributed)}}}});
+                       {"cost", cost},
+                       {"breakdown", breakdown}});
   }
   j = json{{"weights", weights},
            {"totals",
             {{"duplicated", plan.total_duplicated},
              {"distributed", plan.total_distributed},
+             {"per_weight", plan.total_per_weight},
+             {"owner", plan.owner ? json(plan.owner->cost()) : json(nullptr)},
              {"auto", plan.total_auto},
+             {"auto_mode", plan.auto_owner ? "owner" : "per-weight"},
              {"speedup_vs_duplicated", ratio(plan.total_duplicated, plan.total_auto)},
              {"speedup_vs_distributed", ratio(plan.total_distributed, plan.total_auto)}}},
            {"units", plan.in_seconds() ? "seconds" : "flops"},
@@ -146,6 +185,7 @@ void to_json(json& j, const Plan& plan) {
              {"partition_dim", o.partition_dim},
              {"steps", o.steps},
              {"syrk", o.use_syrk},
+             {"ns_algorithm", to_string(o.algorithm)},
              {"elem_size", o.elem_size},
              {"crosses_domain", o.crosses_domain},
              {"cost_model", to_string(o.model)},

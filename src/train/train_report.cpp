@@ -164,14 +164,30 @@ std::string format_decisions(const std::vector<ShapeDecision>& decisions) {
   std::size_t width = 7;
   for (const ShapeDecision& d : decisions)
     width = std::max(width, compact_names(d.names).size());
-  out += fmt::format("  {:<11} {:<{}}  {:<11}  {:>12}  {:>12}\n", "shape", "weights", width, "mode",
+  // The Gram and owner columns when the model priced them (owner: the NS on the owner alone).
+  const bool gram = first.estimate.prices_gram;
+  out += fmt::format("  {:<11} {:<{}}  {:<17}  {:>12}  {:>12}", "shape", "weights", width, "mode",
                      "duplicated", "distributed");
+  out +=
+      gram ? fmt::format("  {:>12}  {:>12}  {:>12}\n", "dup+gram", "dist+gram", "owner NS") : "\n";
   for (const ShapeDecision& d : decisions) {
-    const std::string mode = d.sharded ? to_string(d.mode) : "unsharded";
-    out += fmt::format("  {:<11} {:<{}}  {:<11}  {:>12}  {:>12}\n", fmt::format("{}x{}", d.m, d.n),
+    const std::string mode = d.sharded ? to_string(AutoChoice{d.mode, d.algorithm}) : "unsharded";
+    const auto cost = [&](TpMode m, NsAlgorithm a) {
+      return format_cost(d.estimate.cost(m, a), d.in_seconds);
+    };
+    out += fmt::format("  {:<11} {:<{}}  {:<17}  {:>12}  {:>12}", fmt::format("{}x{}", d.m, d.n),
                        compact_names(d.names), width, mode,
-                       format_cost(d.estimate.cost(TpMode::kDuplicated), d.in_seconds),
-                       format_cost(d.estimate.cost(TpMode::kDistributed), d.in_seconds));
+                       cost(TpMode::kDuplicated, NsAlgorithm::kStandard),
+                       cost(TpMode::kDistributed, NsAlgorithm::kStandard));
+    if (gram) {
+      const NsAlgorithm own = d.estimate.cost(TpMode::kOwner, NsAlgorithm::kGram) <
+                                      d.estimate.cost(TpMode::kOwner, NsAlgorithm::kStandard)
+                                  ? NsAlgorithm::kGram
+                                  : NsAlgorithm::kStandard;
+      out += fmt::format("  {:>12}  {:>12}  {:>12}", cost(TpMode::kDuplicated, NsAlgorithm::kGram),
+                         cost(TpMode::kDistributed, NsAlgorithm::kGram), cost(TpMode::kOwner, own));
+    }
+    out += "\n";
   }
   return out;
 }

@@ -137,14 +137,17 @@ std::vector<ShapeDecision> Trainer::decisions() const {
     d.sharded = p.gtp_size > 1;
     // Before the first step auto has not resolved yet: report the option.
     d.mode = p.mode.value_or(s.options.tp_mode);
+    d.algorithm = p.algorithm;
     d.key = AutoKey{.m = p.rows,
                     .n = p.cols,
                     .group_size = p.gtp_size,
                     .partition_dim = 0,
                     .steps = ns.steps,
                     .use_syrk = ns.use_syrk,
-                    .elem_size = 4};
-    for (const auto& [key, mode] : resolved) {
+                    .elem_size = 4,
+                    .algorithm = s.options.ns_algorithm,
+                    .gram_restart = ns.gram_restart};
+    for (const auto& [key, choice] : resolved) {
       if (key.m == p.rows && key.n == p.cols && key.group_size == p.gtp_size) d.key = key;
     }
     d.in_seconds = s.profile.has_value();

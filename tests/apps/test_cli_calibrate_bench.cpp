@@ -79,34 +79,54 @@ TEST(CliBenchModel, TrainDefaultOnATinyConfigGivesJsonTotalsAndAPlot) {
   // input [32, 4 x 8], fc1 [64, 32] x 2, fc2 [32, 64] x 2.
   ASSERT_EQ(j.at("shapes").size(), 3u);
   const std::vector<std::tuple<int, int, int>> expected = {{32, 32, 1}, {64, 32, 2}, {32, 64, 2}};
+  const bool auto_owner = j.at("auto_owner");
   double dup = 0, dist = 0, chosen = 0, oracle = 0;
+  std::vector<std::string> planned;  // auto's algorithm per weight
   for (std::size_t i = 0; i < 3; ++i) {
     const json& s = j["shapes"][i];
     SCOPED_TRACE(s.dump());
     EXPECT_EQ(s.at("m"), std::get<0>(expected[i]));
     EXPECT_EQ(s.at("n"), std::get<1>(expected[i]));
     EXPECT_EQ(s.at("count"), std::get<2>(expected[i]));
-    for (const char* mode : {"duplicated", "distributed", "blockwise"})
+    for (const char* mode : {"duplicated", "distributed", "blockwise", "duplicated+gram",
+                             "distributed+gram", "blockwise+gram"})
       EXPECT_GT(s.at("measured").at(mode).at("median_ms").get<double>(), 0.0) << mode;
-    for (const char* mode : {"duplicated", "distributed"})
+    for (const char* mode : {"duplicated", "distributed", "duplicated+gram", "distributed+gram",
+                             "owner", "owner+gram"})
       EXPECT_GT(s.at("model").at(mode).at("predicted_ms").get<double>(), 0.0) << mode;
     const double d = s["measured"]["duplicated"]["median_ms"];
     const double t = s["measured"]["distributed"]["median_ms"];
-    const std::string chosen_mode = s.at("auto");
-    const double a = s["measured"][chosen_mode]["median_ms"];
-    EXPECT_EQ(s.at("auto_ms").get<double>(), a);
-    EXPECT_EQ(s.at("fastest_ms").get<double>(), std::min(d, t));
-    EXPECT_GE(s.at("regret").get<double>(), 0.0);
+    const double best = std::min({d, t, s["measured"]["duplicated+gram"]["median_ms"].get<double>(),
+                                  s["measured"]["distributed+gram"]["median_ms"].get<double>()});
+    const std::string choice = s.at("auto");
+    EXPECT_EQ(auto_owner, choice.starts_with("owner")) << choice;
     const double c = s["count"];
+    planned.insert(planned.end(), static_cast<std::size_t>(c),
+                   choice.ends_with("+gram") ? "gram" : "standard");
+    if (!auto_owner) {
+      const double a = s["measured"][choice]["median_ms"];
+      EXPECT_EQ(s.at("auto_ms").get<double>(), a);
+      chosen += c * a;
+    }
+    EXPECT_EQ(s.at("fastest_ms").get<double>(), best);
+    EXPECT_GE(s.at("regret").get<double>(), 0.0);
     dup += c * d;
     dist += c * t;
-    chosen += c * a;
-    oracle += c * std::min(d, t);
+    oracle += c * best;
   }
   const json& totals = j.at("totals");
   // Relative 1e-9: the JSON's doubles are summed in the same order (ms instead of s).
   EXPECT_NEAR(totals.at("duplicated_ms").get<double>(), dup, 1e-9 * dup);
   EXPECT_NEAR(totals.at("distributed_ms").get<double>(), dist, 1e-9 * dist);
+  EXPECT_NEAR(totals.at("per_weight_oracle_ms").get<double>(), oracle, 1e-9 * oracle);
+  // Owner over the 5 weights: all standard, all Gram (and auto's mix when it differs).
+  ASSERT_GE(j.at("owner").size(), 2u);
+  for (const json& o : j.at("owner")) {
+    EXPECT_EQ(o.at("algorithms").size(), 5u);
+    const double ms = o.at("measured").at("median_ms");
+    oracle = std::min(oracle, ms);
+    if (auto_owner && o.at("algorithms").get<std::vector<std::string>>() == planned) chosen = ms;
+  }
   EXPECT_NEAR(totals.at("auto_ms").get<double>(), chosen, 1e-9 * chosen);
   EXPECT_NEAR(totals.at("oracle_ms").get<double>(), oracle, 1e-9 * oracle);
   EXPECT_LE(totals.at("oracle_ms").get<double>(), totals.at("duplicated_ms").get<double>());

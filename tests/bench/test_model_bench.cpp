@@ -49,7 +49,8 @@ TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
   double dup = 0, dist = 0, chosen = 0, oracle = 0, predicted_auto = 0;
   for (const ModelBenchShape& s : r.shapes) {
     SCOPED_TRACE(shape_str(s.m, s.n));
-    ASSERT_EQ(s.modes.size(), 3u);  // duplicated, distributed, blockwise
+    // duplicated, distributed, blockwise, each with the standard and the Gram algorithm.
+    ASSERT_EQ(s.modes.size(), 6u);
     for (const ModelBenchMode& m : s.modes) {
       EXPECT_EQ(m.time.samples_s.size(), 2u);
       EXPECT_GT(m.time.median_s, 0.0);
@@ -57,24 +58,69 @@ TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
     EXPECT_EQ(s.key.partition_dim, 0);
     EXPECT_EQ(s.key.group_size, w.size());
     EXPECT_EQ(s.key.elem_size, 4);
-    // Every rank reached the same decision (the resolver broadcasts rank 0's).
-    const auto modes = w.all_gather(static_cast<int>(s.auto_mode));
-    EXPECT_TRUE(std::all_of(modes.begin(), modes.end(), [&](int m) { return m == modes[0]; }));
-    EXPECT_EQ(s.auto_mode, s.estimate.choice);  // the same model and profile
-    const double d = s.median_s(TpMode::kDuplicated), t = s.median_s(TpMode::kDistributed);
-    EXPECT_EQ(s.median_s(s.fastest), std::min(d, t));
-    EXPECT_DOUBLE_EQ(s.regret, s.median_s(s.auto_mode) / std::min(d, t) - 1);
-    EXPECT_GE(s.regret, 0.0);
-    dup += s.count * d;
-    dist += s.count * t;
-    chosen += s.count * s.median_s(s.auto_mode);
-    oracle += s.count * std::min(d, t);
-    predicted_auto += s.count * s.estimate.cost(s.auto_mode);
+    EXPECT_EQ(s.key.algorithm, NsAlgorithm::kAuto);
+    // Every rank reached the same plan (rank 0's, shared).
+    const int code =
+        static_cast<int>(s.auto_choice.mode) * 4 + static_cast<int>(s.auto_choice.algorithm);
+    const auto codes = w.all_gather(code);
+    EXPECT_TRUE(std::all_of(codes.begin(), codes.end(), [&](int c) { return c == codes[0]; }));
+    if (r.auto_owner) {
+      EXPECT_EQ(s.auto_choice.mode, TpMode::kOwner);
+    } else {
+      EXPECT_EQ(s.auto_choice, s.estimate.best());  // the same model and profile
+    }
+    double best = 0;
+    bool first = true;
+    for (const ModelBenchMode& m : s.modes) {
+      if (m.mode == TpMode::kBlockwise) continue;
+      best = first ? m.time.median_s : std::min(best, m.time.median_s);
+      first = false;
+    }
+    EXPECT_EQ(s.median_s(s.fastest.mode, s.fastest.algorithm), best);
+    EXPECT_NE(s.fastest.mode, TpMode::kBlockwise);
+    dup += s.count * s.median_s(TpMode::kDuplicated);
+    dist += s.count * s.median_s(TpMode::kDistributed);
+    oracle += s.count * best;
+    if (!r.auto_owner) {
+      const double mine = s.median_s(s.auto_choice.mode, s.auto_choice.algorithm);
+      EXPECT_DOUBLE_EQ(s.regret, mine / best - 1);
+      EXPECT_GE(s.regret, 0.0);
+      chosen += s.count * mine;
+      predicted_auto += s.count * s.estimate.cost(s.auto_choice);
+    }
   }
   expect_sum(r.totals.duplicated_s, dup);
   expect_sum(r.totals.distributed_s, dist);
+  expect_sum(r.totals.per_weight_oracle_s, oracle);
+  // Owner over the whole model with more than one rank: all standard and all Gram.
+  // Owner over the whole model with more than one rank: all standard, all Gram, and auto's mix
+  // when it planned owner with mixed algorithms.
+  if (w.size() == 1) {
+    EXPECT_TRUE(r.owner.empty());
+    EXPECT_FALSE(r.auto_owner);
+  } else {
+    EXPECT_GE(r.owner.size(), 2u);
+    EXPECT_LE(r.owner.size(), 3u);
+  }
+  std::vector<NsAlgorithm> planned;
+  for (const ModelBenchShape& s : r.shapes)
+    planned.insert(planned.end(), static_cast<std::size_t>(s.count), s.auto_choice.algorithm);
+  double all = oracle;
+  int matches = 0;
+  for (const ModelBenchOwner& o : r.owner) {
+    EXPECT_EQ(o.algorithms.size(), 4u);  // 3 + 1 weights
+    EXPECT_EQ(o.time.samples_s.size(), 2u);
+    EXPECT_GT(o.predicted_s, 0.0);
+    all = std::min(all, o.time.median_s);
+    if (r.auto_owner && o.algorithms == planned) {
+      chosen = o.time.median_s;
+      predicted_auto = o.predicted_s;
+      ++matches;
+    }
+  }
+  EXPECT_EQ(matches, r.auto_owner ? 1 : 0);
+  expect_sum(r.totals.oracle_s, all);
   expect_sum(r.totals.auto_s, chosen);
-  expect_sum(r.totals.oracle_s, oracle);
   expect_sum(r.totals.predicted_auto_s, predicted_auto);
   EXPECT_LE(r.totals.oracle_s, r.totals.duplicated_s);
   EXPECT_LE(r.totals.oracle_s, r.totals.distributed_s);
@@ -83,6 +129,9 @@ TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
   const nlohmann::json j = to_json(r);
   EXPECT_EQ(j.at("shapes").size(), 2u);
   EXPECT_TRUE(j.at("shapes")[0].at("measured").contains("blockwise"));
+  EXPECT_TRUE(j.at("shapes")[0].at("measured").contains("distributed+gram"));
+  EXPECT_TRUE(j.at("shapes")[0].at("model").contains("owner+gram"));
+  EXPECT_EQ(j.at("owner").size(), r.owner.size());
   EXPECT_TRUE(j.at("totals").contains("predicted"));
   EXPECT_NE(format_report(r).find("oracle"), std::string::npos);
 }

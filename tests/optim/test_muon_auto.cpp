@@ -45,14 +45,17 @@ ParamSpec spec(const TestLayout& l, Held& h, bool expert) {
 struct Result {
   std::vector<Matrix> shards;
   std::vector<ParamInfo> info;
-  std::map<AutoKey, TpMode> decisions;
+  std::map<AutoKey, AutoChoice> decisions;
 };
 
-Result run(const std::vector<Case>& cases, TpMode mode) {
+// The reference model by default: it chooses between duplicated and distributed (standard NS)
+// only, which these tests are about; owner and Gram candidates: test_muon_owner.cpp.
+Result run(const std::vector<Case>& cases, TpMode mode, const std::string& model = "reference") {
   const Communicator& world = test::world();
   MuonOptions o;
   o.lr = 1.0;
   o.tp_mode = mode;
+  o.cost_model = model;
   Muon opt(o, world);
   std::vector<Held> held;
   held.reserve(cases.size());

@@ -27,9 +27,10 @@ TEST(MuonOptions, InvalidValuesListTheValidOnes) {
       std::string::npos);
   EXPECT_NE(error_of([] { parse_weight_decay_method("adam"); }).find("decoupled, independent, l2"),
             std::string::npos);
-  EXPECT_NE(
-      error_of([] { parse_tp_mode("fast"); }).find("blockwise, duplicated, distributed, auto"),
-      std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_tp_mode("fast");
+            }).find("blockwise, duplicated, distributed, owner, auto"),
+            std::string::npos);
   auto invalid = [](auto edit) {
     MuonOptions o;
     edit(o);

@@ -25,7 +25,7 @@ TEST(AutoMode, CacheEvaluatesOncePerKey) {
   const Communicator group = counting_communicator(world, stats);
   AutoModeResolver resolver("h100", "refined");
   const AutoKey a = key(4096, 1024), b = key(1024, 4096);
-  const TpMode first = resolver.resolve(a, group);
+  const AutoChoice first = resolver.resolve(a, group);
   EXPECT_EQ(resolver.resolve(a, group), first);
   resolver.resolve(b, group);
   EXPECT_EQ(resolver.resolve(a, group), first);
@@ -34,7 +34,7 @@ TEST(AutoMode, CacheEvaluatesOncePerKey) {
   EXPECT_EQ(stats->broadcast.calls, 2u);   // one decision broadcast per key
   EXPECT_EQ(resolver.decisions().size(), 2u);
   EXPECT_EQ(resolver.decisions().at(a), first);
-  EXPECT_EQ(first, estimate_refined(a, &*resolver.profile()).choice);
+  EXPECT_EQ(first, estimate_refined(a, &*resolver.profile()).best());
 }
 
 // Rank 0 plans without a profile (a crossing group -> duplicated), the others with gb200 (which
@@ -50,7 +50,7 @@ TEST(AutoMode, RanksAgreeDespiteDifferentLocalProfiles) {
   for (const bool root_has_profile : {false, true}) {
     const bool mine = (world.rank() == 0) == root_has_profile;
     AutoModeResolver resolver(mine ? "gb200" : "none", "refined");
-    const TpMode mode = resolver.resolve(k, world);
+    const TpMode mode = resolver.resolve(k, world).mode;
     const auto all = world.all_gather<std::int32_t>(static_cast<std::int32_t>(mode));
     for (const auto m : all)
       EXPECT_EQ(m, all[0]);
@@ -82,11 +82,13 @@ TEST(AutoMode, RestoredDecisionsNeedNoEvaluation) {
   auto stats = std::make_shared<CommStats>();
   const Communicator group = counting_communicator(test::world(), stats);
   AutoModeResolver resolver;
-  resolver.restore(key(4096, 1024), TpMode::kDuplicated);
-  EXPECT_EQ(resolver.resolve(key(4096, 1024), group), TpMode::kDuplicated);
+  resolver.restore(key(4096, 1024), {TpMode::kDistributed, NsAlgorithm::kGram});
+  EXPECT_EQ(resolver.resolve(key(4096, 1024), group),
+            (AutoChoice{TpMode::kDistributed, NsAlgorithm::kGram}));
   EXPECT_EQ(resolver.model_evaluations(), 0u);
   EXPECT_EQ(stats->broadcast.calls, 0u);
-  EXPECT_THROW(resolver.restore(key(1, 1), TpMode::kAuto), Error);
+  EXPECT_THROW(resolver.restore(key(1, 1), {TpMode::kAuto}), Error);
+  EXPECT_THROW(resolver.restore(key(1, 1), {TpMode::kOwner, NsAlgorithm::kAuto}), Error);
 }
 
 TEST(AutoMode, InvalidSpecsListTheValidValues) {
@@ -107,7 +109,7 @@ TEST(AutoMode, LogsEachDecisionOnceWithItsEstimates) {
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
   spdlog::set_level(spdlog::level::info);
   AutoModeResolver resolver("gb200");
-  const TpMode mode = resolver.resolve(key(4096, 1024), test::world());
+  const AutoChoice mode = resolver.resolve(key(4096, 1024), test::world());
   resolver.resolve(key(4096, 1024), test::world());
   spdlog::set_default_logger(previous);
   const std::string log = out.str();

@@ -34,8 +34,16 @@ TEST(Plan, GroupsByShapeAndSumsTotals) {
                    5 * tall.duplicated.seconds() + wide.duplicated.seconds());
   EXPECT_DOUBLE_EQ(plan.total_distributed,
                    5 * tall.distributed.seconds() + wide.distributed.seconds());
-  EXPECT_DOUBLE_EQ(plan.total_auto, 5 * tall.cost(tall.choice) + wide.cost(wide.choice));
-  EXPECT_LE(plan.total_auto, std::min(plan.total_duplicated, plan.total_distributed));
+  EXPECT_DOUBLE_EQ(plan.total_per_weight, 5 * tall.best_cost() + wide.best_cost());
+  EXPECT_LE(plan.total_per_weight, std::min(plan.total_duplicated, plan.total_distributed));
+  // Owner over the six weights: the estimate of the same keys; auto takes the cheaper.
+  const std::vector<AutoKey> keys = {o.key(4096, 1024), o.key(4096, 1024), o.key(4096, 1024),
+                                     o.key(4096, 1024), o.key(4096, 1024), o.key(1024, 4096)};
+  const BucketPlan bucket = plan_bucket(keys, &*o.profile, CostModel::kRefined);
+  ASSERT_TRUE(plan.owner.has_value());
+  EXPECT_DOUBLE_EQ(plan.owner->cost(), bucket.owner->cost());
+  EXPECT_EQ(plan.auto_owner, plan.owner->cost() < plan.total_per_weight);
+  EXPECT_DOUBLE_EQ(plan.total_auto, std::min(plan.owner->cost(), plan.total_per_weight));
   const std::string text = format_plan(plan);
   EXPECT_NE(text.find("always duplicated"), std::string::npos);
   EXPECT_NE(text.find("always distributed"), std::string::npos);
@@ -53,6 +61,9 @@ TEST(Plan, JsonFollowsTheSchema) {
       EXPECT_TRUE(w.contains(key)) << key;
     EXPECT_EQ(w["group_size"], 4);
     EXPECT_TRUE(w["mode"] == "duplicated" || w["mode"] == "distributed");
+    EXPECT_TRUE(w["algorithm"] == "standard" || w["algorithm"] == "gram");
+    for (const char* c : {"duplicated+gram", "distributed+gram", "owner", "owner+gram"})
+      EXPECT_GT(w["cost"][c].get<double>(), 0) << c;
     EXPECT_GT(w["cost"]["duplicated"].get<double>(), 0);
     EXPECT_GT(w["cost"]["distributed"].get<double>(), 0);
   }
