@@ -1,7 +1,9 @@
 // Single-process Newton-Schulz throughput against the sgemm rate measured in the same run.
 //
 // Counters per NS benchmark:
-//   gflops_plain   rate counted with the plain-GEMM FLOPs, steps * (4 s^2 L + 2 s^3)
+// Arguments: m, n, syrk (1) or gemm (0), the Gram algorithm (1) or the standard one (0).
+//   gflops_plain   rate counted with the standard algorithm's plain-GEMM FLOPs,
+//                  steps * (4 s^2 L + 2 s^3), whatever the algorithm (a time-to-result rate)
 //   gflops_exec    rate counted with the FLOPs the path executes (syrk halves symmetric products)
 //   sgemm_gflops   sgemm rate of this process, measured once at start-up on NS-sized products
 //   bound_frac     bound / time, bound = executed FLOPs at the sgemm rate (1.0 = at the bound)
@@ -11,6 +13,8 @@
 #include <chrono>
 #include <random>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "distmuon/compute.h"
 #include "distmuon/newton_schulz.h"
@@ -61,6 +65,7 @@ void BM_newton_schulz(benchmark::State& state) {
   static const double sgemm = measure_sgemm_gflops(1024, 4096);
   NsOptions o;
   o.use_syrk = syrk;
+  o.algorithm = state.range(3) != 0 ? NsAlgorithm::kGram : NsAlgorithm::kStandard;
   const Matrix g = gaussian(m, n, 3);
   Matrix x(m, n);
   NsWorkspace ws;
@@ -74,12 +79,12 @@ void BM_newton_schulz(benchmark::State& state) {
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const double per_run = seconds / static_cast<double>(state.iterations());
-  const double exec = ns_flops(m, n, o.steps, syrk);
+  const double exec = ns_flops(m, n, o);
   state.counters["gflops_plain"] = ns_gemm_flops(m, n, o.steps) / per_run * 1e-9;
   state.counters["gflops_exec"] = exec / per_run * 1e-9;
   state.counters["sgemm_gflops"] = sgemm;
   state.counters["bound_frac"] = exec / (sgemm * 1e9) / per_run;
-  state.SetLabel(syrk ? "syrk" : "gemm");
+  state.SetLabel(fmt::format("{} {}", syrk ? "syrk" : "gemm", to_string(o.algorithm)));
 }
 
 }  // namespace
@@ -90,10 +95,10 @@ BENCHMARK(BM_sgemm)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_newton_schulz)
-    ->ArgNames({"m", "n", "syrk"})
-    ->ArgsProduct({{1024}, {4096}, {0, 1}})
-    ->ArgsProduct({{4096}, {1024}, {0, 1}})
-    ->ArgsProduct({{2048}, {2048}, {0, 1}})
+    ->ArgNames({"m", "n", "syrk", "gram"})
+    ->ArgsProduct({{1024}, {4096}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{4096}, {1024}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{2048}, {2048}, {0, 1}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(2.0);
