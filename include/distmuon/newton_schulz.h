@@ -88,11 +88,3 @@ double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side = Gram
 double ns_gemm_flops(Index m, Index n, int steps);
 
 }  // namespace distmuon
-
-namespace distmuon {
-
-// Singular values of a (descending), computed in double through LAPACK (eigenvalues of the
-// smaller Gram matrix). For diagnostics and tests: how orthogonal a result is.
-std::vector<double> singular_values(ConstMatrixView a);
-
-}  // namespace distmuon

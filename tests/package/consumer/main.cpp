@@ -1,5 +1,6 @@
 // A program outside the distmuon tree: orthogonalise a small matrix through the installed package.
 #include <distmuon/newton_schulz.h>
+#include <distmuon/singular_values.h>
 
 #include <cstdio>
 
