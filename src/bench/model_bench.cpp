@@ -61,9 +61,8 @@ std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBench
   if (!big.empty()) {
     return fmt::format(
         "model {} has shapes too large for this benchmark (limit {} elements): {}; raise "
-        "--max-elements if the machine has the memory and time, or pick a smaller model (the "
-        "default is {})",
-        c.model, c.max_elements, fmt::join(big, "; "), kTrainDefaultModel);
+        "--max-elements if the machine has the memory and time, or pick a smaller model",
+        c.model, c.max_elements, fmt::join(big, "; "));
   }
   return {};
 }
