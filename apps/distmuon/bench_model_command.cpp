@@ -7,6 +7,7 @@
 #include "command_line_errors.h"
 #include "distmuon/error.h"
 #include "distmuon/model_bench.h"
+#include "distmuon/plots.h"
 #include "distmuon/train_config.h"
 #include "planning_commands.h"
 

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "commands.h"
+#include "distmuon/singular_values.h"
 
 namespace distmuon::cli {
 

@@ -8,6 +8,8 @@
 
 #include "distmuon/error.h"
 #include "distmuon/plan.h"
+#include "distmuon/plots.h"
+#include "distmuon/train_config.h"
 #include "planning_commands.h"
 
 namespace distmuon::cli {

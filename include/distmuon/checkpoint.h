@@ -12,21 +12,17 @@
 // last, by rank 0, after every rank file exists, so a directory holds either the previous
 // complete checkpoint or a mismatch that load() refuses.
 //
-// Checksum: FNV-1a 64 (offset basis 0xcbf29ce484222325, prime 0x100000001b3) over the file's
-// bytes, stored as 16 hex digits. It detects corruption and truncation, not tampering.
+// Checksum: FNV-1a 64 (fnv1a64 in file_io.h) over the file's bytes, stored as 16 hex digits. It
+// detects corruption and truncation, not tampering.
 
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
 
+#include "distmuon/file_io.h"
+
 namespace distmuon {
-
-inline constexpr std::uint64_t kFnv1a64Basis = 0xcbf29ce484222325ULL;
-
-// FNV-1a 64 of size bytes, continuing from hash (the basis for a fresh checksum).
-std::uint64_t fnv1a64(const void* data, std::size_t size, std::uint64_t hash = kFnv1a64Basis);
-std::string checksum_hex(std::uint64_t checksum);  // 16 lowercase hex digits
 
 inline constexpr int kCheckpointVersion = 1;
 inline constexpr const char* kCheckpointFormat = "distmuon-optimizer-checkpoint";

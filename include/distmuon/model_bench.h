@@ -37,8 +37,8 @@
 namespace distmuon {
 
 struct ModelBenchConfig {
-  std::string model = std::string(kTrainDefaultModel);  // what the weights are called in reports
-  std::vector<WeightShape> weights;                     // e.g. model_weights(model)
+  std::string model;                 // what the weights are called in reports (the model spec)
+  std::vector<WeightShape> weights;  // e.g. muon_weights(resolve_model(model))
   // Must hold duplicated and distributed; blockwise is optional (reference); auto is refused.
   std::vector<TpMode> modes = {TpMode::kDuplicated, TpMode::kDistributed, TpMode::kBlockwise};
   NsOptions ns;  // ns.algorithm is ignored: see algorithm
@@ -120,8 +120,5 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
 nlohmann::json to_json(const ModelBenchReport& report);
 // The per-shape table and the totals.
 std::string format_report(const ModelBenchReport& report);
-// Per-shape bars per mode (log scale), auto's choice marked, into a PNG through gnuplot. Throws
-// distmuon::Error when gnuplot is missing or fails.
-void render_model_bench_plot(const ModelBenchReport& report, const std::filesystem::path& png);
 
 }  // namespace distmuon

@@ -20,6 +20,9 @@
 //  - MoE layers: per expert the same MLP with expert_ffn; shared experts likewise; the router
 //    [experts, hidden].
 // Embeddings and the output head go to AdamW (Muon is for hidden matrices) and are not listed.
+//
+// Planning knows models only through these shapes; the demo trainer's own model ("train-default")
+// is provided by the trainer (train_config.h: model_weights).
 
 #include <filesystem>
 #include <optional>
@@ -29,7 +32,6 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "distmuon/charlm.h"
 #include "distmuon/matrix.h"
 
 namespace distmuon {
@@ -83,14 +85,5 @@ struct WeightShape {
   bool expert = false;  // lives in the expert (MoE) groups
 };
 std::vector<WeightShape> muon_weights(const ModelPreset& model);
-
-// The name of the training run's default model (configs/train-default.json) as a model spec.
-inline constexpr std::string_view kTrainDefaultModel = "train-default";
-// The Muon weights of the character-level training model, from charlm_param_infos: input
-// [H, C*E] once, fc1 [F, H] and fc2 [H, F] once per block.
-std::vector<WeightShape> charlm_muon_weights(const CharLmConfig& config);
-// The Muon weights of a model spec: "train-default" (the embedded training config's model),
-// a built-in preset name or a preset JSON file (resolve_model).
-std::vector<WeightShape> model_weights(std::string_view spec);
 
 }  // namespace distmuon

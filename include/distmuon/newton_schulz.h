@@ -111,11 +111,3 @@ int gram_ns_gram_count(int steps, int gram_restart);
 double ns_gemm_flops(Index m, Index n, int steps);
 
 }  // namespace distmuon
-
-namespace distmuon {
-
-// Singular values of a (descending), computed in double through LAPACK (eigenvalues of the
-// smaller Gram matrix). For diagnostics and tests: how orthogonal a result is.
-std::vector<double> singular_values(ConstMatrixView a);
-
-}  // namespace distmuon

@@ -63,10 +63,4 @@ std::string format_plan(const Plan& plan);
 // "speedup_vs_distributed"}, "units": "seconds" | "flops", "options"}.
 void to_json(nlohmann::json& j, const Plan& plan);
 
-// Draws the decision over a grid of (m, n) from 256 to 65536 for the plan's options, with the
-// given weights as points, into a PNG through gnuplot. Throws distmuon::Error when gnuplot is not
-// on PATH or fails (with its messages).
-void render_decision_map(const PlanOptions& opts, const std::vector<WeightShape>& weights,
-                         const std::filesystem::path& png);
-
 }  // namespace distmuon

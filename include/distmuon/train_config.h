@@ -6,11 +6,14 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "distmuon/charlm.h"
 #include "distmuon/matrix.h"
+#include "distmuon/model_preset.h"
 #include "distmuon/muon.h"
 #include "distmuon/text_data.h"
 
@@ -58,5 +61,15 @@ MuonOptions optimizer_options(const TrainConfig& config);
 
 // The complete configuration as JSON (every field, so a run's log can record it).
 nlohmann::json to_json(const TrainConfig& config);
+
+// The training run's model as a model spec for planning and benchmarks (`plan --model`,
+// `bench --model`): the trainer provides its own weight shapes, planning knows only presets.
+inline constexpr std::string_view kTrainDefaultModel = "train-default";
+// The Muon weights of the character-level training model, from charlm_param_infos: input
+// [H, C*E] once, fc1 [F, H] and fc2 [H, F] once per block.
+std::vector<WeightShape> charlm_muon_weights(const CharLmConfig& config);
+// The Muon weights of a model spec: "train-default" (the embedded training config's model),
+// else a built-in preset name or a preset JSON file (muon_weights(resolve_model(spec))).
+std::vector<WeightShape> model_weights(std::string_view spec);
 
 }  // namespace distmuon

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
+#include <memory>
 #include <random>
 
 #include "distmuon/error.h"
@@ -65,9 +67,8 @@ std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBench
   if (!big.empty()) {
     return fmt::format(
         "model {} has shapes too large for this benchmark (limit {} elements): {}; raise "
-        "--max-elements if the machine has the memory and time, or pick a smaller model (the "
-        "default is {})",
-        c.model, c.max_elements, fmt::join(big, "; "), kTrainDefaultModel);
+        "--max-elements if the machine has the memory and time, or pick a smaller model",
+        c.model, c.max_elements, fmt::join(big, "; "));
   }
   return {};
 }
@@ -110,75 +111,35 @@ ShapeData make_shape(const Communicator& group, const ModelBenchConfig& config, 
 
 const detail::ScaleFn kUnitScale = [](Index, Index) { return 1.0; };
 
-// Times every candidate (mode x algorithm) of one shape: warm-up rounds, then timed rounds, each
-// round running every candidate once (the order rotating from round to round) on a fresh copy of
-// the shard.
-void measure_shape(const Communicator& group, const ModelBenchConfig& config, const ShapeData& data,
-                   ModelBenchShape& shape, Compute& compute) {
-  Matrix work(data.shard.rows(), data.shard.cols());
-  const Communicator tp = local_communicator();
-  std::vector<ModelBenchMode> candidates;
-  for (TpMode mode : config.modes) {
-    for (NsAlgorithm a : algorithms_of(config.algorithm))
-      candidates.push_back({mode, a, {}});
-  }
-  const std::size_t k = candidates.size();
-  std::vector<std::vector<double>> samples(k);
-  const int rounds = config.timing.warmup + config.timing.reps;
+// One timed thing: a run (a candidate of one shape, or owner over the model) and the reset of its
+// input before each run; its samples land in `samples`.
+struct Task {
+  std::function<void()> run, reset;
+  std::vector<double>* samples = nullptr;
+};
+
+// Warm-up rounds, then timed rounds; each round runs every task once, the order rotating from
+// round to round, so that a slow spell of a shared machine hits every candidate alike.
+void measure(const Communicator& group, const TimingOptions& timing, std::vector<Task>& tasks) {
+  const int rounds = timing.warmup + timing.reps;
   for (int round = 0; round < rounds; ++round) {
-    for (std::size_t j = 0; j < k; ++j) {
-      const std::size_t ci = (j + static_cast<std::size_t>(round)) % k;
-      const NsOptions ns = with_algorithm(config.ns, candidates[ci].algorithm);
-      const TimingSummary t = time_on_group(
-          group, {0, 1},
-          [&] {
-            detail::orthogonalize_shard(work.view(), data.layout, tp, group, candidates[ci].mode,
-                                        ns, kUnitScale, compute);
-          },
-          [&] { copy(data.shard.view(), work.view()); });
-      if (round >= config.timing.warmup) samples[ci].push_back(t.median_s);
+    for (std::size_t j = 0; j < tasks.size(); ++j) {
+      Task& task = tasks[(j + static_cast<std::size_t>(round)) % tasks.size()];
+      const TimingSummary t = time_on_group(group, {0, 1}, task.run, task.reset);
+      if (round >= timing.warmup) task.samples->push_back(t.median_s);
     }
-  }
-  for (std::size_t ci = 0; ci < k; ++ci) {
-    candidates[ci].time = summarize(std::move(samples[ci]));
-    shape.modes.push_back(std::move(candidates[ci]));
   }
 }
 
-// Times owner mode over every weight of the model (count copies of each shape) with the given
-// per-weight algorithms, as Muon::step runs it: one OwnerOrthogonalizer over the bucket.
-TimingSummary measure_owner(const Communicator& group, const ModelBenchConfig& config,
-                            const std::vector<ModelBenchShape>& shapes,
-                            const std::vector<ShapeData>& data,
-                            const std::vector<NsAlgorithm>& algorithms, Compute& compute) {
-  const Communicator tp = local_communicator();
+// Owner over every weight of the model (count copies of each shape) with per-weight algorithms,
+// as Muon::step runs it: one OwnerOrthogonalizer over the bucket.
+struct OwnerRun {
   std::vector<Matrix> work;
   std::vector<const Matrix*> source;
   std::vector<detail::OwnerOrthogonalizer::Weight> weights;
-  for (std::size_t i = 0; i < shapes.size(); ++i) {
-    for (Index c = 0; c < shapes[i].count; ++c) {
-      work.emplace_back(data[i].shard.rows(), data[i].shard.cols());
-      source.push_back(&data[i].shard);
-    }
-  }
-  for (std::size_t w = 0, i = 0; i < shapes.size(); ++i) {
-    for (Index c = 0; c < shapes[i].count; ++c, ++w)
-      weights.push_back({work[w].view(), &data[i].layout, &tp, &group, algorithms.at(w)});
-  }
-  detail::OwnerOrthogonalizer orth(detail::ns_flops_cost(config.ns));
+  std::unique_ptr<detail::OwnerOrthogonalizer> orth;
   std::vector<double> samples;
-  const int rounds = config.timing.warmup + config.timing.reps;
-  for (int round = 0; round < rounds; ++round) {
-    const TimingSummary t = time_on_group(
-        group, {0, 1}, [&] { orth.run(weights, config.ns, kUnitScale, compute); },
-        [&] {
-          for (std::size_t w = 0; w < work.size(); ++w)
-            copy(source[w]->view(), work[w].view());
-        });
-    if (round >= config.timing.warmup) samples.push_back(t.median_s);
-  }
-  return summarize(std::move(samples));
-}
+};
 
 // Auto's plan for every weight (count copies per shape), made on rank 0 and shared.
 std::vector<AutoChoice> plan_on_rank0(const Communicator& group, AutoModeResolver& resolver,
@@ -270,14 +231,77 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
   for (const AutoChoice& c : plan)
     auto_algorithms.push_back(c.algorithm);
 
+  // Every candidate of every shape, and owner over the whole model (all standard, all Gram,
+  // and auto's mix when it planned another), timed in the same interleaved rounds.
   std::vector<ShapeData> data;
+  std::vector<std::vector<ModelBenchMode>> candidates(shapes.size());
+  std::vector<std::vector<std::vector<double>>> samples(shapes.size());
+  std::vector<Matrix> work;
+  const Communicator tp = local_communicator();
+  std::vector<Task> tasks;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    data.push_back(make_shape(group, config, i, shapes[i]));
+    work.emplace_back(data[i].shard.rows(), data[i].shard.cols());
+    for (TpMode mode : config.modes) {
+      for (NsAlgorithm a : rep.algorithms)
+        candidates[i].push_back({mode, a, {}});
+    }
+    samples[i].resize(candidates[i].size());
+  }
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    for (std::size_t c = 0; c < candidates[i].size(); ++c) {
+      const ModelBenchMode m = candidates[i][c];
+      tasks.push_back({[&, i, m, ns = with_algorithm(config.ns, m.algorithm)] {
+                         detail::orthogonalize_shard(work[i].view(), data[i].layout, tp, group,
+                                                     m.mode, ns, kUnitScale, compute);
+                       },
+                       [&, i] { copy(data[i].shard.view(), work[i].view()); }, &samples[i][c]});
+    }
+  }
+  std::vector<std::pair<std::string, std::vector<NsAlgorithm>>> owner_runs;
+  if (group.size() > 1) {
+    for (NsAlgorithm a : rep.algorithms)
+      owner_runs.emplace_back(to_string(AutoChoice{TpMode::kOwner, a}),
+                              std::vector<NsAlgorithm>(keys.size(), a));
+    if (rep.auto_owner && std::none_of(owner_runs.begin(), owner_runs.end(),
+                                       [&](const auto& r) { return r.second == auto_algorithms; }))
+      owner_runs.emplace_back("owner (auto's algorithms)", auto_algorithms);
+  }
+  std::vector<OwnerRun> owners(owner_runs.size());
+  for (std::size_t r = 0; r < owner_runs.size(); ++r) {
+    OwnerRun& o = owners[r];
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      for (Index c = 0; c < shapes[i].count; ++c) {
+        o.work.emplace_back(data[i].shard.rows(), data[i].shard.cols());
+        o.source.push_back(&data[i].shard);
+      }
+    }
+    for (std::size_t w = 0, i = 0; i < shapes.size(); ++i) {
+      for (Index c = 0; c < shapes[i].count; ++c, ++w) {
+        o.weights.push_back(
+            {o.work[w].view(), &data[i].layout, &tp, &group, owner_runs[r].second.at(w)});
+      }
+    }
+    o.orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(config.ns));
+    tasks.push_back(
+        {[&o, &config, &compute] { o.orth->run(o.weights, config.ns, kUnitScale, compute); },
+         [&o] {
+           for (std::size_t w = 0; w < o.work.size(); ++w)
+             copy(o.source[w]->view(), o.work[w].view());
+         },
+         &o.samples});
+  }
+  measure(group, config.timing, tasks);
+
   ModelBenchTotals& t = rep.totals;
   for (std::size_t i = 0, w = 0; i < shapes.size();
        w += static_cast<std::size_t>(shapes[i].count), ++i) {
     ModelBenchShape& s = shapes[i];
     s.auto_choice = plan[w];
-    data.push_back(make_shape(group, config, i, s));
-    measure_shape(group, config, data.back(), s, compute);
+    for (std::size_t c = 0; c < candidates[i].size(); ++c) {
+      candidates[i][c].time = summarize(std::move(samples[i][c]));
+      s.modes.push_back(candidates[i][c]);
+    }
     bool first = true;
     for (const ModelBenchMode& c : s.modes) {
       if (c.mode == TpMode::kBlockwise) continue;  // not exact: never the oracle
@@ -291,48 +315,36 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     s.regret = rep.auto_owner ? 0 : chosen / best - 1;
 
     const auto c = static_cast<double>(s.count);
-    t.duplicated_s += c * s.median_s(TpMode::kDuplicated, rep.algorithms.front());
-    t.distributed_s += c * s.median_s(TpMode::kDistributed, rep.algorithms.front());
+    const NsAlgorithm base = rep.algorithms.front();
+    t.duplicated_s += c * s.median_s(TpMode::kDuplicated, base);
+    t.distributed_s += c * s.median_s(TpMode::kDistributed, base);
     t.auto_s += c * chosen;
     t.per_weight_oracle_s += c * best;
     if (rep.has_profile) {
-      t.predicted_duplicated_s +=
-          c * s.estimate.of(TpMode::kDuplicated, rep.algorithms.front()).seconds();
-      t.predicted_distributed_s +=
-          c * s.estimate.of(TpMode::kDistributed, rep.algorithms.front()).seconds();
+      t.predicted_duplicated_s += c * s.estimate.of(TpMode::kDuplicated, base).seconds();
+      t.predicted_distributed_s += c * s.estimate.of(TpMode::kDistributed, base).seconds();
       if (!rep.auto_owner) t.predicted_auto_s += c * s.estimate.cost(s.auto_choice);
     }
   }
   t.oracle_s = t.per_weight_oracle_s;
-
-  // Owner over the whole model: all standard, all Gram, and auto's mix when it planned another.
-  if (group.size() > 1) {
-    std::vector<std::pair<std::string, std::vector<NsAlgorithm>>> runs;
-    for (NsAlgorithm a : rep.algorithms)
-      runs.emplace_back(to_string(AutoChoice{TpMode::kOwner, a}),
-                        std::vector<NsAlgorithm>(keys.size(), a));
-    if (rep.auto_owner && std::none_of(runs.begin(), runs.end(),
-                                       [&](const auto& r) { return r.second == auto_algorithms; }))
-      runs.emplace_back("owner (auto's algorithms)", auto_algorithms);
-    std::vector<CostEstimate> estimates;
-    for (const AutoKey& k : keys)
-      estimates.push_back(estimate(k, profile, CostModel::kRefined));
-    for (auto& [label, algorithms] : runs) {
-      ModelBenchOwner o{label, algorithms, {}, 0};
-      o.time = measure_owner(group, config, shapes, data, algorithms, compute);
-      if (rep.has_profile) {
-        std::vector<AutoKey> pinned = keys;
-        for (std::size_t w = 0; w < pinned.size(); ++w)
-          pinned[w].algorithm = algorithms[w];
-        o.predicted_s = estimate_owner_bucket(pinned, estimates, profile).cost();
-      }
-      t.oracle_s = std::min(t.oracle_s, o.time.median_s);
-      if (rep.auto_owner && algorithms == auto_algorithms) {
-        t.auto_s = o.time.median_s;
-        t.predicted_auto_s = o.predicted_s;
-      }
-      rep.owner.push_back(std::move(o));
+  std::vector<CostEstimate> estimates;
+  for (const AutoKey& k : keys)
+    estimates.push_back(estimate(k, profile, CostModel::kRefined));
+  for (std::size_t r = 0; r < owner_runs.size(); ++r) {
+    const auto& [label, algorithms] = owner_runs[r];
+    ModelBenchOwner o{label, algorithms, summarize(std::move(owners[r].samples)), 0};
+    if (rep.has_profile) {
+      std::vector<AutoKey> pinned = keys;
+      for (std::size_t w = 0; w < pinned.size(); ++w)
+        pinned[w].algorithm = algorithms[w];
+      o.predicted_s = estimate_owner_bucket(pinned, estimates, profile).cost();
     }
+    t.oracle_s = std::min(t.oracle_s, o.time.median_s);
+    if (rep.auto_owner && algorithms == auto_algorithms) {
+      t.auto_s = o.time.median_s;
+      t.predicted_auto_s = o.predicted_s;
+    }
+    rep.owner.push_back(std::move(o));
   }
   rep.shapes = std::move(shapes);
   return rep;

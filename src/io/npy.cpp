@@ -1,8 +1,6 @@
 #include "distmuon/npy.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <bit>
 #include <cerrno>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 
 namespace distmuon {
 namespace {
@@ -122,50 +121,6 @@ Matrix read_npy(const std::filesystem::path& path) {
     bad(path, fmt::format("read of {} data bytes failed: {}", bytes, errno_str()));
   }
   return m;
-}
-
-void write_file_atomic(const std::filesystem::path& path, const void* data, std::size_t size) {
-  const std::filesystem::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw Error(fmt::format("write '{}': cannot create '{}': {}", path.string(), tmp.string(),
-                            errno_str()));
-  auto fail = [&](const std::string& what) {
-    const std::string err = errno_str();
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error(fmt::format("write '{}': {}: {}", path.string(), what, err));
-  };
-  const char* p = static_cast<const char*>(data);
-  std::size_t left = size;
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("write failed");
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) fail("fsync failed");
-  if (::close(fd) != 0) {
-    const std::string err = errno_str();
-    ::unlink(tmp.c_str());
-    throw Error(fmt::format("write '{}': close failed: {}", path.string(), err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = errno_str();
-    ::unlink(tmp.c_str());
-    throw Error(
-        fmt::format("write '{}': rename from '{}' failed: {}", path.string(), tmp.string(), err));
-  }
-  const std::filesystem::path dir =
-      path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {  // directory fsync makes the rename durable; not all file systems support it
-    ::fsync(dfd);
-    ::close(dfd);
-  }
 }
 
 void write_npy(const std::filesystem::path& path, ConstMatrixView m) {

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "distmuon/error.h"
-#include "distmuon/newton_schulz.h"
+#include "distmuon/singular_values.h"
 
 namespace distmuon {
 

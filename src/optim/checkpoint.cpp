@@ -5,28 +5,13 @@
 #include <spdlog/spdlog.h>
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <map>
 
 #include "distmuon/error.h"
-#include "distmuon/npy.h"
+#include "distmuon/file_io.h"
 #include "optim/muon_impl.h"
 
 namespace distmuon {
-
-std::uint64_t fnv1a64(const void* data, std::size_t size, std::uint64_t hash) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < size; ++i) {
-    hash ^= p[i];
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
-std::string checksum_hex(std::uint64_t checksum) {
-  return fmt::format("{:016x}", checksum);
-}
 
 std::string checkpoint_rank_file(int rank) {
   return fmt::format("rank-{:05d}.bin", rank);
@@ -89,12 +74,6 @@ std::vector<std::string> all_gather_strings(const Communicator& world, const std
   return out;
 }
 
-std::vector<char> read_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // Rank files of a checkpoint, read and verified (size, checksum) on first use.
 class RankFiles {
  public:
@@ -105,18 +84,14 @@ class RankFiles {
     if (it != files_.end()) return it->second;
     const auto& entry = ranks_.at(static_cast<std::size_t>(rank));
     const auto path = dir_ / entry.at("file").get<std::string>();
-    std::vector<char> bytes = read_bytes(path);
+    std::vector<char> bytes = read_file_bytes(path);
     const auto expected = entry.at("bytes").get<std::size_t>();
     if (bytes.size() != expected) {
       throw Error(
           fmt::format("checkpoint file '{}' has {} bytes, the manifest says {} (truncated?)",
                       path.string(), bytes.size(), expected));
     }
-    const std::string sum = checksum_hex(fnv1a64(bytes.data(), bytes.size()));
-    if (sum != entry.at("fnv1a64").get<std::string>()) {
-      throw Error(fmt::format("checkpoint file '{}' fails its checksum (FNV-1a 64 {}, manifest {})",
-                              path.string(), sum, entry.at("fnv1a64").get<std::string>()));
-    }
+    verify_checksum(path, bytes, entry.at("fnv1a64").get<std::string>());
     return files_.emplace(rank, std::move(bytes)).first->second;
   }
 
@@ -246,13 +221,7 @@ void Muon::load(const std::filesystem::path& dir) {
   std::string reason;
   try {
     const auto manifest_path = dir / kManifestName;
-    const std::vector<char> text = read_bytes(manifest_path);
-    nlohmann::json manifest;
-    try {
-      manifest = nlohmann::json::parse(text.begin(), text.end());
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("'{}' is not valid JSON: {}", manifest_path.string(), e.what()));
-    }
+    const nlohmann::json manifest = read_json_file(manifest_path);
     if (manifest.value("format", "") != kCheckpointFormat ||
         manifest.value("version", 0) != kCheckpointVersion) {
       throw Error(fmt::format("'{}' is not a {} version {}", manifest_path.string(),

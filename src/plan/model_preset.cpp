@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "distmuon/error.h"
-#include "distmuon/train_config.h"
 #include "plan/json_fields.h"
 
 namespace distmuon {
@@ -221,30 +220,6 @@ std::vector<WeightShape> muon_weights(const ModelPreset& model) {
     if (moe_layers > 0) out.push_back({"router", e.experts, h, moe_layers, false});
   }
   return out;
-}
-
-std::vector<WeightShape> charlm_muon_weights(const CharLmConfig& config) {
-  std::vector<WeightShape> out;
-  for (const CharLmParamInfo& p : charlm_param_infos(config)) {
-    if (p.kind != ParamKind::kMuon) continue;
-    // "blocks.<l>.fc1" -> "fc1": one entry per weight kind, counted over the blocks.
-    const auto dot = p.name.rfind('.');
-    const std::string name = dot == std::string::npos ? p.name : p.name.substr(dot + 1);
-    const auto same = std::find_if(out.begin(), out.end(), [&](const WeightShape& w) {
-      return w.name == name && w.m == p.rows && w.n == p.cols;
-    });
-    if (same != out.end()) {
-      ++same->count;
-    } else {
-      out.push_back({name, p.rows, p.cols, 1, false});
-    }
-  }
-  return out;
-}
-
-std::vector<WeightShape> model_weights(std::string_view spec) {
-  if (lower(spec) == kTrainDefaultModel) return charlm_muon_weights(default_train_config().model);
-  return muon_weights(resolve_model(spec));
 }
 
 }  // namespace distmuon

@@ -1,7 +1,8 @@
 #pragma once
 // Drawing PNGs with gnuplot (Debian's package): a temporary folder holds the data files and the
 // script, gnuplot runs on them without a shell, and its exit status and output are checked. Used
-// by `plan --map` (decision_map.cpp) and `train --plot` (train_plot.cpp).
+// by `plan --map` (decision_map.cpp), `bench --plot` (model_bench_plot.cpp) and `train --plot`
+// (train_report.cpp).
 
 #include <filesystem>
 #include <string>

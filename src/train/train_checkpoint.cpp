@@ -2,15 +2,12 @@
 // step, written atomically; resume verifies everything before changing anything it can check.
 #include <fmt/format.h>
 
-#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
-#include "distmuon/npy.h"
+#include "distmuon/file_io.h"
 #include "train/trainer_impl.h"
 
 namespace distmuon {
@@ -23,21 +20,6 @@ constexpr const char* kTrainerFile = "trainer.json";
 
 fs::path model_file(const fs::path& dir, int rank) {
   return dir / "model" / checkpoint_rank_file(rank);
-}
-
-std::vector<char> read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-json read_json(const fs::path& path) {
-  const std::vector<char> bytes = read_bytes(path);
-  try {
-    return json::parse(bytes.begin(), bytes.end());
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("'{}' is not valid JSON: {}", path.string(), e.what()));
-  }
 }
 
 // What a resumed run must share with the run that wrote the checkpoint to see the same data and
@@ -125,7 +107,7 @@ void Trainer::resume(const fs::path& dir) {
       throw Error(fmt::format("'{}' holds no training checkpoint ({} is missing)", dir.string(),
                               kTrainerFile));
     }
-    const json meta = read_json(dir / kTrainerFile);
+    const json meta = read_json_file(dir / kTrainerFile);
     try {
       if (meta.at("format") != kTrainCheckpointFormat ||
           meta.at("version") != kTrainCheckpointVersion) {
@@ -144,14 +126,14 @@ void Trainer::resume(const fs::path& dir) {
                                                 run_identity(s.config));
       if (!diff.empty()) throw Error(diff);
       step = meta.at("step").get<int>();
-      const json optimizer = read_json(dir / "optimizer" / kManifestName);
+      const json optimizer = read_json_file(dir / "optimizer" / kManifestName);
       if (optimizer.at("step").get<std::int64_t>() != step) {
         throw Error(fmt::format("the optimizer state is at step {}, the trainer's at step {}",
                                 optimizer.at("step").get<std::int64_t>(), step));
       }
       const json& entry = meta.at("model_files").at(static_cast<std::size_t>(w.rank()));
       const fs::path path = dir / entry.at("file").get<std::string>();
-      bytes = read_bytes(path);
+      bytes = read_file_bytes(path);
       Index expected = 0;
       for (const ShardedParam& p : s.model->params())
         expected += p.value.rows() * p.value.cols();
@@ -161,11 +143,7 @@ void Trainer::resume(const fs::path& dir) {
                                 path.string(), bytes.size(), entry.at("bytes").dump(),
                                 static_cast<std::size_t>(expected) * sizeof(float)));
       }
-      const std::string sum = checksum_hex(fnv1a64(bytes.data(), bytes.size()));
-      if (sum != entry.at("fnv1a64").get<std::string>()) {
-        throw Error(fmt::format("'{}' fails its checksum (FNV-1a 64 {}, manifest {})",
-                                path.string(), sum, entry.at("fnv1a64").get<std::string>()));
-      }
+      verify_checksum(path, bytes, entry.at("fnv1a64").get<std::string>());
     } catch (const json::exception& e) {
       throw Error(fmt::format("'{}' is malformed: {}", (dir / kTrainerFile).string(), e.what()));
     }

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distmuon/error.h"
-#include "distmuon/npy.h"
+#include "distmuon/file_io.h"
 #include "distmuon/trainer.h"
 
 namespace distmuon {

@@ -10,6 +10,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/model_bench.h"
+#include "distmuon/plots.h"
 #include "test_util.h"
 
 namespace distmuon {

@@ -6,6 +6,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/newton_schulz.h"
+#include "distmuon/singular_values.h"
 #include "test_util.h"
 
 namespace distmuon {

@@ -11,6 +11,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/plan.h"
+#include "distmuon/plots.h"
 
 namespace distmuon {
 namespace {

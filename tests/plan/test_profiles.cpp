@@ -51,10 +51,10 @@ TEST(Profiles, BuiltInRegistryCarriesTheDatasheetFigures) {
     double bf16, intra, inter;
     int domain;
   };
-  const Row rows[] = {{"a100", 312, 300, 25, 8},    {"h100", 989, 450, 50, 8},
-                      {"h200", 989, 450, 50, 8},    {"b200", 2250, 900, 50, 8},
-                      {"gb200", 2500, 900, 50, 72}, {"gb300", 2500, 900, 100, 72},
-                      {"mi300x", 1307, 448, 50, 8}};
+  const Row rows[] = {{"a100", 312, 300, 25, 8},     {"h100", 989, 450, 50, 8},
+                      {"h200", 989, 450, 50, 8},     {"b200", 2250, 900, 50, 8},
+                      {"gb200", 2500, 900, 100, 72}, {"gb200-cx7", 2500, 900, 50, 72},
+                      {"gb300", 2500, 900, 100, 72}, {"mi300x", 1307, 448, 50, 8}};
   EXPECT_EQ(builtin_profiles().size(), std::size(rows));
   for (const auto& r : rows) {
     const auto p = find_profile(r.name);
@@ -74,7 +74,8 @@ TEST(Profiles, BuiltInRegistryCarriesTheDatasheetFigures) {
 }
 
 TEST(Profiles, LookupByDeviceNameSubstring) {
-  EXPECT_EQ(find_profile("NVIDIA GB200")->name, "gb200");  // not b200, although it contains it
+  EXPECT_EQ(find_profile("NVIDIA GB200")->name, "gb200");   // not b200, although it contains it
+  EXPECT_EQ(find_profile("GB200 CX7")->name, "gb200-cx7");  // the longest contained name wins
   EXPECT_EQ(find_profile("NVIDIA B200")->name, "b200");
   EXPECT_EQ(find_profile("NVIDIA H100 80GB HBM3")->name, "h100");
   EXPECT_EQ(find_profile("NVIDIA A100-SXM4-80GB")->name, "a100");

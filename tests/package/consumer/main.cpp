@@ -1,5 +1,8 @@
-// A program outside the distmuon tree: orthogonalise a small matrix through the installed package.
+// A program outside the distmuon tree: orthogonalise a small matrix through the installed core
+// package (distmuon::distmuon), and list the trainer's model through distmuon::train.
 #include <distmuon/newton_schulz.h>
+#include <distmuon/singular_values.h>
+#include <distmuon/train_config.h>
 
 #include <cstdio>
 
@@ -10,5 +13,8 @@ int main() {
   const auto x = distmuon::newton_schulz(g.view());
   const auto sv = distmuon::singular_values(x.view());
   std::printf("sigma in [%.3f, %.3f]\n", sv.back(), sv.front());
-  return sv.front() > 0.5 && sv.front() < 1.5 ? 0 : 1;
+  // The training model's Muon weights: input, fc1 and fc2 (docs/training.md).
+  const auto weights = distmuon::model_weights(distmuon::kTrainDefaultModel);
+  std::printf("train-default: %zu Muon weight shapes\n", weights.size());
+  return sv.front() > 0.5 && sv.front() < 1.5 && weights.size() == 3 ? 0 : 1;
 }

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "distmuon/plan.h"
+#include "distmuon/plots.h"
 #include "plot/gnuplot.h"
 
 namespace distmuon {
