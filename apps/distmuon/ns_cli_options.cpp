@@ -18,7 +18,8 @@ void NsCliOptions::add_to(CLI::App& app) {
       ->check(CLI::IsMember({"standard", "gram"}))
       ->capture_default_str();
   app.add_option("--gram-restart", gram_restart,
-                 "With --ns-algorithm gram: re-form the Gram matrix every N steps (0 = never)")
+                 "With --ns-algorithm gram: re-form the Gram matrix every N steps (0 = automatically, when "
+                 "rounding errors could have grown past kGramGrowthLimit)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
 }

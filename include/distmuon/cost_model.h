@@ -47,7 +47,9 @@ struct AutoKey {
   int elem_size = 4;  // bytes per element of the precision NS runs in (4 fp32, 2 bf16)
   // The algorithms auto may pick: kStandard or kGram (pinned), kAuto (either; refined model).
   NsAlgorithm algorithm = NsAlgorithm::kStandard;
-  int gram_restart = 0;  // the Gram algorithm's restart period (NsOptions::gram_restart)
+  // Gram matrices of the iterate one Gram-algorithm run forms: 1 + restarts
+  // (gram_ns_gram_count of the NS options; the model does not know the coefficients).
+  int gram_formations = 1;
   auto operator<=>(const AutoKey&) const = default;
 };
 

@@ -71,7 +71,7 @@ struct MuonOptions {
   // JSON "ns_algorithm": standard, gram, or auto (the default): with tp_mode auto the cost model
   // picks standard or gram per weight; with a fixed tp_mode auto runs standard.
   NsAlgorithm ns_algorithm = NsAlgorithm::kAuto;
-  int gram_restart = 0;  // ns_algorithm gram: re-form the Gram matrix every N steps (0 = never)
+  int gram_restart = 0;  // gram: re-form the Gram matrix every N steps (0 = automatically)
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;
   TpMode tp_mode = TpMode::kAuto;

@@ -61,8 +61,10 @@ enum class GramSide { kAuto, kRows, kCols };
 //  kGram:     the same polynomial run on s x s matrices only. Every iterate is X_k = Q_k X_0 with
 //             Q_k a polynomial in G_0 = X_0 X_0^T, so with R = X_k X_k^T and P = a I + b R + c R^2
 //             a step is Q <- P Q, R <- R P^2, and X = Q X_0 is formed once at the end. One Gram
-//             matrix of X (one all-reduce with a group) per call, plus one per restart: every
-//             gram_restart steps X = Q X_0 is formed and R re-formed from it (0 = never).
+//             matrix of X (one all-reduce with a group) per call, plus one per restart, where
+//             X = Q X_0 is formed and R re-formed from it: every gram_restart steps, or with
+//             gram_restart 0 (the default) automatically, when the growth of rounding errors in
+//             R (the product of a_k^2 since R was formed) would pass kGramGrowthLimit.
 //  kAuto:     not an algorithm: MuonOptions' "let tp_mode=auto pick standard or gram per weight"
 //             (standard when the mode is fixed). NsOptions rejects it.
 enum class NsAlgorithm { kStandard, kGram, kAuto };
@@ -77,7 +79,7 @@ struct NsOptions {
   bool norm_in_double = true;       // accumulate the Frobenius norm in double
   GramSide side = GramSide::kAuto;  // kAuto: the smaller dimension
   NsAlgorithm algorithm = NsAlgorithm::kStandard;
-  int gram_restart = 0;  // kGram: re-form R from X every this many steps (0 = never; >= 0)
+  int gram_restart = 0;  // kGram: 0 automatic restarts; N > 0 every N steps (>= 0)
 
   void validate() const;  // throws distmuon::Error with the valid values
 };
@@ -104,9 +106,18 @@ double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side = Gram
 // FLOPs of one NS run of an m x n matrix with opts (algorithm, steps, syrk, side, coefficients,
 // restarts) as executed.
 double ns_flops(Index m, Index n, const NsOptions& opts);
-// NsAlgorithm::kGram: how many Gram matrices of the s x L iterate one run forms (1 + restarts);
-// with a group, each is one all-reduce of s x s elements.
-int gram_ns_gram_count(int steps, int gram_restart);
+// NsAlgorithm::kGram. An eigenvalue of R that rounding left near zero grows by about a_k^2 per
+// step (a negative one diverges), so an fp32 error of 1e-7 on R must not grow past ~1e-2:
+// automatic restarts keep the product of a_k^2 since R was formed below this limit. The built-in
+// quintic set at 5 steps (product 3.0e4) needs none; polar_express, cans and the 10-step
+// deepseekv4 restart (docs/gram-newton-schulz.md).
+inline constexpr double kGramGrowthLimit = 5e4;
+// Whether the Gram algorithm with opts re-forms R after step `step` (0-based) instead of
+// updating it (never after the last step).
+bool gram_restarts_after(const NsOptions& opts, int step);
+// How many Gram matrices of the s x L iterate one Gram run with opts forms (1 + restarts); with a
+// group, each is one all-reduce of s x s elements.
+int gram_ns_gram_count(const NsOptions& opts);
 // The plain-GEMM count used for reporting GFLOP/s: steps * (4 s^2 L + 2 s^3).
 double ns_gemm_flops(Index m, Index n, int steps);
 

@@ -63,7 +63,7 @@ struct TpTraffic {
 TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode, int steps,
                      int elem_size = 4);
 // The same for opts' algorithm: with NsAlgorithm::kGram the distributed mode all-reduces
-// gram_ns_gram_count(steps, gram_restart) Gram matrices (1 without restarts) instead of steps.
+// gram_ns_gram_count(opts) Gram matrices (1 without restarts) instead of steps.
 TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode,
                      const NsOptions& opts, int elem_size = 4);
 

@@ -221,7 +221,7 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
                     .use_syrk = config.ns.use_syrk,
                     .elem_size = 4,
                     .algorithm = config.algorithm,
-                    .gram_restart = config.ns.gram_restart};
+                    .gram_formations = gram_ns_gram_count(config.ns)};
     s.estimate = estimate(s.key, profile, resolver->cost_model());
     keys.insert(keys.end(), static_cast<std::size_t>(s.count), s.key);
   }

@@ -155,7 +155,7 @@ void NsOptions::validate() const {
         "tp_mode=auto; a Newton-Schulz run needs standard or gram");
   }
   if (gram_restart < 0) {
-    throw Error(fmt::format("Newton-Schulz options: gram_restart must be >= 0 (0 = never), got {}",
+    throw Error(fmt::format("Newton-Schulz options: gram_restart must be >= 0 (0 = automatic), got {}",
                             gram_restart));
   }
 }

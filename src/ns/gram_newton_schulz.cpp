@@ -45,10 +45,27 @@ const char* to_string(NsAlgorithm algorithm) {
   return "?";
 }
 
-int gram_ns_gram_count(int steps, int gram_restart) {
-  if (steps < 1) return 0;
-  // A restart runs after step k (1-based) when k is a multiple of gram_restart and steps remain.
-  return 1 + (gram_restart > 0 ? (steps - 1) / gram_restart : 0);
+bool gram_restarts_after(const NsOptions& opts, int step) {
+  if (step < 0 || step + 1 >= opts.steps) return false;
+  if (opts.gram_restart > 0) return (step + 1) % opts.gram_restart == 0;
+  // Automatic: replay the growth of R's rounding errors since the last formation.
+  double growth = 1;
+  for (int k = 0; k <= step; ++k) {
+    const double a = opts.coefficients.at(k).a;
+    growth *= a * a;
+    const bool restart = k + 1 < opts.steps && growth > kGramGrowthLimit;
+    if (k == step) return restart;
+    if (restart) growth = 1;
+  }
+  return false;
+}
+
+int gram_ns_gram_count(const NsOptions& opts) {
+  if (opts.steps < 1) return 0;
+  int count = 1;
+  for (int step = 0; step + 1 < opts.steps; ++step)
+    count += gram_restarts_after(opts, step) ? 1 : 0;
+  return count;
 }
 
 namespace detail {
@@ -88,10 +105,6 @@ void apply_q(Compute& compute, bool rows, ConstMatrixView q, ConstMatrixView x0,
   } else {
     compute.gemm(Trans::kNo, Trans::kYes, 1.0f, x0, q, 0.0f, out);
   }
-}
-
-bool restart_after(int step, int steps, int gram_restart) {
-  return gram_restart > 0 && step + 1 < steps && (step + 1) % gram_restart == 0;
 }
 
 }  // namespace
@@ -157,7 +170,7 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
       std::swap(q, u);
     }
     if (step + 1 == opts.steps) break;
-    if (restart_after(step, opts.steps, opts.gram_restart)) {
+    if (gram_restarts_after(opts, step)) {
       apply_q(compute, rows, q, x0, spare);
       std::swap(x0, spare);
       form_gram(compute, rows, opts.use_syrk, x0, r, reduce_over);
@@ -173,8 +186,11 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
   if (spare.data != x.data) copy(spare, x);
 }
 
-double gram_ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,
-                     const CoefficientSet& coefficients, int gram_restart) {
+double gram_ns_flops(Index m, Index n, const NsOptions& opts) {
+  const int steps = opts.steps;
+  const bool use_syrk = opts.use_syrk;
+  const CoefficientSet& coefficients = opts.coefficients;
+  GramSide side = opts.side;
   if (side == GramSide::kAuto) side = m <= n ? GramSide::kRows : GramSide::kCols;
   const double s = static_cast<double>(side == GramSide::kRows ? m : n);
   const double l = static_cast<double>(side == GramSide::kRows ? n : m);
@@ -187,7 +203,7 @@ double gram_ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,
     if (!q_is_identity) total += 2.0 * s * s * s;                  // P Q
     q_is_identity = false;
     if (step + 1 == steps) break;
-    if (restart_after(step, steps, gram_restart)) {
+    if (gram_restarts_after(opts, step)) {
       total += apply + gram;
       q_is_identity = true;
     } else {

@@ -11,7 +11,6 @@ namespace distmuon::detail {
 void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
                                 const Communicator* group, NsWorkspace* ws);
 
-double gram_ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,
-                     const CoefficientSet& coefficients, int gram_restart);
+double gram_ns_flops(Index m, Index n, const NsOptions& opts);
 
 }  // namespace distmuon::detail

@@ -122,8 +122,7 @@ double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,
 
 double ns_flops(Index m, Index n, const NsOptions& opts) {
   if (opts.algorithm == NsAlgorithm::kGram) {
-    return detail::gram_ns_flops(m, n, opts.steps, opts.use_syrk, opts.side, opts.coefficients,
-                                 opts.gram_restart);
+    return detail::gram_ns_flops(m, n, opts);
   }
   return ns_flops(m, n, opts.steps, opts.use_syrk, opts.side, &opts.coefficients);
 }

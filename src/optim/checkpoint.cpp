@@ -28,7 +28,7 @@ void to_json(nlohmann::json& j, const AutoKey& k) {
        {"use_syrk", k.use_syrk},
        {"elem_size", k.elem_size},
        {"algorithm", to_string(k.algorithm)},
-       {"gram_restart", k.gram_restart}};
+       {"gram_formations", k.gram_formations}};
 }
 
 void from_json(const nlohmann::json& j, AutoKey& k) {
@@ -44,7 +44,7 @@ void from_json(const nlohmann::json& j, AutoKey& k) {
   // Absent in checkpoints written before the Gram algorithm: the standard-only key.
   k.algorithm = j.contains("algorithm") ? parse_ns_algorithm(j.at("algorithm").get<std::string>())
                                         : NsAlgorithm::kStandard;
-  k.gram_restart = j.value("gram_restart", 0);
+  k.gram_formations = j.value("gram_formations", 1);
 }
 
 namespace {

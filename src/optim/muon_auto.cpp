@@ -56,7 +56,7 @@ KeyOf key_of(Muon::Impl& s, ParamState& p) {
          .use_syrk = s.ns.use_syrk,
          .elem_size = 4,
          .algorithm = s.options.ns_algorithm,
-         .gram_restart = s.ns.gram_restart};
+         .gram_formations = gram_ns_gram_count(s.ns_gram)};
   if (tp_on && gtp_on) {
     const bool over_gtp = l.gtp_size >= l.tp_size;  // a tie distributes over GTP
     key.group_size = over_gtp ? l.gtp_size : l.tp_size;

@@ -92,7 +92,7 @@ void MuonOptions::validate() const {
         "refined, reference");
   check(!profile.empty(), "profile", "''", "none, a built-in profile name or a JSON file");
   check(gram_restart >= 0, "gram_restart", fmt::format("{}", gram_restart),
-        "an integer >= 0 (0 = never)");
+        "an integer >= 0 (0 = automatic)");
   ns_options().validate();  // coefficient set name, custom table, steps
   adamw.validate();
 }

@@ -28,7 +28,7 @@ std::array<std::int64_t, kFields> pack(std::int64_t code, const AutoKey& k) {
           k.use_syrk ? 1 : 0,
           k.elem_size,
           static_cast<std::int64_t>(k.algorithm),
-          k.gram_restart};
+          k.gram_formations};
 }
 
 constexpr std::int64_t kFailed = -1;
@@ -118,7 +118,7 @@ AutoChoice AutoModeResolver::resolve(const AutoKey& key, const Communicator& gro
                      .use_syrk = msg[8] != 0,
                      .elem_size = static_cast<int>(msg[9]),
                      .algorithm = static_cast<NsAlgorithm>(msg[10]),
-                     .gram_restart = static_cast<int>(msg[11])};
+                     .gram_formations = static_cast<int>(msg[11])};
   group.agree_or_throw(
       same, "tp_mode=auto",
       same

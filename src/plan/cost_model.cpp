@@ -70,7 +70,7 @@ double calibrated_products_s(const Calibration& cal, Index rows, Index cols, Gra
   const double update = 2 * s * s * l / cal.update_gemm.flops_per_s(s, l);
   if (algorithm != NsAlgorithm::kGram) return key.steps * (gram + square + update);
   const double cube = 2 * s * s * s / cal.update_gemm.flops_per_s(s, s);
-  const int grams = gram_ns_gram_count(key.steps, key.gram_restart);
+  const int grams = key.gram_formations;
   const int inner = key.steps - grams;  // steps followed by P Q, P^2 and R P^2
   return grams * (gram + update) + key.steps * square + inner * (square + 2 * cube);
 }
@@ -114,13 +114,15 @@ void add_elementwise(ModeCost& c, const ElementwiseWork& w, const Rates& rates) 
 // time: the datasheet model leaves it out).
 void add_ns(ModeCost& c, Index rows, Index cols, GramSide side, const AutoKey& key,
             NsAlgorithm algorithm, const Rates& rates) {
-  NsOptions o;
-  o.steps = key.steps;
-  o.use_syrk = key.use_syrk;
-  o.side = side;
-  o.algorithm = algorithm;
-  o.gram_restart = key.gram_restart;
-  const double flops = ns_flops(rows, cols, o);
+  // FLOPs as ns_flops counts them (c != 0); the Gram algorithm's from its formation count.
+  const auto [s, l] = gram_and_long(rows, cols, side);
+  const double sym = key.use_syrk ? 1 : 2;
+  const int inner = key.steps - key.gram_formations;
+  const double flops =
+      algorithm == NsAlgorithm::kGram
+          ? key.gram_formations * (sym + 2) * s * s * l + key.steps * sym * s * s * s +
+                inner * (sym + 4) * s * s * s
+          : ns_flops(rows, cols, key.steps, key.use_syrk, side);
   c.flops += flops;
   add_elementwise(c, ns_elementwise(rows, cols, side, key.steps, algorithm), rates);
   if (rates.compute != nullptr) {
@@ -203,7 +205,8 @@ void validate_key(const AutoKey& key) {
   if (key.partition_dim != 0 && key.partition_dim != 1) bad("partition_dim must be 0 or 1");
   if (key.steps < 1) bad(fmt::format("steps must be >= 1, got {}", key.steps));
   if (key.elem_size < 1) bad(fmt::format("elem_size must be >= 1, got {}", key.elem_size));
-  if (key.gram_restart < 0) bad(fmt::format("gram_restart must be >= 0, got {}", key.gram_restart));
+  if (key.gram_formations < 1 || key.gram_formations > key.steps)
+    bad(fmt::format("gram_formations must be in [1, steps], got {}", key.gram_formations));
 }
 
 CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profile) {
@@ -277,7 +280,7 @@ CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile
     add_all_gather(dist, first_gather, g2, x, rates);
     add_all_reduce(dist, kNormBytes, g, x, rates);
     const int grams =
-        a == NsAlgorithm::kGram ? gram_ns_gram_count(key.steps, key.gram_restart) : key.steps;
+        a == NsAlgorithm::kGram ? key.gram_formations : key.steps;
     for (int i = 0; i < grams; ++i)
       add_all_reduce(dist, gram_side * gram_side * e, g, x, rates);
     add_ns(dist, shard_rows, shard_cols, shard_side, key, a, rates);

@@ -43,7 +43,13 @@ AutoKey PlanOptions::key(Index m, Index n) const {
                  .steps = steps,
                  .use_syrk = use_syrk,
                  .elem_size = elem_size,
-                 .algorithm = algorithm};
+                 .algorithm = algorithm,
+                 .gram_formations = [&] {
+                   NsOptions o;  // the default (quintic) coefficients
+                   o.steps = steps;
+                   o.algorithm = NsAlgorithm::kGram;
+                   return gram_ns_gram_count(o);
+                 }()};
 }
 
 std::string PlanOptions::describe() const {

@@ -70,7 +70,7 @@ TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode
                      const NsOptions& opts, int elem_size) {
   check_traffic_args(m, n, group_size, partition_dim, mode, opts.steps, elem_size);
   const int grams = opts.algorithm == NsAlgorithm::kGram
-                        ? gram_ns_gram_count(opts.steps, opts.gram_restart)
+                        ? gram_ns_gram_count(opts)
                         : opts.steps;
   return traffic(m, n, group_size, partition_dim, mode, grams, elem_size);
 }

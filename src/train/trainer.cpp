@@ -146,7 +146,11 @@ std::vector<ShapeDecision> Trainer::decisions() const {
                     .use_syrk = ns.use_syrk,
                     .elem_size = 4,
                     .algorithm = s.options.ns_algorithm,
-                    .gram_restart = ns.gram_restart};
+                    .gram_formations = [&] {
+                      NsOptions gram = ns;
+                      gram.algorithm = NsAlgorithm::kGram;
+                      return gram_ns_gram_count(gram);
+                    }()};
     for (const auto& [key, choice] : resolved) {
       if (key.m == p.rows && key.n == p.cols && key.group_size == p.gtp_size) d.key = key;
     }
