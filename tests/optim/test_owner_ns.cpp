@@ -208,8 +208,9 @@ double spectral(Index m, Index n) {
 // ---- OwnerOrthogonalizer -----------------------------------------------------------------------
 
 // Owner = duplicated on the same update shards, for both algorithms; the owners of each bucket
-// are LPT on the weights' NS FLOPs; unsharded weights have none.
-void check_orthogonalizer(const std::vector<Case>& cases) {
+// are LPT on the weights' NS FLOPs; unsharded weights have none. Returns the owners.
+std::vector<int> check_orthogonalizer(const std::vector<Case>& cases) {
+  std::vector<int> last;
   for (NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
     Groups groups;
     NsOptions ns;
@@ -238,7 +239,9 @@ void check_orthogonalizer(const std::vector<Case>& cases) {
     }
     // Owners per bucket: LPT over the bucket's weights in order, on ns_flops of the full matrix.
     const std::vector<int>& owners = orth.last_owners();
-    ASSERT_EQ(owners.size(), cases.size());
+    EXPECT_EQ(owners.size(), cases.size());
+    if (owners.size() != cases.size()) return {};
+    last = owners;
     for (auto& [config, entry] : groups.map) {
       std::vector<double> flops;
       std::vector<int> got;
@@ -258,6 +261,7 @@ void check_orthogonalizer(const std::vector<Case>& cases) {
       }
     }
   }
+  return last;
 }
 
 TEST(OwnerOrthogonalizer, EqualsDuplicatedForEveryLayout) {
@@ -266,19 +270,19 @@ TEST(OwnerOrthogonalizer, EqualsDuplicatedForEveryLayout) {
 
 TEST(OwnerOrthogonalizer, UnevenBucketsAndRanksThatOwnNothing) {
   const int w = test::world().size();
-  check_orthogonalizer(uneven_cases(w));
-  check_orthogonalizer(single_case(w));
-  if (w == 1) return;
-  // The single weight's bucket: one owner, w - 1 ranks without a weight.
-  Groups groups;
-  const std::vector<Case> one = single_case(w);
-  const ProcessGroups& pg = groups.get(one[0].l).pg;
-  const detail::ShardLayout layout = shard_layout(one[0].l, pg);
-  Matrix u = gradient(one[0], 0, 0, pg);
-  const detail::OwnerOrthogonalizer::Weight weight{u.view(), &layout, &pg.tp, &pg.gtp};
-  detail::OwnerOrthogonalizer orth(detail::ns_flops_cost(NsOptions{}));
-  orth.run(std::span(&weight, 1), NsOptions{}, spectral);
-  EXPECT_EQ(orth.last_owners(), (std::vector<int>{0}));
+  // w + 1 weights and an unsharded one: every rank owns one, one rank owns two.
+  const std::vector<int> uneven = check_orthogonalizer(uneven_cases(w));
+  ASSERT_EQ(uneven.size(), static_cast<std::size_t>(w + 2));
+  EXPECT_EQ(uneven.back(), -1);  // the unsharded weight
+  if (w > 1) {
+    std::vector<int> per_rank(static_cast<std::size_t>(w), 0);
+    for (std::size_t i = 0; i + 1 < uneven.size(); ++i)
+      ++per_rank.at(static_cast<std::size_t>(uneven[i]));
+    EXPECT_EQ(*std::min_element(per_rank.begin(), per_rank.end()), 1);
+    EXPECT_EQ(*std::max_element(per_rank.begin(), per_rank.end()), 2);
+  }
+  // One weight: one owner (rank 0 of the grid), w - 1 ranks own nothing yet take part.
+  EXPECT_EQ(check_orthogonalizer(single_case(w)), (std::vector<int>{w > 1 ? 0 : -1}));
 }
 
 // ---- Muon --------------------------------------------------------------------------------------
