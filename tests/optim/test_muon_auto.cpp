@@ -49,7 +49,8 @@ struct Result {
 };
 
 // The reference model by default: it chooses between duplicated and distributed (standard NS)
-// only, which these tests are about; owner and Gram candidates: test_muon_owner.cpp.
+// only, which these tests are about; owner and Gram candidates: test_owner_ns.cpp and
+// test_muon_owner_auto.cpp.
 Result run(const std::vector<Case>& cases, TpMode mode, const std::string& model = "reference") {
   const Communicator& world = test::world();
   MuonOptions o;
