@@ -108,7 +108,11 @@ AutoKey key_of(const TestLayout& l, const MuonOptions& o) {
                  .use_syrk = o.use_syrk,
                  .elem_size = 4,
                  .algorithm = o.ns_algorithm,
-                 .gram_restart = o.gram_restart};
+                 .gram_formations = [&] {
+                   NsOptions ns = o.ns_options();
+                   ns.algorithm = NsAlgorithm::kGram;
+                   return gram_ns_gram_count(ns);
+                 }()};
 }
 
 std::int64_t code(const ParamInfo& p) {

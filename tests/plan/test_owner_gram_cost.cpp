@@ -17,7 +17,7 @@ namespace distmuon {
 namespace {
 
 AutoKey key(Index m, Index n, int g, NsAlgorithm algorithm = NsAlgorithm::kAuto, int dim = 0,
-            bool crosses = false, int restart = 0) {
+            bool crosses = false, int formations = 1) {
   return AutoKey{.m = m,
                  .n = n,
                  .group_size = g,
@@ -27,7 +27,7 @@ AutoKey key(Index m, Index n, int g, NsAlgorithm algorithm = NsAlgorithm::kAuto,
                  .use_syrk = true,
                  .elem_size = 4,
                  .algorithm = algorithm,
-                 .gram_restart = restart};
+                 .gram_formations = formations};
 }
 
 // Round figures: 300 TFLOP/s fp32, 100 GB/s inside a domain and `inter_gbps` across, latencies
@@ -46,17 +46,20 @@ HardwareProfile profile(double inter_gbps = 10, double intra_lat_us = 5, double 
   return p;
 }
 
-// distributed + Gram: one norm all-reduce and 1 + restarts Gram all-reduces of s x s elements;
-// standard: one per step.
+// distributed + Gram: one norm all-reduce and one all-reduce per Gram formation (1 + restarts)
+// of s x s elements; standard: one per step.
 TEST(GramCost, DistributedGramAllReducesOncePlusRestarts) {
   const HardwareProfile p = profile();
   for (const HardwareProfile* prof : {static_cast<const HardwareProfile*>(nullptr), &p}) {
     for (int restart : {0, 1, 2, 4}) {
       for (int dim : {0, 1}) {
-        const AutoKey k = key(4096, 1024, 8, NsAlgorithm::kAuto, dim, false, restart);
+        NsOptions o;  // quintic, 5 steps: automatic restarts (0) form one Gram matrix
+        o.algorithm = NsAlgorithm::kGram;
+        o.gram_restart = restart;
+        const int grams = gram_ns_gram_count(o);
+        EXPECT_EQ(grams, 1 + (restart > 0 ? (o.steps - 1) / restart : 0));
+        const AutoKey k = key(4096, 1024, 8, NsAlgorithm::kAuto, dim, false, grams);
         const CostEstimate e = estimate_refined(k, prof);
-        const int grams = gram_ns_gram_count(k.steps, restart);
-        EXPECT_EQ(grams, 1 + (restart > 0 ? (k.steps - 1) / restart : 0));
         EXPECT_EQ(e.distributed_gram.all_reduces, 1 + grams) << "restart " << restart;
         EXPECT_EQ(e.distributed.all_reduces, 1 + k.steps);
         const double s = dim == 0 ? 1024 : 4096;
@@ -83,8 +86,8 @@ Sweep sweep(NsAlgorithm algorithm, const std::vector<HardwareProfile>& profiles)
     for (int g : {2, 4, 8})
       for (int dim : {0, 1})
         for (bool crosses : {false, true})
-          for (int restart : {0, 2})
-            s.keys.push_back(key(sh[0], sh[1], g, algorithm, dim, crosses, restart));
+          for (int formations : {1, 3})
+            s.keys.push_back(key(sh[0], sh[1], g, algorithm, dim, crosses, formations));
   s.profiles.push_back(nullptr);
   for (const HardwareProfile& p : profiles)
     s.profiles.push_back(&p);
