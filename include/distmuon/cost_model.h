@@ -28,6 +28,7 @@
 
 #include "distmuon/comm.h"
 #include "distmuon/hardware_profile.h"
+#include "distmuon/layout.h"
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
 #include "distmuon/tp.h"
@@ -52,6 +53,14 @@ struct AutoKey {
   int gram_formations = 1;
   auto operator<=>(const AutoKey&) const = default;
 };
+
+// The key of a weight of this layout (ranks ignored) orthogonalised with ns: the group distributed
+// mode reduces over and the one gathered first (distributes_over_gtp), the partition dim of the
+// former (0 when it is GTP), steps, syrk and the Gram formation count of ns. allowed: the
+// algorithms auto may pick; crosses: whether a group of the weight crosses an NVLink domain;
+// elem_size: bytes per element of NS (4 fp32, 2 bf16). An unsharded layout: group_size 1.
+AutoKey auto_key(const ShardLayout& layout, const NsOptions& ns, NsAlgorithm allowed, bool crosses,
+                 int elem_size = 4);
 
 // One candidate: a mode and the algorithm NS runs with.
 struct AutoChoice {

@@ -22,23 +22,18 @@
 
 #include "distmuon/comm.h"
 #include "distmuon/compute.h"
+#include "distmuon/layout.h"
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
+#include "distmuon/tp_mode.h"
 
 namespace distmuon {
-
-enum class TpMode { kBlockwise, kDuplicated, kDistributed, kAuto, kOwner };
-TpMode parse_tp_mode(std::string_view name);  // throws, listing the valid names
-const char* to_string(TpMode mode);
-
-// Partition dimension of a sharded matrix: kNone (replicated), 0 (rows) or 1 (columns).
-inline constexpr int kNoPartition = -1;
-int parse_partition_dim(std::string_view text);  // "none", "0", "1"
 
 // Orthogonalises this rank's shard in place. Shards must be equal on every rank of the group;
 // a mismatch throws distmuon::CollectiveError on every rank (checked once per distinct shape).
 // partition_dim kNoPartition (or a group of one) is the local NS whatever the mode.
-// mode must not be kAuto (resolve it first).
+// mode must not be kAuto (resolve it first). The one-group case of orthogonalize_shard (layout.h,
+// over group_layout), without scaling.
 void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& group, TpMode mode,
                       const NsOptions& opts, Compute& compute = cpu_compute());
 
