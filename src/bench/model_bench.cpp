@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 
+#include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
 #include "distmuon/fsdp.h"
 #include "distmuon/topology.h"

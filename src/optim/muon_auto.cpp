@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "distmuon/checkpoint.h"
+#include "distmuon/auto_mode.h"
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/topology.h"
