@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "distmuon/bench.h"
+#include "distmuon/timing.h"
 #include "distmuon/comm.h"
 #include "distmuon/compute.h"
 #include "distmuon/hardware_profile.h"

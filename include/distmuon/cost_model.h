@@ -1,9 +1,10 @@
 #pragma once
 // Cost model for choosing, per weight, between the duplicated and distributed TP modes, each with
 // the standard or the Gram Newton-Schulz algorithm, and per bucket of weights owner mode against
-// the best per-weight choices; and the tp_mode=auto resolver built on it.
+// the best per-weight choices. The tp_mode=auto resolver built on it is in auto_mode.h.
 //
-// CONTRACT (used by the optimizer; keep these declarations): AutoKey, AutoModeResolver.
+// CONTRACT (used by the optimizer; keep these declarations): AutoKey (and AutoModeResolver,
+// auto_mode.h).
 //
 // Two models, both pure functions of (key, profile) returning a breakdown per mode; choosing is
 // a separate step (CostEstimate::choice). The equations, units and sources are in
@@ -28,6 +29,7 @@
 
 #include "distmuon/comm.h"
 #include "distmuon/hardware_profile.h"
+#include "distmuon/layout.h"
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
 #include "distmuon/tp.h"
@@ -52,6 +54,14 @@ struct AutoKey {
   int gram_formations = 1;
   auto operator<=>(const AutoKey&) const = default;
 };
+
+// The key of a weight of this layout (ranks ignored) orthogonalised with ns: the group distributed
+// mode reduces over and the one gathered first (distributes_over_gtp), the partition dim of the
+// former (0 when it is GTP), steps, syrk and the Gram formation count of ns. allowed: the
+// algorithms auto may pick; crosses: whether a group of the weight crosses an NVLink domain;
+// elem_size: bytes per element of NS (4 fp32, 2 bf16). An unsharded layout: group_size 1.
+AutoKey auto_key(const ShardLayout& layout, const NsOptions& ns, NsAlgorithm allowed, bool crosses,
+                 int elem_size = 4);
 
 // One candidate: a mode and the algorithm NS runs with.
 struct AutoChoice {
@@ -158,39 +168,5 @@ void validate_key(const AutoKey& key);
 std::string describe(const AutoKey& key);
 // A cost for people: "1.92 ms" (seconds) or "3.41 GFLOP" (FLOPs, when there is no profile).
 std::string format_cost(double value, bool seconds);
-
-// Resolves tp_mode=auto. Construct from a profile spec ("none", a built-in name, or a JSON file)
-// and a cost model name ("refined" or "reference"); invalid values throw with the valid ones.
-class AutoModeResolver {
- public:
-  AutoModeResolver(const std::string& profile_spec = "none",
-                   const std::string& cost_model = "refined");
-  ~AutoModeResolver();
-  AutoModeResolver(AutoModeResolver&&) noexcept;
-  AutoModeResolver& operator=(AutoModeResolver&&) noexcept;
-
-  // The per-weight best (duplicated or distributed, standard or Gram NS as the key allows).
-  // Cached per key; the first time a key is seen the group's rank 0 evaluates the model and
-  // broadcasts the decision, so every rank agrees even when their local profiles differ. Logs the
-  // decision with every candidate's estimate once, at info level, on rank 0.
-  AutoChoice resolve(const AutoKey& key, const Communicator& group);
-  // plan_bucket on this rank alone (no collective: the caller shares the result). Logs each new
-  // key's candidates and the bucket's decision; records the choices as decisions.
-  BucketPlan plan(std::span<const AutoKey> keys);
-
-  // Number of cost-model evaluations made by this rank (tests check the cache).
-  std::size_t model_evaluations() const;
-  // Decisions made so far (saved in checkpoints) and restoring them (on load).
-  const std::map<AutoKey, AutoChoice>& decisions() const;
-  void restore(const AutoKey& key, const AutoChoice& choice);
-
-  // The profile (empty for "none") and model this resolver estimates with.
-  const std::optional<HardwareProfile>& profile() const;
-  CostModel cost_model() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
 
 }  // namespace distmuon

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 
+#include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
 #include "distmuon/fsdp.h"
 #include "distmuon/topology.h"
@@ -212,16 +213,8 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
   // Keys and auto's plan: one bucket of every weight (count copies per shape).
   std::vector<AutoKey> keys;
   for (ModelBenchShape& s : shapes) {
-    s.key = AutoKey{.m = s.m,
-                    .n = s.n,
-                    .group_size = group.size(),
-                    .partition_dim = 0,
-                    .crosses_domain = rep.crosses_domain,
-                    .steps = config.ns.steps,
-                    .use_syrk = config.ns.use_syrk,
-                    .elem_size = 4,
-                    .algorithm = config.algorithm,
-                    .gram_formations = gram_ns_gram_count(config.ns)};
+    s.key = auto_key(ShardLayout{.m = s.m, .n = s.n, .gtp_size = group.size()}, config.ns,
+                     config.algorithm, rep.crosses_domain);
     s.estimate = estimate(s.key, profile, resolver->cost_model());
     keys.insert(keys.end(), static_cast<std::size_t>(s.count), s.key);
   }

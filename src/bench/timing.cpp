@@ -5,7 +5,7 @@
 #include <chrono>
 #include <random>
 
-#include "distmuon/bench.h"
+#include "distmuon/timing.h"
 #include "distmuon/error.h"
 
 namespace distmuon {

@@ -208,105 +208,118 @@ void Muon::save(const std::filesystem::path& dir) {
                          reason);
 }
 
-void Muon::load(const std::filesystem::path& dir) {
-  Impl& s = *impl_;
-  s.prepare();
-  struct Loaded {
-    std::vector<Matrix> tensors;
-    std::optional<AutoChoice> choice;
-    std::optional<AutoKey> key;
-  };
-  std::vector<Loaded> loaded;
-  std::int64_t step = 0;
-  std::string reason;
-  try {
-    const auto manifest_path = dir / kManifestName;
-    const nlohmann::json manifest = read_json_file(manifest_path);
-    if (manifest.value("format", "") != kCheckpointFormat ||
-        manifest.value("version", 0) != kCheckpointVersion) {
-      throw Error(fmt::format("'{}' is not a {} version {}", manifest_path.string(),
-                              kCheckpointFormat, kCheckpointVersion));
-    }
-    const nlohmann::json& cfg = manifest.at("config");
-    const nlohmann::json current = s.config();
-    check_params(cfg.at("params"), current.at("params"));
-    if (cfg.at("options") != current.at("options") && s.world.rank() == 0) {
-      spdlog::warn(
-          "Muon::load: the checkpoint was written with other options; keeping the "
-          "current ones (differences: {})",
-          nlohmann::json::diff(cfg.at("options"), current.at("options")).dump());
-    }
-    const nlohmann::json& ranks = manifest.at("ranks");
-    if (ranks.size() != manifest.at("world_size").get<std::size_t>()) {
-      throw Error(fmt::format("'{}' lists {} rank files for a world of {}", manifest_path.string(),
-                              ranks.size(), manifest.at("world_size").dump()));
-    }
-    step = manifest.at("step").get<std::int64_t>();
-    RankFiles files(dir, ranks);
-    for (std::size_t i = 0; i < s.params.size(); ++i) {
-      const ParamState& p = s.params[i];
-      const detail::ShardLayout& l = p.layout;
-      detail::ShardLayout saved = l;  // the saved GTP layout of the same TP-local tensor
-      saved.gtp_size = cfg.at("params")[i].at("gtp_size").get<int>();
-      saved.pad = cfg.at("params")[i].at("pad_length").get<Index>();
-      saved.validate(fmt::format("checkpoint parameter '{}'", p.spec.name));
-      const Index src_rows = saved.shard_rows();
-      Loaded out;
-      const auto& names = tensor_names(p.muon);
-      out.tensors.assign(names.size(), Matrix(l.shard_rows(), l.n_tp()));
-      std::map<int, int> source;  // saved GTP rank -> saved world rank
-      for (Index j = 0; j < l.shard_rows(); ++j) {
-        const Index row = l.gtp_rank * l.shard_rows() + j;  // TP-local row
-        if (row >= l.m_tp()) continue;                      // padding: zero
-        const int g = static_cast<int>(row / src_rows);
-        if (!source.contains(g)) {
-          source[g] = find_source(ranks, i, l.tp_rank, g, p.spec.expert_rank, s.world.rank());
-        }
-        const std::vector<char>& bytes = files.get(source[g]);
-        const auto& tensors =
-            ranks[static_cast<std::size_t>(source[g])].at("params")[i].at("tensors");
-        for (std::size_t k = 0; k < names.size(); ++k) {
-          const auto& t = tensors.at(k);
-          const auto offset = t.at("offset").get<std::size_t>();
-          const auto row_bytes = sizeof(float) * static_cast<std::size_t>(l.n_tp());
-          if (t.at("name") != names[k] || t.at("rows").get<Index>() != src_rows ||
-              t.at("cols").get<Index>() != l.n_tp() ||
-              offset + row_bytes * static_cast<std::size_t>(src_rows) > bytes.size()) {
-            throw Error(fmt::format(
-                "checkpoint tensor {} of '{}' on rank {} does not match a {} "
-                "shard of {}",
-                t.dump(), p.spec.name, source[g], names[k], shape_str(src_rows, l.n_tp())));
-          }
-          std::memcpy(out.tensors[k].view().row_block(j, 1).data,
-                      bytes.data() + offset + row_bytes * static_cast<std::size_t>(row % src_rows),
-                      row_bytes);
-        }
-      }
-      // A decision of tp_mode=auto is kept when the layout is unchanged.
-      if (s.options.tp_mode == TpMode::kAuto && saved.gtp_size == l.gtp_size && p.muon) {
-        const int r =
-            find_source(ranks, i, l.tp_rank, l.gtp_rank, p.spec.expert_rank, s.world.rank());
-        const auto& e = ranks[static_cast<std::size_t>(r)].at("params")[i];
-        if (e.contains("auto_key") && e.contains("mode")) {
-          out.key = e.at("auto_key").get<AutoKey>();
-          // "algorithm" is absent in checkpoints written before the Gram algorithm: standard.
-          out.choice = AutoChoice{parse_tp_mode(e.at("mode").get<std::string>()),
-                                  e.contains("algorithm")
-                                      ? parse_ns_algorithm(e.at("algorithm").get<std::string>())
-                                      : NsAlgorithm::kStandard};
-        }
-      }
-      loaded.push_back(std::move(out));
-    }
-  } catch (const std::exception& e) {
-    reason = e.what();
-  }
-  s.world.agree_or_throw(reason.empty(), fmt::format("Muon::load '{}'", dir.string()), reason);
+namespace {
 
+// What a checkpoint holds for one parameter, resharded to this rank's layout.
+struct LoadedParam {
+  std::vector<Matrix> tensors;
+  std::optional<AutoChoice> choice;
+  std::optional<AutoKey> key;
+};
+
+// The manifest of a checkpoint, checked against this optimizer: format and version, the same
+// parameters (shapes, groups may differ), one rank entry per saved rank. Warns (rank 0) when the
+// saved options differ from the current ones, which are kept.
+struct CheckpointManifest {
+  std::filesystem::path path;
+  nlohmann::json json;
+  const nlohmann::json& params() const { return json.at("config").at("params"); }
+  const nlohmann::json& ranks() const { return json.at("ranks"); }
+  std::int64_t step() const { return json.at("step").get<std::int64_t>(); }
+};
+
+CheckpointManifest read_manifest(Muon::Impl& s, const std::filesystem::path& dir) {
+  CheckpointManifest out{dir / kManifestName, {}};
+  out.json = read_json_file(out.path);
+  const nlohmann::json& manifest = out.json;
+  if (manifest.value("format", "") != kCheckpointFormat ||
+      manifest.value("version", 0) != kCheckpointVersion) {
+    throw Error(fmt::format("'{}' is not a {} version {}", out.path.string(), kCheckpointFormat,
+                            kCheckpointVersion));
+  }
+  const nlohmann::json& cfg = manifest.at("config");
+  const nlohmann::json current = s.config();
+  check_params(cfg.at("params"), current.at("params"));
+  if (cfg.at("options") != current.at("options") && s.world.rank() == 0) {
+    spdlog::warn(
+        "Muon::load: the checkpoint was written with other options; keeping the "
+        "current ones (differences: {})",
+        nlohmann::json::diff(cfg.at("options"), current.at("options")).dump());
+  }
+  const nlohmann::json& ranks = manifest.at("ranks");
+  if (ranks.size() != manifest.at("world_size").get<std::size_t>()) {
+    throw Error(fmt::format("'{}' lists {} rank files for a world of {}", out.path.string(),
+                            ranks.size(), manifest.at("world_size").dump()));
+  }
+  return out;
+}
+
+// Parameter i's state for this rank's shard, read row by row from the saved shards of the same
+// TP-local tensor (the GTP size and padding may have changed), and its tp_mode=auto decision
+// when the layout is unchanged.
+LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, RankFiles& files,
+                    std::size_t i) {
+  const nlohmann::json& ranks = manifest.ranks();
+  const ParamState& p = s.params[i];
+  const detail::ShardLayout& l = p.layout;
+  detail::ShardLayout saved = l;  // the saved GTP layout of the same TP-local tensor
+  saved.gtp_size = manifest.params()[i].at("gtp_size").get<int>();
+  saved.pad = manifest.params()[i].at("pad_length").get<Index>();
+  saved.validate(fmt::format("checkpoint parameter '{}'", p.spec.name));
+  const Index src_rows = saved.shard_rows();
+  LoadedParam out;
+  const auto& names = tensor_names(p.muon);
+  out.tensors.assign(names.size(), Matrix(l.shard_rows(), l.n_tp()));
+  std::map<int, int> source;  // saved GTP rank -> saved world rank
+  for (Index j = 0; j < l.shard_rows(); ++j) {
+    const Index row = l.gtp_rank * l.shard_rows() + j;  // TP-local row
+    if (row >= l.m_tp()) continue;                      // padding: zero
+    const int g = static_cast<int>(row / src_rows);
+    if (!source.contains(g)) {
+      source[g] = find_source(ranks, i, l.tp_rank, g, p.spec.expert_rank, s.world.rank());
+    }
+    const std::vector<char>& bytes = files.get(source[g]);
+    const auto& tensors = ranks[static_cast<std::size_t>(source[g])].at("params")[i].at("tensors");
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      const auto& t = tensors.at(k);
+      const auto offset = t.at("offset").get<std::size_t>();
+      const auto row_bytes = sizeof(float) * static_cast<std::size_t>(l.n_tp());
+      if (t.at("name") != names[k] || t.at("rows").get<Index>() != src_rows ||
+          t.at("cols").get<Index>() != l.n_tp() ||
+          offset + row_bytes * static_cast<std::size_t>(src_rows) > bytes.size()) {
+        throw Error(
+            fmt::format("checkpoint tensor {} of '{}' on rank {} does not match a {} "
+                        "shard of {}",
+                        t.dump(), p.spec.name, source[g], names[k], shape_str(src_rows, l.n_tp())));
+      }
+      std::memcpy(out.tensors[k].view().row_block(j, 1).data,
+                  bytes.data() + offset + row_bytes * static_cast<std::size_t>(row % src_rows),
+                  row_bytes);
+    }
+  }
+  // A decision of tp_mode=auto is kept when the layout is unchanged.
+  if (s.options.tp_mode == TpMode::kAuto && saved.gtp_size == l.gtp_size && p.muon) {
+    const int r = find_source(ranks, i, l.tp_rank, l.gtp_rank, p.spec.expert_rank, s.world.rank());
+    const auto& e = ranks[static_cast<std::size_t>(r)].at("params")[i];
+    if (e.contains("auto_key") && e.contains("mode")) {
+      out.key = e.at("auto_key").get<AutoKey>();
+      // "algorithm" is absent in checkpoints written before the Gram algorithm: standard.
+      out.choice = AutoChoice{parse_tp_mode(e.at("mode").get<std::string>()),
+                              e.contains("algorithm")
+                                  ? parse_ns_algorithm(e.at("algorithm").get<std::string>())
+                                  : NsAlgorithm::kStandard};
+    }
+  }
+  return out;
+}
+
+// Installs the loaded state (every rank has loaded it): the step, the optimizer states and the
+// kept tp_mode=auto decisions.
+void restore(Muon::Impl& s, std::int64_t step, std::vector<LoadedParam>& loaded) {
   s.step = step;
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     ParamState& p = s.params[i];
-    Loaded& in = loaded[i];
+    LoadedParam& in = loaded[i];
     if (p.muon) {
       p.momentum = std::move(in.tensors[0]);
     } else {
@@ -320,6 +333,27 @@ void Muon::load(const std::filesystem::path& dir) {
       restore_auto_decision(s, *in.key, *in.choice);
     }
   }
+}
+
+}  // namespace
+
+void Muon::load(const std::filesystem::path& dir) {
+  Impl& s = *impl_;
+  s.prepare();
+  std::vector<LoadedParam> loaded;
+  std::int64_t step = 0;
+  std::string reason;
+  try {
+    const CheckpointManifest manifest = read_manifest(s, dir);
+    step = manifest.step();
+    RankFiles files(dir, manifest.ranks());
+    for (std::size_t i = 0; i < s.params.size(); ++i)
+      loaded.push_back(reshard(s, manifest, files, i));
+  } catch (const std::exception& e) {
+    reason = e.what();
+  }
+  s.world.agree_or_throw(reason.empty(), fmt::format("Muon::load '{}'", dir.string()), reason);
+  restore(s, step, loaded);
 }
 
 }  // namespace distmuon

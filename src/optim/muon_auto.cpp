@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "distmuon/checkpoint.h"
+#include "distmuon/auto_mode.h"
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/topology.h"
@@ -35,8 +36,7 @@ bool probe(AutoState& a, const Communicator& group) {
 
 namespace {
 
-// The cost model's key of an auto parameter and the group it is resolved over (the larger one;
-// the smaller one is all-gathered first in the two-step TP x GTP case).
+// The cost model's key of an auto parameter (auto_key of its layout) and this rank's probe.
 struct KeyOf {
   AutoKey key;
   bool crosses = false;  // this rank's probe of the weight's groups
@@ -45,30 +45,10 @@ struct KeyOf {
 KeyOf key_of(Muon::Impl& s, ParamState& p) {
   AutoState& a = *s.auto_state;
   const detail::ShardLayout& l = p.layout;
-  const bool tp_on = l.tp_dim != kNoPartition && l.tp_size > 1;
-  const bool gtp_on = l.gtp_size > 1;
+  const bool tp_on = l.tp_on(), gtp_on = l.gtp_on();
   DISTMUON_ASSERT(tp_on || gtp_on, "auto on an unsharded parameter");
   KeyOf out;
-  AutoKey& key = out.key;
-  key = {.m = l.m,
-         .n = l.n,
-         .steps = s.ns.steps,
-         .use_syrk = s.ns.use_syrk,
-         .elem_size = 4,
-         .algorithm = s.options.ns_algorithm,
-         .gram_formations = gram_ns_gram_count(s.ns_gram)};
-  if (tp_on && gtp_on) {
-    const bool over_gtp = l.gtp_size >= l.tp_size;  // a tie distributes over GTP
-    key.group_size = over_gtp ? l.gtp_size : l.tp_size;
-    key.second_group_size = over_gtp ? l.tp_size : l.gtp_size;
-    key.partition_dim = over_gtp ? 0 : l.tp_dim;
-  } else if (gtp_on) {
-    key.group_size = l.gtp_size;
-    key.partition_dim = 0;
-  } else {
-    key.group_size = l.tp_size;
-    key.partition_dim = l.tp_dim;
-  }
+  out.key = auto_key(l, s.ns, s.options.ns_algorithm, false);
   out.crosses = (gtp_on && probe(a, p.gtp)) || (tp_on && probe(a, p.tp));
   return out;
 }

@@ -6,8 +6,10 @@
 #include <numeric>
 
 #include "distmuon/error.h"
+#include "distmuon/tp.h"
 
-namespace distmuon::detail {
+namespace distmuon {
+namespace detail {
 namespace {
 
 // How a class matrix is orthogonalised.
@@ -23,7 +25,7 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
                            Compute& compute) {
   DISTMUON_ASSERT(static_cast<Index>(ids.size()) == p.rows, "one id per work row");
   NsOptions o = ns;
-  o.side = where.group != nullptr ? where.side : GramSide::kAuto;
+  o.side = where.group != nullptr ? where.side : ns.side;
   for (int c = 0; c < layout.classes(); ++c) {
     std::vector<Index> rows;
     for (Index k = 0; k < p.rows; ++k) {
@@ -34,15 +36,16 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
     // A rank holding no row of the class still joins the collectives, with one zero row: it adds
     // nothing to the norm or the Gram matrix (only possible with the Gram on the columns).
     DISTMUON_ASSERT(!rows.empty() || o.side == GramSide::kCols, "rows side needs every row");
-    const double f = where.local_scale ? scale(static_cast<Index>(rows.size()), p.cols)
-                                       : scale(layout.class_rows(c), layout.n);
+    const double f = !scale              ? 1.0
+                     : where.local_scale ? scale(static_cast<Index>(rows.size()), p.cols)
+                                         : scale(layout.class_rows(c), layout.n);
     const Communicator* group = distributed ? where.group : nullptr;
     // The usual case (no QKV split; padding only at the end) is one run of rows: orthogonalise
     // it in place rather than through a copy.
     if (!rows.empty() && rows.back() - rows.front() + 1 == static_cast<Index>(rows.size())) {
       const MatrixView run = p.row_block(rows.front(), static_cast<Index>(rows.size()));
       newton_schulz_inplace(run, o, compute, group);
-      compute.scale(run, static_cast<float>(f));
+      if (scale) compute.scale(run, static_cast<float>(f));
       continue;
     }
     Matrix x(std::max<Index>(1, static_cast<Index>(rows.size())), p.cols);
@@ -50,7 +53,7 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
       copy(p.row_block(rows[k], 1), x.view().row_block(static_cast<Index>(k), 1));
     }
     newton_schulz_inplace(x.view(), o, compute, group);
-    compute.scale(x.view(), static_cast<float>(f));
+    if (scale) compute.scale(x.view(), static_cast<float>(f));
     for (std::size_t k = 0; k < rows.size(); ++k) {
       copy(x.view().row_block(static_cast<Index>(k), 1), p.row_block(rows[k], 1));
     }
@@ -61,67 +64,6 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
 }
 
 }  // namespace
-
-Index ShardLayout::local_pad() const {
-  const Index r = shard_rows();
-  return std::min(r, std::max<Index>(0, pad - (gtp_size - 1 - gtp_rank) * r));
-}
-
-Index ShardLayout::global_row(int t, Index i) const {
-  if (i >= m_tp()) return -1;
-  return tp_dim == 0 ? t * m_tp() + i : i;
-}
-
-int ShardLayout::row_class(Index global_row) const {
-  if (qkv.empty()) return 0;
-  const Index period = std::accumulate(qkv.begin(), qkv.end(), Index{0});
-  Index within = global_row % period;
-  for (std::size_t c = 0; c < qkv.size(); ++c) {
-    if (within < qkv[c]) return static_cast<int>(c);
-    within -= qkv[c];
-  }
-  DISTMUON_ASSERT(false, "row outside its query group");
-}
-
-Index ShardLayout::class_rows(int c) const {
-  if (qkv.empty()) return m;
-  const Index period = std::accumulate(qkv.begin(), qkv.end(), Index{0});
-  return m / period * qkv[static_cast<std::size_t>(c)];
-}
-
-void ShardLayout::validate(const std::string& what) const {
-  auto fail = [&](const std::string& why) { throw Error(fmt::format("{}: {}", what, why)); };
-  if (m < 1 || n < 1) fail(fmt::format("shape {} must be positive", shape_str(m, n)));
-  if (tp_dim != kNoPartition && tp_dim != 0 && tp_dim != 1) {
-    fail(fmt::format("TP partition dim {} (valid: none, 0, 1)", tp_dim));
-  }
-  const Index extent = tp_dim == 0 ? m : n;
-  if (tp_dim != kNoPartition && extent % tp_size != 0) {
-    fail(fmt::format("{} does not split into {} equal TP shards along dim {}", shape_str(m, n),
-                     tp_size, tp_dim));
-  }
-  if (pad < 0) fail(fmt::format("pad_length {} is negative", pad));
-  if (padded_rows() % gtp_size != 0) {
-    fail(fmt::format("{} TP-local rows plus pad_length {} do not split into {} equal GTP shards",
-                     m_tp(), pad, gtp_size));
-  }
-  if (!qkv.empty()) {
-    if (qkv.size() != 3 && qkv.size() != 4) {
-      fail(fmt::format(
-          "QKV split needs 3 ({{q, k, v}}) or 4 ({{q, gate, k, v}}) block sizes, got {}",
-          qkv.size()));
-    }
-    for (Index b : qkv) {
-      if (b < 1)
-        fail(fmt::format("QKV block sizes must be positive, got [{}]", fmt::join(qkv, ", ")));
-    }
-    const Index period = std::accumulate(qkv.begin(), qkv.end(), Index{0});
-    if (m % period != 0) {
-      fail(fmt::format("{} rows are not whole query groups of [{}] = {} rows", m,
-                       fmt::join(qkv, ", "), period));
-    }
-  }
-}
 
 Index full_work_rows(const ShardLayout& layout) {
   const bool tp_rows = layout.tp_dim == 0 && layout.tp_size > 1;
@@ -147,14 +89,16 @@ void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOpti
   orthogonalize_classes(full, ids, layout, {}, ns, scale, compute);
 }
 
+}  // namespace detail
+
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
                          const ScaleFn& scale, Compute& compute) {
   DISTMUON_ASSERT(mode != TpMode::kAuto, "auto must be resolved before orthogonalising");
   DISTMUON_ASSERT(mode != TpMode::kOwner, "owner mode orthogonalises buckets (owner_ns.h)");
   DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
-  const bool tp_on = layout.tp_dim != kNoPartition && layout.tp_size > 1;
-  const bool gtp_on = layout.gtp_size > 1;
+  using detail::orthogonalize_classes;
+  const bool tp_on = layout.tp_on(), gtp_on = layout.gtp_on();
   const Index r_l = layout.shard_rows(), r_tp = layout.padded_rows(), n_tp = layout.n_tp();
   const int t_rank = layout.tp_rank, g_rank = layout.gtp_rank;
 
@@ -179,7 +123,7 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
                          : (layout.tp_dim == 0 ? all_gather_shards(tp_local.view(), 0, tp)
                                                : all_gather_shards(tp_local.view(), 1, tp));
     const int blocks = tp_on && layout.tp_dim == 0 ? layout.tp_size : 1;
-    orthogonalize_full(full.view(), layout, ns, scale, compute);
+    detail::orthogonalize_full(full.view(), layout, ns, scale, compute);
     const Index row0 = (blocks > 1 ? t_rank * r_tp : 0) + g_rank * r_l;
     const Index col0 = tp_on && layout.tp_dim == 1 ? t_rank * n_tp : 0;
     copy(full.view().block(row0, col0, r_l, n_tp), u);
@@ -187,7 +131,9 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
   }
 
   // distributed
-  if (tp_on && gtp_on && layout.gtp_size >= layout.tp_size) {
+  const bool over_gtp = distributes_over_gtp(layout);
+  const GramSide tp_side = layout.tp_dim == 0 ? GramSide::kCols : GramSide::kRows;
+  if (tp_on && gtp_on && over_gtp) {
     // Gather over TP, distribute over GTP with the Gram on the columns.
     if (layout.tp_dim == 0) {
       Matrix p = all_gather_shards(u, 0, tp);
@@ -203,7 +149,6 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
     }
     return;
   }
-  const GramSide tp_side = layout.tp_dim == 0 ? GramSide::kCols : GramSide::kRows;
   if (tp_on && gtp_on) {
     // TP larger: gather over GTP into the TP-local tensor, distribute over TP.
     Matrix p = all_gather_shards(u, 0, gtp);
@@ -213,11 +158,11 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
     return;
   }
   ids_of(t_rank, g_rank * r_l, r_l, ids);
-  if (gtp_on) {
+  if (over_gtp) {
     orthogonalize_classes(u, ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute);
   } else {
     orthogonalize_classes(u, ids, layout, {&tp, tp_side}, ns, scale, compute);
   }
 }
 
-}  // namespace distmuon::detail
+}  // namespace distmuon

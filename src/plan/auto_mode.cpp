@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "distmuon/cost_model.h"
+#include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
 
 namespace distmuon {

@@ -301,6 +301,24 @@ CostEstimate estimate(const AutoKey& key, const HardwareProfile* profile, CostMo
                                         : estimate_refined(key, profile);
 }
 
+AutoKey auto_key(const ShardLayout& layout, const NsOptions& ns, NsAlgorithm allowed, bool crosses,
+                 int elem_size) {
+  AutoKey key{.m = layout.m,
+              .n = layout.n,
+              .crosses_domain = crosses,
+              .steps = ns.steps,
+              .use_syrk = ns.use_syrk,
+              .elem_size = elem_size,
+              .algorithm = allowed,
+              .gram_formations = gram_ns_gram_count(ns)};
+  const bool tp_on = layout.tp_on(), gtp_on = layout.gtp_on();
+  const bool over_gtp = distributes_over_gtp(layout);
+  key.group_size = over_gtp ? layout.gtp_size : tp_on ? layout.tp_size : 1;
+  key.second_group_size = !(tp_on && gtp_on) ? 1 : over_gtp ? layout.tp_size : layout.gtp_size;
+  key.partition_dim = over_gtp || layout.tp_dim == kNoPartition ? 0 : layout.tp_dim;
+  return key;
+}
+
 std::string describe(const AutoKey& key) {
   std::string out = fmt::format("{}x{} G={}", key.m, key.n, key.group_size);
   if (key.partition_dim != 0) out += fmt::format(" dim={}", key.partition_dim);

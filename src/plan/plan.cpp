@@ -34,22 +34,11 @@ double ratio(double a, double b) {
 }  // namespace
 
 AutoKey PlanOptions::key(Index m, Index n) const {
-  return AutoKey{.m = m,
-                 .n = n,
-                 .group_size = group_size,
-                 .partition_dim = partition_dim,
-                 .second_group_size = 1,
-                 .crosses_domain = crosses_domain,
-                 .steps = steps,
-                 .use_syrk = use_syrk,
-                 .elem_size = elem_size,
-                 .algorithm = algorithm,
-                 .gram_formations = [&] {
-                   NsOptions o;  // the default (quintic) coefficients
-                   o.steps = steps;
-                   o.algorithm = NsAlgorithm::kGram;
-                   return gram_ns_gram_count(o);
-                 }()};
+  NsOptions ns;  // the default (quintic) coefficients
+  ns.steps = steps;
+  ns.use_syrk = use_syrk;
+  const ShardLayout layout{.m = m, .n = n, .tp_dim = partition_dim, .tp_size = group_size};
+  return auto_key(layout, ns, algorithm, crosses_domain, elem_size);
 }
 
 std::string PlanOptions::describe() const {

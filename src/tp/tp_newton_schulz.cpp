@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "distmuon/error.h"
+#include "distmuon/layout.h"
 #include "distmuon/tp.h"
 
 namespace distmuon {
@@ -59,39 +60,6 @@ void check_equal_shards(const Communicator& group, Index rows, Index cols, int p
 }
 
 }  // namespace
-
-TpMode parse_tp_mode(std::string_view name) {
-  if (name == "blockwise") return TpMode::kBlockwise;
-  if (name == "duplicated") return TpMode::kDuplicated;
-  if (name == "distributed") return TpMode::kDistributed;
-  if (name == "auto") return TpMode::kAuto;
-  if (name == "owner") return TpMode::kOwner;
-  throw Error(fmt::format(
-      "unknown tp_mode '{}'; valid: blockwise, duplicated, distributed, owner, auto", name));
-}
-
-const char* to_string(TpMode mode) {
-  switch (mode) {
-    case TpMode::kBlockwise:
-      return "blockwise";
-    case TpMode::kDuplicated:
-      return "duplicated";
-    case TpMode::kDistributed:
-      return "distributed";
-    case TpMode::kAuto:
-      return "auto";
-    case TpMode::kOwner:
-      return "owner";
-  }
-  return "?";
-}
-
-int parse_partition_dim(std::string_view text) {
-  if (text == "none" || text == "-1") return kNoPartition;
-  if (text == "0") return 0;
-  if (text == "1") return 1;
-  throw Error(fmt::format("invalid partition dim '{}'; valid: none, 0, 1", text));
-}
 
 Matrix shard_of(ConstMatrixView full, int dim, int parts, int index) {
   if (dim != 0 && dim != 1)
@@ -154,24 +122,14 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
     throw Error(
         fmt::format("newton_schulz_tp: partition dim {} (valid: none, 0, 1)", partition_dim));
   }
-  if (partition_dim == kNoPartition || group.size() == 1 || mode == TpMode::kBlockwise) {
-    newton_schulz_inplace(shard, opts, compute);
-    return;
-  }
-  check_equal_shards(group, shard.rows, shard.cols, partition_dim);
-  if (mode == TpMode::kDuplicated) {
-    Matrix full = all_gather_shards(shard, partition_dim, group);
-    newton_schulz_inplace(full.view(), opts, compute);
-    const Index r = group.rank();
-    copy(partition_dim == 0 ? full.view().block(shard.rows * r, 0, shard.rows, shard.cols)
-                            : full.view().block(0, shard.cols * r, shard.rows, shard.cols),
-         shard);
-    return;
-  }
-  // distributed: rows split -> Gram on the columns (N x N); columns split -> Gram on the rows.
-  NsOptions o = opts;
-  o.side = partition_dim == 0 ? GramSide::kCols : GramSide::kRows;
-  newton_schulz_inplace(shard, o, compute, &group);
+  const bool sharded = partition_dim != kNoPartition && group.size() > 1;
+  if (sharded && mode != TpMode::kBlockwise)
+    check_equal_shards(group, shard.rows, shard.cols, partition_dim);
+  // One group holding equal shards, no padding, no QKV split, no scaling: the dispatcher's
+  // TP-only case (the group is the TP group; the GTP group is this rank alone).
+  const ShardLayout layout =
+      group_layout(shard.rows, shard.cols, partition_dim, group.size(), group.rank());
+  orthogonalize_shard(shard, layout, group, local_communicator(), mode, opts, {}, compute);
 }
 
 ProcessGroups make_process_groups(const Communicator& world, int tp_size, int gtp_size) {

@@ -2,7 +2,7 @@
 #include <fmt/format.h>
 
 #include "distmuon/error.h"
-#include "distmuon/tp.h"
+#include "distmuon/tp_traffic.h"
 
 namespace distmuon {
 namespace {

@@ -138,19 +138,8 @@ std::vector<ShapeDecision> Trainer::decisions() const {
     // Before the first step auto has not resolved yet: report the option.
     d.mode = p.mode.value_or(s.options.tp_mode);
     d.algorithm = p.algorithm;
-    d.key = AutoKey{.m = p.rows,
-                    .n = p.cols,
-                    .group_size = p.gtp_size,
-                    .partition_dim = 0,
-                    .steps = ns.steps,
-                    .use_syrk = ns.use_syrk,
-                    .elem_size = 4,
-                    .algorithm = s.options.ns_algorithm,
-                    .gram_formations = [&] {
-                      NsOptions gram = ns;
-                      gram.algorithm = NsAlgorithm::kGram;
-                      return gram_ns_gram_count(gram);
-                    }()};
+    d.key = auto_key(ShardLayout{.m = p.rows, .n = p.cols, .gtp_size = p.gtp_size}, ns,
+                     s.options.ns_algorithm, false);
     for (const auto& [key, choice] : resolved) {
       if (key.m == p.rows && key.n == p.cols && key.group_size == p.gtp_size) d.key = key;
     }

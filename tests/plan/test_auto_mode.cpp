@@ -7,6 +7,7 @@
 #include <memory>
 #include <sstream>
 
+#include "distmuon/auto_mode.h"
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "test_util.h"
