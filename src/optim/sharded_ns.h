@@ -20,6 +20,7 @@
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
 #include "distmuon/tp.h"
+#include "ns/ns_workspaces.h"
 
 namespace distmuon::detail {
 
@@ -57,13 +58,15 @@ Index full_work_rows(const ShardLayout& layout);
 Index full_work_cols(const ShardLayout& layout);
 // Orthogonalises and scales that full work matrix in place, per row class, zeroing padding rows:
 // exactly what duplicated mode runs on it (owner mode runs the same code on the owner rank).
+// NS takes its scratch from workspaces when given (kept across steps), else allocates it.
 void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
-                        const ScaleFn& scale, Compute& compute = cpu_compute());
+                        const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces = nullptr);
 
 // Orthogonalises and scales this rank's update shard u (shard_rows x n_tp) in place.
 // tp and gtp are this rank's groups (size 1 when absent); mode is not kAuto.
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute = cpu_compute());
+                         const ScaleFn& scale, Compute& compute,
+                         NsWorkspaces* workspaces = nullptr);
 
 }  // namespace distmuon::detail

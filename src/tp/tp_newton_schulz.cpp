@@ -93,7 +93,7 @@ int parse_partition_dim(std::string_view text) {
   throw Error(fmt::format("invalid partition dim '{}'; valid: none, 0, 1", text));
 }
 
-Matrix shard_of(ConstMatrixView full, int dim, int parts, int index) {
+Matrix shard_of(ConstMatrixView full, int dim, int parts, int index, Compute& compute) {
   if (dim != 0 && dim != 1)
     throw Error(fmt::format("shard_of: partition dim must be 0 or 1, got {}", dim));
   const Index extent = dim == 0 ? full.rows : full.cols;
@@ -102,13 +102,21 @@ Matrix shard_of(ConstMatrixView full, int dim, int parts, int index) {
                             shape_str(full), parts, dim, index));
   }
   const Index n = extent / parts;
-  return Matrix::from(dim == 0 ? full.block(n * index, 0, n, full.cols)
-                               : full.block(0, n * index, full.rows, n));
+  const ConstMatrixView part =
+      dim == 0 ? full.block(n * index, 0, n, full.cols) : full.block(0, n * index, full.rows, n);
+  Matrix out(part.rows, part.cols);
+  compute.copy(part, out.view());
+  return out;
 }
 
-Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group) {
+Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group,
+                         Compute& compute) {
   const int g = group.size();
-  const Matrix contiguous = shard.contiguous() ? Matrix() : Matrix::from(shard);
+  Matrix contiguous;
+  if (!shard.contiguous()) {
+    contiguous = Matrix(shard.rows, shard.cols);
+    compute.copy(shard, contiguous.view());
+  }
   const float* send = shard.contiguous() ? shard.data : contiguous.data();
   const auto count = static_cast<std::size_t>(shard.size());
   if (dim == 0) {
@@ -123,12 +131,12 @@ Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& gro
   for (int r = 0; r < g; ++r) {
     const ConstMatrixView piece{stacked.data() + count * static_cast<std::size_t>(r), shard.rows,
                                 shard.cols, shard.cols};
-    copy(piece, full.view().block(0, shard.cols * r, shard.rows, shard.cols));
+    compute.copy(piece, full.view().block(0, shard.cols * r, shard.rows, shard.cols));
   }
   return full;
 }
 
-Matrix unshard(const std::vector<Matrix>& shards, int dim) {
+Matrix unshard(const std::vector<Matrix>& shards, int dim, Compute& compute) {
   if (shards.empty()) throw Error("unshard: no shards");
   const Index r = shards[0].rows(), c = shards[0].cols();
   const auto g = static_cast<Index>(shards.size());
@@ -136,8 +144,8 @@ Matrix unshard(const std::vector<Matrix>& shards, int dim) {
   for (Index i = 0; i < g; ++i) {
     const Matrix& s = shards[static_cast<std::size_t>(i)];
     if (s.rows() != r || s.cols() != c) throw Error("unshard: shards differ in shape");
-    copy(s.view(),
-         dim == 0 ? full.view().block(r * i, 0, r, c) : full.view().block(0, c * i, r, c));
+    compute.copy(s.view(),
+                 dim == 0 ? full.view().block(r * i, 0, r, c) : full.view().block(0, c * i, r, c));
   }
   return full;
 }
@@ -160,12 +168,12 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
   }
   check_equal_shards(group, shard.rows, shard.cols, partition_dim);
   if (mode == TpMode::kDuplicated) {
-    Matrix full = all_gather_shards(shard, partition_dim, group);
+    Matrix full = all_gather_shards(shard, partition_dim, group, compute);
     newton_schulz_inplace(full.view(), opts, compute);
     const Index r = group.rank();
-    copy(partition_dim == 0 ? full.view().block(shard.rows * r, 0, shard.rows, shard.cols)
-                            : full.view().block(0, shard.cols * r, shard.rows, shard.cols),
-         shard);
+    compute.copy(partition_dim == 0 ? full.view().block(shard.rows * r, 0, shard.rows, shard.cols)
+                                    : full.view().block(0, shard.cols * r, shard.rows, shard.cols),
+                 shard);
     return;
   }
   // distributed: rows split -> Gram on the columns (N x N); columns split -> Gram on the rows.
