@@ -32,6 +32,10 @@
 
 namespace distmuon {
 
+namespace detail {
+struct NsWorkspaces;  // the optimizer's NS scratch, kept across steps (internal)
+}  // namespace detail
+
 struct ShardLayout {
   Index m = 0, n = 0;         // full, unpadded weight shape
   int tp_dim = kNoPartition;  // kNoPartition when not TP-sharded (or TP of one rank)
@@ -78,8 +82,10 @@ using ScaleFn = std::function<double(Index, Index)>;
 // distributed (auto is resolved by the caller, owner orthogonalises a list of weights). The
 // local NS (unsharded, blockwise, duplicated) keeps ns.side; distributed mode puts the Gram
 // matrix on the unsplit side. Collective over the groups the mode uses.
+// NS takes its scratch from `workspaces` when given (kept across calls by the optimizer).
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute = cpu_compute());
+                         const ScaleFn& scale, Compute& compute = cpu_compute(),
+                         detail::NsWorkspaces* workspaces = nullptr);
 
 }  // namespace distmuon

@@ -132,7 +132,10 @@ struct MuonStepStats {
 
 class Muon {
  public:
-  explicit Muon(MuonOptions options, Communicator world = local_communicator());
+  // compute runs every operation on the optimizer's matrices (the shards, gradients and state
+  // must live where it computes).
+  explicit Muon(MuonOptions options, Communicator world = local_communicator(),
+                Compute& compute = cpu_compute());
   ~Muon();
   Muon(Muon&&) noexcept;
   Muon& operator=(Muon&&) noexcept;

@@ -39,12 +39,14 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
                       const NsOptions& opts, Compute& compute = cpu_compute());
 
 // Splits a full matrix into `parts` equal shards along dim (throws if not divisible), and
-// reassembles shards (in rank order) into the full matrix.
-Matrix shard_of(ConstMatrixView full, int dim, int parts, int index);
-Matrix unshard(const std::vector<Matrix>& shards, int dim);
+// reassembles shards (in rank order) into the full matrix. Copies go through compute.
+Matrix shard_of(ConstMatrixView full, int dim, int parts, int index,
+                Compute& compute = cpu_compute());
+Matrix unshard(const std::vector<Matrix>& shards, int dim, Compute& compute = cpu_compute());
 // All-gathers this rank's equal shard along dim (0: rows, 1: columns) into the full matrix,
-// shards in group rank order. One all-gather; columns are interleaved after it.
-Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group);
+// shards in group rank order. One all-gather; columns are interleaved after it (with compute).
+Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group,
+                         Compute& compute = cpu_compute());
 
 // Communicators of one rank for world = TP x GTP x replicas, TP varying fastest (Megatron):
 // world_rank = tp_rank + tp * (gtp_rank + gtp * replica).

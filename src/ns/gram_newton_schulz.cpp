@@ -183,7 +183,7 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
     std::swap(r, u);
   }
   apply_q(compute, rows, q, x0, spare);
-  if (spare.data != x.data) copy(spare, x);
+  if (spare.data != x.data) compute.copy(spare, x);
 }
 
 double gram_ns_flops(Index m, Index n, const NsOptions& opts) {

@@ -97,11 +97,12 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
     }
     std::swap(cur, nxt);
   }
-  if (cur.data != x.data) copy(cur, x);
+  if (cur.data != x.data) compute.copy(cur, x);
 }
 
 Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute) {
-  Matrix out = Matrix::from(g);
+  Matrix out(g.rows, g.cols);
+  compute.copy(g, out.view());
   newton_schulz_inplace(out.view(), opts, compute);
   return out;
 }

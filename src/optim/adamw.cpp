@@ -22,7 +22,7 @@ void AdamWOptions::validate() const {
 }
 
 void adamw_update(MatrixView p, ConstMatrixView g, MatrixView exp_avg, MatrixView exp_avg_sq,
-                  std::int64_t step, const AdamWOptions& o) {
+                  std::int64_t step, const AdamWOptions& o, Compute& compute) {
   auto same = [&](Index r, Index c) { return r == p.rows && c == p.cols; };
   if (!same(g.rows, g.cols) || !same(exp_avg.rows, exp_avg.cols) ||
       !same(exp_avg_sq.rows, exp_avg_sq.cols)) {
@@ -31,22 +31,15 @@ void adamw_update(MatrixView p, ConstMatrixView g, MatrixView exp_avg, MatrixVie
   }
   if (step < 1) throw Error(fmt::format("adamw_update: step must be >= 1, got {}", step));
   const double t = static_cast<double>(step);
-  const auto b1 = static_cast<float>(o.beta1), b2 = static_cast<float>(o.beta2);
-  const auto bias1 = static_cast<float>(1.0 - std::pow(o.beta1, t));
-  const auto bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
-  const auto decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
-  const auto lr = static_cast<float>(o.lr), eps = static_cast<float>(o.eps);
-  for (Index i = 0; i < p.rows; ++i) {
-    for (Index j = 0; j < p.cols; ++j) {
-      const float gij = g(i, j);
-      float& m = exp_avg(i, j);
-      float& v = exp_avg_sq(i, j);
-      m = b1 * m + (1.0f - b1) * gij;
-      v = b2 * v + (1.0f - b2) * gij * gij;
-      const float denom = std::sqrt(v) / bias2_sqrt + eps;
-      p(i, j) = p(i, j) * decay - lr * (m / bias1) / denom;
-    }
-  }
+  AdamWStep k;
+  k.beta1 = static_cast<float>(o.beta1);
+  k.beta2 = static_cast<float>(o.beta2);
+  k.bias1 = static_cast<float>(1.0 - std::pow(o.beta1, t));
+  k.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
+  k.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+  k.lr = static_cast<float>(o.lr);
+  k.eps = static_cast<float>(o.eps);
+  compute.adamw(k, g, exp_avg, exp_avg_sq, p);
 }
 
 }  // namespace distmuon

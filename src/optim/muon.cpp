@@ -29,26 +29,19 @@ std::string describe_difference(const std::string& root_text, const std::string&
 }
 
 // Weight decay of the shard and the momentum step: writes the update u (before NS).
-void muon_direction(const MuonOptions& o, ParamState& p, ConstMatrixView g, MatrixView u) {
+void muon_direction(Compute& compute, const MuonOptions& o, ParamState& p, ConstMatrixView g,
+                    MatrixView u) {
   const MatrixView w = p.spec.local;
-  const MatrixView buf = p.momentum.view();
   const bool l2 = o.weight_decay_method == WeightDecayMethod::kL2;
   if (o.weight_decay != 0.0 && !l2) {
     const double f = o.weight_decay_method == WeightDecayMethod::kDecoupled
                          ? 1.0 - o.lr * o.weight_decay
                          : 1.0 - o.weight_decay;
-    cpu_compute().scale(w, static_cast<float>(f));
+    compute.scale(w, static_cast<float>(f));
   }
-  const auto mu = static_cast<float>(o.momentum);
-  const auto wd = static_cast<float>(l2 ? o.weight_decay : 0.0);
-  for (Index i = 0; i < w.rows; ++i) {
-    for (Index j = 0; j < w.cols; ++j) {
-      const float gij = g(i, j) + wd * w(i, j);
-      float& b = buf(i, j);
-      b = mu * b + (1.0f - mu) * gij;
-      u(i, j) = o.nesterov ? (1.0f - mu) * gij + mu * b : b;
-    }
-  }
+  const MomentumStep k{static_cast<float>(o.momentum),
+                       static_cast<float>(l2 ? o.weight_decay : 0.0), o.nesterov};
+  compute.muon_momentum(k, g, w, p.momentum.view(), u);
 }
 
 detail::ScaleFn muon_scale_fn(const MuonOptions& o) {
@@ -62,10 +55,10 @@ void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
   const MatrixView w = p.spec.local;
   if (s.scratch.rows() != w.rows || s.scratch.cols() != w.cols) s.scratch = Matrix(w.rows, w.cols);
   const MatrixView u = s.scratch.view();
-  muon_direction(s.options, p, g, u);
+  muon_direction(*s.compute, s.options, p, g, u);
   detail::orthogonalize_shard(u, p.layout, p.tp, p.gtp, *p.mode, s.ns_of(p),
-                              muon_scale_fn(s.options));
-  cpu_compute().axpby(static_cast<float>(-s.options.lr), u, 1.0f, w);
+                              muon_scale_fn(s.options), *s.compute, &s.workspaces);
+  s.compute->axpby(static_cast<float>(-s.options.lr), u, 1.0f, w);
 }
 
 // tp_mode owner: the momentum of every listed parameter, one bucketed orthogonalisation of them
@@ -81,20 +74,24 @@ void owner_update(Muon::Impl& s, std::span<const std::size_t> owned,
     const MatrixView w = p.spec.local;
     if (updates[k].rows() != w.rows || updates[k].cols() != w.cols)
       updates[k] = Matrix(w.rows, w.cols);
-    muon_direction(s.options, p, grads[owned[k]], updates[k].view());
+    muon_direction(*s.compute, s.options, p, grads[owned[k]], updates[k].view());
     weights.push_back({updates[k].view(), &p.layout, &p.tp, &p.gtp, p.algorithm});
   }
-  s.owner->orth.run(weights, s.ns, muon_scale_fn(s.options));
+  s.owner->orth.run(weights, s.ns, muon_scale_fn(s.options), *s.compute, &s.workspaces);
   for (std::size_t k = 0; k < owned.size(); ++k) {
-    cpu_compute().axpby(static_cast<float>(-s.options.lr), updates[k].view(), 1.0f,
-                        s.params[owned[k]].spec.local);
+    s.compute->axpby(static_cast<float>(-s.options.lr), updates[k].view(), 1.0f,
+                     s.params[owned[k]].spec.local);
   }
 }
 
 }  // namespace
 
-Muon::Impl::Impl(MuonOptions o, Communicator w)
-    : options(std::move(o)), ns(options.ns_options()), world(std::move(w)), ns_gram(ns) {
+Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
+    : options(std::move(o)),
+      ns(options.ns_options()),
+      world(std::move(w)),
+      compute(&c),
+      ns_gram(ns) {
   ns_gram.algorithm = NsAlgorithm::kGram;
 }
 
@@ -153,9 +150,9 @@ void Muon::Impl::plan() {
   if (pending) plan_auto_modes(*this);
 }
 
-Muon::Muon(MuonOptions options, Communicator world) {
+Muon::Muon(MuonOptions options, Communicator world, Compute& compute) {
   options.validate();
-  impl_ = std::make_unique<Impl>(std::move(options), std::move(world));
+  impl_ = std::make_unique<Impl>(std::move(options), std::move(world), compute);
   if (impl_->options.tp_mode == TpMode::kAuto) impl_->auto_state = make_auto_state(impl_->options);
 }
 Muon::~Muon() = default;
@@ -236,16 +233,13 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads) cons
     }
     // Checked here, before any collective: a rank-local failure inside NS would strand the others.
     // Padding rows (the shard's trailing local_pad rows) are ignored.
+    if (!reason.empty()) break;
     const ConstMatrixView g = grads[i];
-    const Index rows = reason.empty() ? g.rows - s.params[i].layout.local_pad() : 0;
-    for (Index r = 0; reason.empty() && r < rows; ++r) {
-      for (Index c = 0; c < g.cols; ++c) {
-        if (!std::isfinite(g(r, c))) {
-          reason = fmt::format("gradient of '{}' has a non-finite value at ({}, {}) of its shard",
-                               s.params[i].spec.name, r, c);
-          break;
-        }
-      }
+    const auto bad =
+        s.compute->find_non_finite(g.row_block(0, g.rows - s.params[i].layout.local_pad()));
+    if (bad) {
+      reason = fmt::format("gradient of '{}' has a non-finite value at ({}, {}) of its shard",
+                           s.params[i].spec.name, bad->row, bad->col);
     }
   }
   s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
@@ -268,7 +262,7 @@ void Muon::step(std::span<const ConstMatrixView> grads) {
       muon_update(s, p, grads[i]);
     } else {
       adamw_update(p.spec.local, grads[i], p.exp_avg.view(), p.exp_avg_sq.view(), s.step,
-                   s.options.adamw);
+                   s.options.adamw, *s.compute);
     }
   }
   if (!owned.empty()) owner_update(s, owned, grads);

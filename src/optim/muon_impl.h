@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "distmuon/muon.h"
+#include "ns/ns_workspaces.h"
 #include "optim/sharded_ns.h"
 
 namespace distmuon {
@@ -38,6 +39,8 @@ struct Muon::Impl {
   MuonOptions options;
   NsOptions ns;
   Communicator world;
+  Compute* compute;                 // every operation on the matrices (never null)
+  detail::NsWorkspaces workspaces;  // NS scratch per shape, kept across steps
   std::vector<ParamState> params;
   std::int64_t step = 0;
   bool prepared = false;  // configuration checked across the world since the last registration
@@ -49,7 +52,7 @@ struct Muon::Impl {
   std::shared_ptr<detail::OwnerStep> owner;  // tp_mode owner, created on the first step
   NsOptions ns_gram;                         // ns with the Gram algorithm
 
-  Impl(MuonOptions o, Communicator w);
+  Impl(MuonOptions o, Communicator w, Compute& c);
   // The rank-independent configuration: options and every parameter's global metadata.
   nlohmann::json config() const;
   // Collective over the world: the configuration is the same on every rank, else

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 #include "distmuon/checkpoint.h"
@@ -23,14 +22,12 @@ std::size_t elems(Index rows, Index cols) {
 }
 
 // Copies a (strided) view into a contiguous buffer, and back.
-float* pack(ConstMatrixView v, float* out) {
-  for (Index i = 0; i < v.rows; ++i)
-    std::memcpy(out + i * v.cols, v.data + i * v.ld, sizeof(float) * elems(1, v.cols));
+float* pack_into(Compute& compute, ConstMatrixView v, float* out) {
+  compute.copy(v, MatrixView{out, v.rows, v.cols, v.cols});
   return out + elems(v.rows, v.cols);
 }
-const float* unpack(const float* in, MatrixView v) {
-  for (Index i = 0; i < v.rows; ++i)
-    std::memcpy(v.data + i * v.ld, in + i * v.cols, sizeof(float) * elems(1, v.cols));
+const float* unpack_from(Compute& compute, const float* in, MatrixView v) {
+  compute.copy(ConstMatrixView{in, v.rows, v.cols, v.cols}, v);
   return in + elems(v.rows, v.cols);
 }
 
@@ -71,7 +68,7 @@ OwnerCostFn ns_flops_cost(const NsOptions& ns) {
 
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
                          const Communicator& tp, const Communicator& gtp, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute) {
+                         const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
   DISTMUON_ASSERT(items.size() == owners.size(), "one owner per item");
   if (items.empty()) return;
   const Grid grid = grid_of(*items.front().layout);
@@ -105,7 +102,8 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     float* out = send.data();
     for (std::size_t j = 0; j < G; ++j) {
       for (std::size_t i = 0; i < n_items; ++i) {
-        if (static_cast<std::size_t>(grid.g_of(owners[i])) == j) out = pack(items[i].shard, out);
+        if (static_cast<std::size_t>(grid.g_of(owners[i])) == j)
+          out = pack_into(compute, items[i].shard, out);
       }
     }
     gtp.all_to_all_v<float>(send, send_counts, recv, recv_counts);
@@ -115,13 +113,16 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
         if (grid.g_of(owners[i]) != grid.g) continue;
         const ShardLayout& l = layout(i);
         if (tp_local[i].rows() == 0) tp_local[i] = Matrix(l.padded_rows(), l.n_tp());
-        in = unpack(in, tp_local[i].view().row_block(static_cast<Index>(j) * l.shard_rows(),
-                                                     l.shard_rows()));
+        in = unpack_from(
+            compute, in,
+            tp_local[i].view().row_block(static_cast<Index>(j) * l.shard_rows(), l.shard_rows()));
       }
     }
   } else {
-    for (std::size_t i = 0; i < n_items; ++i)
-      tp_local[i] = Matrix::from(items[i].shard);
+    for (std::size_t i = 0; i < n_items; ++i) {
+      tp_local[i] = Matrix(items[i].shard.rows, items[i].shard.cols);
+      compute.copy(items[i].shard, tp_local[i].view());
+    }
   }
 
   // Stage 2 (gather over TP): the owner's full work matrices.
@@ -145,7 +146,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     for (std::size_t j = 0; j < T; ++j) {
       for (std::size_t i = 0; i < n_items; ++i) {
         if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
-          out = pack(tp_local[i].view(), out);
+          out = pack_into(compute, tp_local[i].view(), out);
       }
     }
     tp.all_to_all_v<float>(send, send_counts, recv, recv_counts);
@@ -155,7 +156,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
         if (!mine(i)) continue;
         if (full[i].rows() == 0)
           full[i] = Matrix(full_work_rows(layout(i)), full_work_cols(layout(i)));
-        in = unpack(in, tp_block(full[i].view(), layout(i), static_cast<int>(j)));
+        in = unpack_from(compute, in, tp_block(full[i].view(), layout(i), static_cast<int>(j)));
       }
     }
   } else {
@@ -170,7 +171,8 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   for (std::size_t i = 0; i < n_items; ++i) {
     if (!mine(i)) continue;
     orthogonalize_full(full[i].view(), layout(i),
-                       items[i].algorithm == NsAlgorithm::kGram ? gram : ns, scale, compute);
+                       items[i].algorithm == NsAlgorithm::kGram ? gram : ns, scale, compute,
+                       workspaces);
   }
 
   // Scatter, stage 2 reversed: the owner sends TP rank j its TP-local block.
@@ -181,7 +183,8 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     float* out = send.data();
     for (std::size_t j = 0; j < T; ++j) {
       for (std::size_t i = 0; i < n_items; ++i) {
-        if (mine(i)) out = pack(tp_block(full[i].view(), layout(i), static_cast<int>(j)), out);
+        if (mine(i))
+          out = pack_into(compute, tp_block(full[i].view(), layout(i), static_cast<int>(j)), out);
       }
     }
     tp.all_to_all_v<float>(send, send_counts, recv, recv_counts);
@@ -189,7 +192,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     for (std::size_t j = 0; j < T; ++j) {
       for (std::size_t i = 0; i < n_items; ++i) {
         if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
-          in = unpack(in, tp_local[i].view());
+          in = unpack_from(compute, in, tp_local[i].view());
       }
     }
   } else {
@@ -216,19 +219,21 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
       for (std::size_t i = 0; i < n_items; ++i) {
         if (!in_row(i)) continue;
         const Index r_l = layout(i).shard_rows();
-        out = pack(tp_local[i].view().row_block(static_cast<Index>(j) * r_l, r_l), out);
+        out =
+            pack_into(compute, tp_local[i].view().row_block(static_cast<Index>(j) * r_l, r_l), out);
       }
     }
     gtp.all_to_all_v<float>(send, send_counts, recv, recv_counts);
     const float* in = recv.data();
     for (std::size_t j = 0; j < G; ++j) {
       for (std::size_t i = 0; i < n_items; ++i) {
-        if (static_cast<std::size_t>(grid.g_of(owners[i])) == j) in = unpack(in, items[i].shard);
+        if (static_cast<std::size_t>(grid.g_of(owners[i])) == j)
+          in = unpack_from(compute, in, items[i].shard);
       }
     }
   } else {
     for (std::size_t i = 0; i < n_items; ++i)
-      copy(tp_local[i].view(), items[i].shard);
+      compute.copy(tp_local[i].view(), items[i].shard);
   }
 }
 
@@ -291,7 +296,7 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
 }
 
 void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& ns,
-                              const ScaleFn& scale, Compute& compute) {
+                              const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
   last_owners_.assign(weights.size(), -1);
   // Buckets in the order of their first weight: the same order on every rank.
   struct Bucket {
@@ -307,7 +312,7 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
       NsOptions local = ns;
       local.algorithm = w.algorithm;
       orthogonalize_shard(w.shard, *w.layout, *w.tp, *w.gtp, TpMode::kDuplicated, local, scale,
-                          compute);
+                          compute, workspaces);
       continue;
     }
     const CommImpl* tp = tp_on(*w.layout) ? &w.tp->impl() : nullptr;
@@ -327,7 +332,7 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     const std::vector<int>& owners = owners_for(items, *b.tp, *b.gtp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
       last_owners_[b.index[k]] = owners[k];
-    orthogonalize_owned(items, owners, *b.tp, *b.gtp, ns, scale, compute);
+    orthogonalize_owned(items, owners, *b.tp, *b.gtp, ns, scale, compute, workspaces);
   }
 }
 

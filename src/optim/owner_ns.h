@@ -55,7 +55,8 @@ struct OwnerItem {
 // see OwnerOrthogonalizer.
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
                          const Communicator& tp, const Communicator& gtp, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute = cpu_compute());
+                         const ScaleFn& scale, Compute& compute,
+                         NsWorkspaces* workspaces = nullptr);
 
 // Buckets a list of weights by group, assigns owners (cached per bucket composition; the first
 // time a composition is seen its ranks check, collectively, that they agree on it) and runs the
@@ -71,8 +72,9 @@ class OwnerOrthogonalizer {
     const Communicator* gtp = nullptr;  // this rank's GTP group
     NsAlgorithm algorithm = NsAlgorithm::kStandard;
   };
+  // NS takes its scratch from workspaces when given (kept across steps), else allocates it.
   void run(std::span<const Weight> weights, const NsOptions& ns, const ScaleFn& scale,
-           Compute& compute = cpu_compute());
+           Compute& compute, NsWorkspaces* workspaces = nullptr);
 
   // Owner index (t + T g) of weights[i] in the last run; -1 for an unsharded weight.
   const std::vector<int>& last_owners() const { return last_owners_; }

@@ -19,10 +19,14 @@ struct Placement {
   bool local_scale = false;             // blockwise: scale with the block's own shape
 };
 
+NsWorkspace* workspace_for(NsWorkspaces* workspaces, ConstMatrixView x, const NsOptions& o) {
+  return workspaces != nullptr ? &workspaces->get(x.rows, x.cols, o.side) : nullptr;
+}
+
 // Step 2 of the header: per class, orthogonalise P's rows of that class; zero padding rows.
 void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const ShardLayout& layout,
                            const Placement& where, const NsOptions& ns, const ScaleFn& scale,
-                           Compute& compute) {
+                           Compute& compute, NsWorkspaces* workspaces) {
   DISTMUON_ASSERT(static_cast<Index>(ids.size()) == p.rows, "one id per work row");
   NsOptions o = ns;
   o.side = where.group != nullptr ? where.side : ns.side;
@@ -44,22 +48,22 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
     // it in place rather than through a copy.
     if (!rows.empty() && rows.back() - rows.front() + 1 == static_cast<Index>(rows.size())) {
       const MatrixView run = p.row_block(rows.front(), static_cast<Index>(rows.size()));
-      newton_schulz_inplace(run, o, compute, group);
+      newton_schulz_inplace(run, o, compute, group, workspace_for(workspaces, run, o));
       if (scale) compute.scale(run, static_cast<float>(f));
       continue;
     }
     Matrix x(std::max<Index>(1, static_cast<Index>(rows.size())), p.cols);
     for (std::size_t k = 0; k < rows.size(); ++k) {
-      copy(p.row_block(rows[k], 1), x.view().row_block(static_cast<Index>(k), 1));
+      compute.copy(p.row_block(rows[k], 1), x.view().row_block(static_cast<Index>(k), 1));
     }
-    newton_schulz_inplace(x.view(), o, compute, group);
+    newton_schulz_inplace(x.view(), o, compute, group, workspace_for(workspaces, x.view(), o));
     if (scale) compute.scale(x.view(), static_cast<float>(f));
     for (std::size_t k = 0; k < rows.size(); ++k) {
-      copy(x.view().row_block(static_cast<Index>(k), 1), p.row_block(rows[k], 1));
+      compute.copy(x.view().row_block(static_cast<Index>(k), 1), p.row_block(rows[k], 1));
     }
   }
   for (Index k = 0; k < p.rows; ++k) {
-    if (ids[k] < 0) std::fill_n(p.data + k * p.ld, p.cols, 0.0f);
+    if (ids[k] < 0) compute.fill(p.row_block(k, 1), 0.0f);
   }
 }
 
@@ -75,7 +79,7 @@ Index full_work_cols(const ShardLayout& layout) {
 }
 
 void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
-                        const ScaleFn& scale, Compute& compute) {
+                        const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
   DISTMUON_ASSERT(full.rows == full_work_rows(layout) && full.cols == full_work_cols(layout),
                   "full work matrix shape");
   const int blocks = layout.tp_dim == 0 && layout.tp_size > 1 ? layout.tp_size : 1;
@@ -86,14 +90,14 @@ void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOpti
     for (Index i = 0; i < layout.padded_rows(); ++i)
       ids.push_back(layout.global_row(t, i));
   }
-  orthogonalize_classes(full, ids, layout, {}, ns, scale, compute);
+  orthogonalize_classes(full, ids, layout, {}, ns, scale, compute, workspaces);
 }
 
 }  // namespace detail
 
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute) {
+                         const ScaleFn& scale, Compute& compute, detail::NsWorkspaces* workspaces) {
   DISTMUON_ASSERT(mode != TpMode::kAuto, "auto must be resolved before orthogonalising");
   DISTMUON_ASSERT(mode != TpMode::kOwner, "owner mode orthogonalises buckets (owner_ns.h)");
   DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
@@ -112,21 +116,23 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
   if (mode == TpMode::kBlockwise || (!tp_on && !gtp_on)) {
     ids_of(t_rank, g_rank * r_l, r_l, ids);
     orthogonalize_classes(u, ids, layout, {.local_scale = mode == TpMode::kBlockwise}, ns, scale,
-                          compute);
+                          compute, workspaces);
     return;
   }
 
   if (mode == TpMode::kDuplicated) {
     // GTP gather -> TP-local tensor; TP gather -> the full (padded per TP block) weight.
-    Matrix tp_local = gtp_on ? all_gather_shards(u, 0, gtp) : Matrix::from(u);
-    Matrix full = !tp_on ? std::move(tp_local)
-                         : (layout.tp_dim == 0 ? all_gather_shards(tp_local.view(), 0, tp)
-                                               : all_gather_shards(tp_local.view(), 1, tp));
+    Matrix tp_local = gtp_on ? all_gather_shards(u, 0, gtp, compute) : Matrix(u.rows, u.cols);
+    if (!gtp_on) compute.copy(u, tp_local.view());
+    Matrix full = !tp_on
+                      ? std::move(tp_local)
+                      : (layout.tp_dim == 0 ? all_gather_shards(tp_local.view(), 0, tp, compute)
+                                            : all_gather_shards(tp_local.view(), 1, tp, compute));
     const int blocks = tp_on && layout.tp_dim == 0 ? layout.tp_size : 1;
-    detail::orthogonalize_full(full.view(), layout, ns, scale, compute);
+    detail::orthogonalize_full(full.view(), layout, ns, scale, compute, workspaces);
     const Index row0 = (blocks > 1 ? t_rank * r_tp : 0) + g_rank * r_l;
     const Index col0 = tp_on && layout.tp_dim == 1 ? t_rank * n_tp : 0;
-    copy(full.view().block(row0, col0, r_l, n_tp), u);
+    compute.copy(full.view().block(row0, col0, r_l, n_tp), u);
     return;
   }
 
@@ -136,32 +142,34 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
   if (tp_on && gtp_on && over_gtp) {
     // Gather over TP, distribute over GTP with the Gram on the columns.
     if (layout.tp_dim == 0) {
-      Matrix p = all_gather_shards(u, 0, tp);
+      Matrix p = all_gather_shards(u, 0, tp, compute);
       for (int t = 0; t < layout.tp_size; ++t)
         ids_of(t, g_rank * r_l, r_l, ids);
-      orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute);
-      copy(p.view().block(t_rank * r_l, 0, r_l, n_tp), u);
+      orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute,
+                            workspaces);
+      compute.copy(p.view().block(t_rank * r_l, 0, r_l, n_tp), u);
     } else {
-      Matrix p = all_gather_shards(u, 1, tp);
+      Matrix p = all_gather_shards(u, 1, tp, compute);
       ids_of(t_rank, g_rank * r_l, r_l, ids);
-      orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute);
-      copy(p.view().block(0, t_rank * n_tp, r_l, n_tp), u);
+      orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute,
+                            workspaces);
+      compute.copy(p.view().block(0, t_rank * n_tp, r_l, n_tp), u);
     }
     return;
   }
   if (tp_on && gtp_on) {
     // TP larger: gather over GTP into the TP-local tensor, distribute over TP.
-    Matrix p = all_gather_shards(u, 0, gtp);
+    Matrix p = all_gather_shards(u, 0, gtp, compute);
     ids_of(t_rank, 0, r_tp, ids);
-    orthogonalize_classes(p.view(), ids, layout, {&tp, tp_side}, ns, scale, compute);
-    copy(p.view().block(g_rank * r_l, 0, r_l, n_tp), u);
+    orthogonalize_classes(p.view(), ids, layout, {&tp, tp_side}, ns, scale, compute, workspaces);
+    compute.copy(p.view().block(g_rank * r_l, 0, r_l, n_tp), u);
     return;
   }
   ids_of(t_rank, g_rank * r_l, r_l, ids);
   if (over_gtp) {
-    orthogonalize_classes(u, ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute);
+    orthogonalize_classes(u, ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute, workspaces);
   } else {
-    orthogonalize_classes(u, ids, layout, {&tp, tp_side}, ns, scale, compute);
+    orthogonalize_classes(u, ids, layout, {&tp, tp_side}, ns, scale, compute, workspaces);
   }
 }
 

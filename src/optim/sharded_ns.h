@@ -6,6 +6,7 @@
 #include "distmuon/layout.h"
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
+#include "ns/ns_workspaces.h"
 
 namespace distmuon::detail {
 
@@ -20,7 +21,8 @@ Index full_work_rows(const ShardLayout& layout);
 Index full_work_cols(const ShardLayout& layout);
 // Orthogonalises and scales that full work matrix in place, per row class, zeroing padding rows:
 // exactly what duplicated mode runs on it (owner mode runs the same code on the owner rank).
+// NS takes its scratch from workspaces when given (kept across steps), else allocates it.
 void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
-                        const ScaleFn& scale, Compute& compute = cpu_compute());
+                        const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces = nullptr);
 
 }  // namespace distmuon::detail

@@ -61,7 +61,7 @@ void check_equal_shards(const Communicator& group, Index rows, Index cols, int p
 
 }  // namespace
 
-Matrix shard_of(ConstMatrixView full, int dim, int parts, int index) {
+Matrix shard_of(ConstMatrixView full, int dim, int parts, int index, Compute& compute) {
   if (dim != 0 && dim != 1)
     throw Error(fmt::format("shard_of: partition dim must be 0 or 1, got {}", dim));
   const Index extent = dim == 0 ? full.rows : full.cols;
@@ -70,13 +70,21 @@ Matrix shard_of(ConstMatrixView full, int dim, int parts, int index) {
                             shape_str(full), parts, dim, index));
   }
   const Index n = extent / parts;
-  return Matrix::from(dim == 0 ? full.block(n * index, 0, n, full.cols)
-                               : full.block(0, n * index, full.rows, n));
+  const ConstMatrixView part =
+      dim == 0 ? full.block(n * index, 0, n, full.cols) : full.block(0, n * index, full.rows, n);
+  Matrix out(part.rows, part.cols);
+  compute.copy(part, out.view());
+  return out;
 }
 
-Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group) {
+Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group,
+                         Compute& compute) {
   const int g = group.size();
-  const Matrix contiguous = shard.contiguous() ? Matrix() : Matrix::from(shard);
+  Matrix contiguous;
+  if (!shard.contiguous()) {
+    contiguous = Matrix(shard.rows, shard.cols);
+    compute.copy(shard, contiguous.view());
+  }
   const float* send = shard.contiguous() ? shard.data : contiguous.data();
   const auto count = static_cast<std::size_t>(shard.size());
   if (dim == 0) {
@@ -91,12 +99,12 @@ Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& gro
   for (int r = 0; r < g; ++r) {
     const ConstMatrixView piece{stacked.data() + count * static_cast<std::size_t>(r), shard.rows,
                                 shard.cols, shard.cols};
-    copy(piece, full.view().block(0, shard.cols * r, shard.rows, shard.cols));
+    compute.copy(piece, full.view().block(0, shard.cols * r, shard.rows, shard.cols));
   }
   return full;
 }
 
-Matrix unshard(const std::vector<Matrix>& shards, int dim) {
+Matrix unshard(const std::vector<Matrix>& shards, int dim, Compute& compute) {
   if (shards.empty()) throw Error("unshard: no shards");
   const Index r = shards[0].rows(), c = shards[0].cols();
   const auto g = static_cast<Index>(shards.size());
@@ -104,8 +112,8 @@ Matrix unshard(const std::vector<Matrix>& shards, int dim) {
   for (Index i = 0; i < g; ++i) {
     const Matrix& s = shards[static_cast<std::size_t>(i)];
     if (s.rows() != r || s.cols() != c) throw Error("unshard: shards differ in shape");
-    copy(s.view(),
-         dim == 0 ? full.view().block(r * i, 0, r, c) : full.view().block(0, c * i, r, c));
+    compute.copy(s.view(),
+                 dim == 0 ? full.view().block(r * i, 0, r, c) : full.view().block(0, c * i, r, c));
   }
   return full;
 }

@@ -229,10 +229,10 @@ std::vector<int> check_orthogonalizer(const std::vector<Case>& cases) {
       NsOptions one = ns;
       one.algorithm = algorithm;
       detail::orthogonalize_shard(dup_u[i].view(), layouts[i], pg.tp, pg.gtp, TpMode::kDuplicated,
-                                  one, spectral);
+                                  one, spectral, cpu_compute());
     }
     detail::OwnerOrthogonalizer orth(detail::ns_flops_cost(ns));
-    orth.run(weights, ns, spectral);
+    orth.run(weights, ns, spectral, cpu_compute());
     for (std::size_t i = 0; i < cases.size(); ++i) {
       EXPECT_EQ(relative_error(owner_u[i].view(), dup_u[i].view()), 0.0)
           << cases[i].l.label << " " << to_string(algorithm);

@@ -39,6 +39,19 @@ class CountingCompute final : public Compute {
     cpu_compute().axpby(alpha, x, beta, y);
   }
   void add_diagonal(MatrixView a, float alpha) override { cpu_compute().add_diagonal(a, alpha); }
+  void fill(MatrixView a, float value) override { cpu_compute().fill(a, value); }
+  void copy(ConstMatrixView src, MatrixView dst) override { cpu_compute().copy(src, dst); }
+  std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {
+    return cpu_compute().find_non_finite(a);
+  }
+  void muon_momentum(const MomentumStep& k, ConstMatrixView g, ConstMatrixView w, MatrixView buf,
+                     MatrixView u) override {
+    cpu_compute().muon_momentum(k, g, w, buf, u);
+  }
+  void adamw(const AdamWStep& k, ConstMatrixView g, MatrixView m, MatrixView v,
+             MatrixView p) override {
+    cpu_compute().adamw(k, g, m, v, p);
+  }
 };
 
 void expect_counts_match(const CommStats& stats, double flops, const ModeCost& c) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "distmuon/compute.h"
@@ -27,6 +28,12 @@ void check_ld(const char* op, const char* name, Index cols, Index ld) {
   if (ld < std::max<Index>(1, cols)) {
     throw Error(fmt::format("{}: leading dimension {} of {} is smaller than its {} columns", op, ld,
                             name, cols));
+  }
+}
+
+void check_same(const char* op, const char* name, ConstMatrixView x, ConstMatrixView y) {
+  if (x.rows != y.rows || x.cols != y.cols) {
+    throw Error(fmt::format("{}: {} is {}, expected {}", op, name, shape_str(x), shape_str(y)));
   }
 }
 
@@ -168,6 +175,73 @@ class CpuCompute final : public Compute {
     }
     for (Index i = 0; i < a.rows; ++i)
       a(i, i) += alpha;
+  }
+
+  void fill(MatrixView a, float value) override {
+    for (Index i = 0; i < a.rows; ++i)
+      std::fill_n(a.data + i * a.ld, a.cols, value);
+  }
+
+  void copy(ConstMatrixView src, MatrixView dst) override {
+    check_same("copy", "destination", dst, src);
+    if (src.size() == 0 || src.data == dst.data) return;
+    const auto row_bytes = sizeof(float) * static_cast<std::size_t>(src.cols);
+    if (src.contiguous() && dst.contiguous()) {
+      std::memmove(dst.data, src.data, row_bytes * static_cast<std::size_t>(src.rows));
+      return;
+    }
+    for (Index i = 0; i < src.rows; ++i)
+      std::memmove(dst.data + i * dst.ld, src.data + i * src.ld, row_bytes);
+  }
+
+  std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {
+    for (Index i = 0; i < a.rows; ++i) {
+      const float* row = a.data + i * a.ld;
+      for (Index j = 0; j < a.cols; ++j) {
+        if (!std::isfinite(row[j])) return MatrixIndex{i, j};
+      }
+    }
+    return std::nullopt;
+  }
+
+  void muon_momentum(const MomentumStep& k, ConstMatrixView g, ConstMatrixView w, MatrixView buf,
+                     MatrixView u) override {
+    check_same("muon_momentum", "weight", w, g);
+    check_same("muon_momentum", "momentum", buf, g);
+    check_same("muon_momentum", "update", u, g);
+    const float mu = k.momentum, wd = k.l2;
+    for (Index i = 0; i < g.rows; ++i) {
+      const float* gr = g.data + i * g.ld;
+      const float* wr = w.data + i * w.ld;
+      float* br = buf.data + i * buf.ld;
+      float* ur = u.data + i * u.ld;
+      for (Index j = 0; j < g.cols; ++j) {
+        const float gij = gr[j] + wd * wr[j];
+        const float b = mu * br[j] + (1.0f - mu) * gij;
+        br[j] = b;
+        ur[j] = k.nesterov ? (1.0f - mu) * gij + mu * b : b;
+      }
+    }
+  }
+
+  void adamw(const AdamWStep& k, ConstMatrixView g, MatrixView m, MatrixView v,
+             MatrixView p) override {
+    check_same("adamw", "first moment", m, g);
+    check_same("adamw", "second moment", v, g);
+    check_same("adamw", "parameter", p, g);
+    for (Index i = 0; i < g.rows; ++i) {
+      const float* gr = g.data + i * g.ld;
+      float* mr = m.data + i * m.ld;
+      float* vr = v.data + i * v.ld;
+      float* pr = p.data + i * p.ld;
+      for (Index j = 0; j < g.cols; ++j) {
+        const float gij = gr[j];
+        mr[j] = k.beta1 * mr[j] + (1.0f - k.beta1) * gij;
+        vr[j] = k.beta2 * vr[j] + (1.0f - k.beta2) * gij * gij;
+        const float denom = std::sqrt(vr[j]) / k.bias2_sqrt + k.eps;
+        pr[j] = pr[j] * k.decay - k.lr * (mr[j] / k.bias1) / denom;
+      }
+    }
   }
 };
 
