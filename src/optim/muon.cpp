@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "distmuon/checkpoint.h"
+#include "core/fault.h"
 #include "distmuon/error.h"
 #include "optim/muon_impl.h"
 #include "optim/timed_comm.h"
@@ -205,6 +206,7 @@ void Muon::step(std::span<const ConstMatrixView> grads) {
   ++s.step;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
+    if (i == grads.size() / 2) detail::fault_point("optim-step");  // docs/reliability.md
     if (p.muon) {
       muon_update(s, p, grads[i]);
     } else {
