@@ -200,7 +200,7 @@ void Trainer::resume(const fs::path& where) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  w.agree_or_throw(failure.empty(), fmt::format("train: resuming from '{}'", dir.string()),
+  w.agree_or_throw(failure.empty(), fmt::format("train: resuming from '{}'", where.string()),
                    failure);
   // Muon::load checks its own files on every rank and changes nothing on failure.
   s.muon->load(dir / "optimizer");

@@ -25,10 +25,11 @@ using nlohmann::json;
 
 constexpr int kSteps = 6;          // checkpoints at steps 2, 4 and 6
 constexpr int kLimitSeconds = 60;  // a run that takes longer hangs (a healthy one takes ~2 s)
-// The all-reduce on which the collective faults fire: COLLECTIVE_N_PLACEHOLDER
+// The all-reduce on which the collective faults fire: the 100th lands in step 3 of this config
+// (about 40 per step: the Gram all-reduce of each NS step of 5 weights, and agreements).
 constexpr int kCollectiveN = 100;
 
-struct Run {
+struct RunResult {
   int exit_code = -1;
   double seconds = 0;
   std::string output;
@@ -83,17 +84,17 @@ class CliFaults : public ::testing::Test {
 
   // `mpirun -np 2 distmuon train --config tiny.json ARGS` with DISTMUON_FAULT=fault (none when
   // empty), killed after kLimitSeconds.
-  static Run train(const std::string& fault, const std::string& args) {
+  static RunResult train(const std::string& fault, const std::string& args) {
     const fs::path log = dir_ / "out.txt";
     const std::string env = fault.empty() ? "" : "DISTMUON_FAULT=" + fault + " ";
     const std::string cmd = fmt::format(
-        "{}timeout {} {} -np 2 --oversubscribe --bind-to none -x DISTMUON_FAULT --mca "
+        "{}timeout -k 5 {} {} -np 2 --oversubscribe --bind-to none -x DISTMUON_FAULT --mca "
         "odls_base_sigkill_timeout 0 {} train --config {} {} > '{}' 2>&1",
         env, kLimitSeconds, DISTMUON_MPIEXEC, DISTMUON_CLI, (dir_ / "tiny.json").string(), args,
         log.string());
     const auto t0 = std::chrono::steady_clock::now();
     const int status = std::system(cmd.c_str());
-    Run r;
+    RunResult r;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
     r.output = read_text(log);
@@ -110,8 +111,9 @@ class CliFaults : public ::testing::Test {
   std::string log() const { return (work_ / "run.jsonl").string(); }
 
   // Runs with the fault; expects a bounded failure that names rank `rank`.
-  Run expect_failure(const std::string& fault, int rank) {
-    const Run r = train(fault, "--checkpoint-every 2 --checkpoint " + ckpt() + " --log " + log());
+  RunResult expect_failure(const std::string& fault, int rank) {
+    const RunResult r =
+        train(fault, "--checkpoint-every 2 --checkpoint " + ckpt() + " --log " + log());
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung\n" << r.output;
     EXPECT_LT(r.seconds, kLimitSeconds) << r.output;
@@ -131,7 +133,7 @@ class CliFaults : public ::testing::Test {
     ASSERT_TRUE(fs::exists(complete / "trainer.json")) << complete;
     const fs::path ref = dir_ / "ref" / fmt::format("step-{:08d}", step);
     if (fs::exists(ref)) EXPECT_TRUE(files_of(complete) == files_of(ref)) << "files differ";
-    const Run r = train("", "--resume " + ckpt() + " --log " + log());
+    const RunResult r = train("", "--resume " + ckpt() + " --log " + log());
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find(fmt::format("resumed at step {}", step)), std::string::npos)
         << r.output;
@@ -144,16 +146,16 @@ class CliFaults : public ::testing::Test {
   }
 
   static fs::path dir_;
-  static Run reference_;
+  static RunResult reference_;
   fs::path work_;
 };
 
 fs::path CliFaults::dir_;
-Run CliFaults::reference_;
+RunResult CliFaults::reference_;
 
 // Half of the parameters updated at step 5, then rank 1 throws: the CLI names it and aborts.
 TEST_F(CliFaults, ThrowInOptimizerStep) {
-  const Run r = expect_failure("1:optim-step:throw:5", 1);
+  const RunResult r = expect_failure("1:optim-step:throw:5", 1);
   EXPECT_NE(r.output.find("injected fault 'optim-step' on rank 1"), std::string::npos) << r.output;
   expect_resumes_exactly(4);
 }
@@ -167,7 +169,7 @@ TEST_F(CliFaults, ExitInOptimizerStep) {
 // kill -9 of rank 1 between the model file and the optimizer's files of the step-6 checkpoint:
 // step-00000006 is half written, the resume skips it and goes on from step 4.
 TEST_F(CliFaults, KillBetweenCheckpointFiles) {
-  const Run r = expect_failure("1:checkpoint-between-files:kill:3", 1);
+  const RunResult r = expect_failure("1:checkpoint-between-files:kill:3", 1);
   const fs::path half = work_ / "ckpt" / "step-00000006";
   EXPECT_TRUE(fs::exists(half)) << r.output;
   EXPECT_FALSE(fs::exists(half / "trainer.json")) << r.output;
@@ -208,7 +210,8 @@ TEST_F(CliFaults, HalfWrittenNewerStepIsSkipped) {
     for (const json& line : read_log(dir_ / "ref.jsonl"))
       if (line.at("step").get<int>() <= 4) out << line.dump() << "\n";
   }
-  const Run r = train("", "--resume " + ckpt() + " --log " + log());
+  const RunResult r = train("", "--checkpoint-every 2 --checkpoint " + ckpt() + " --resume " +
+                                    ckpt() + " --log " + log());
   EXPECT_NE(r.output.find("skipping"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step-00000006"), std::string::npos) << r.output;
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -232,7 +235,7 @@ TEST_F(CliFaults, OlderCheckpointsArePruned) {
 
 // A malformed DISTMUON_FAULT is an error, not a silently healthy run.
 TEST_F(CliFaults, MalformedFaultSpecIsAnError) {
-  const Run r = train("1:nowhere", "--log " + log());
+  const RunResult r = train("1:nowhere", "--log " + log());
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("DISTMUON_FAULT"), std::string::npos) << r.output;
 }
