@@ -168,8 +168,8 @@ TEST_F(CliBadModel, NegativeSize) {
   expect_model_refused(model_, "'ffn'");
 }
 TEST_F(CliBadModel, AbsurdSize) {
-  model_["hidden"] = 1LL << 40;  // 1e12: its FLOP counts overflow 64 bits
-  expect_model_refused(model_, "'hidden'");
+  model_["hidden"] = 1LL << 40;  // 1e12: a corrupt file, not a model
+  expect_model_refused(model_, "'hidden' is 1099511627776, above the plausible maximum");
 }
 
 // ---- training config (train --config FILE) ----------------------------------------------------
