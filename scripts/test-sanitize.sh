@@ -11,8 +11,10 @@ cmake -S "$root" -B "$root/build-sanitize" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DDISTMUON_SANITIZE=ON -DDISTMUON_ENABLE_BENCH=OFF >/dev/null
 cmake --build "$root/build-sanitize" --parallel "$(nproc)"
 # Leaks: OpenMPI's libraries keep allocations until exit that LeakSanitizer reports; the
-# suppressions name those libraries only, so a leak in distmuon still fails.
-export ASAN_OPTIONS="abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
+# suppressions name those libraries only, so a leak in distmuon still fails. They match only with
+# full stack unwinding on malloc (fast_unwind_on_malloc=0): OpenMPI is built without frame
+# pointers, so the fast unwinder stops before reaching its frames.
+export ASAN_OPTIONS="abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1:fast_unwind_on_malloc=0"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitize/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OPENBLAS_NUM_THREADS=1
