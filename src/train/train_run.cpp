@@ -6,7 +6,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -104,9 +103,9 @@ bool due(int step, int every) {
   return every > 0 && step % every == 0;
 }
 
-// Rank 0, after the checkpoint of step `saved` is complete: removes the older step folders but
-// the newest complete one (trainer.json written), so one good checkpoint survives any single
-// damaged one. A folder that cannot be removed is reported and kept: nothing is lost.
+// Rank 0, after the checkpoint of step `saved` is complete: removes every older step folder
+// except the newest complete one (trainer.json written), so one good checkpoint survives any
+// single damaged one. A folder that cannot be removed is reported and kept: nothing is lost.
 void prune_checkpoints(const fs::path& dir, int saved) {
   std::vector<std::pair<int, fs::path>> older;
   std::error_code ec;
