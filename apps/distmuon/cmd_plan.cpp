@@ -31,6 +31,15 @@ WeightShape parse_shape(const std::string& text) {
   return {fmt::format("{}x{}", m, n), m, n, 1, false};
 }
 
+struct PlanCliOptions {
+  std::vector<std::string> shapes;
+  std::string model, profile = "none", cost_model = "refined", map, algorithm = "auto";
+  int group_size = 8, partition_dim = 0, steps = 5, elem_size = 2;
+  bool syrk = true, crosses = false, json = false, list_models = false;
+};
+
+void run_plan(const PlanCliOptions& o);
+
 }  // namespace
 
 void add_plan_command(CLI::App& app, Context& ctx) {
@@ -38,13 +47,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       "plan",
       "Choose per weight (duplicated or distributed, standard or Gram NS) and owner mode "
       "for the model, from the cost model");
-  struct Opts {
-    std::vector<std::string> shapes;
-    std::string model, profile = "none", cost_model = "refined", map, algorithm = "auto";
-    int group_size = 8, partition_dim = 0, steps = 5, elem_size = 2;
-    bool syrk = true, crosses = false, json = false, list_models = false;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<PlanCliOptions>();
   cmd->add_option("--shape", o->shapes, "Weight shape MxN (repeatable)");
   cmd->add_option("--model", o->model,
                   "Model preset name or JSON file (see --list-models), or train-default");
@@ -75,56 +78,74 @@ void add_plan_command(CLI::App& app, Context& ctx) {
                   "Also draw the decision over (m, n) into this PNG (needs gnuplot)");
   cmd->callback([o, &ctx] {
     log_to_stderr();
-    if (ctx.world.rank() != 0) return;  // planning is local; other ranks have nothing to do
-    if (o->list_models) {
-      for (const auto& m : builtin_models()) {
-        fmt::print(
-            "{:<12} hidden {:>5}, ffn {:>5}, heads {:>3}/{:<3} kv, {:>3} layers{}\n", m.name,
-            m.hidden, m.ffn, m.heads, m.kv_heads, m.layers,
-            m.moe ? fmt::format(", {} experts of ffn {}", m.moe->experts, m.moe->expert_ffn) : "");
+    // Planning is local to rank 0; its errors are agreed on so that every rank ends with them
+    // (none is left in MPI_Finalize while rank 0 aborts).
+    std::string failure;
+    if (ctx.world.rank() == 0) {
+      try {
+        run_plan(*o);
+      } catch (const std::exception& e) {
+        failure = e.what();
       }
-      fmt::print("{:<12} the training run's default model (configs/train-default.json)\n",
-                 kTrainDefaultModel);
-      return;
     }
-    if (o->shapes.empty() == o->model.empty())
-      throw Error("plan: give either --shape MxN (repeatable) or --model");
-    PlanOptions opts;
-    opts.group_size = o->group_size;
-    opts.partition_dim = o->partition_dim;
-    opts.steps = o->steps;
-    opts.use_syrk = o->syrk;
-    opts.algorithm = parse_ns_algorithm(o->algorithm);
-    opts.elem_size = o->elem_size;
-    opts.crosses_domain = o->crosses;
-    opts.model = parse_cost_model(o->cost_model);
-    opts.profile = resolve_profile(o->profile);
-    if (opts.profile && !opts.crosses_domain && opts.group_size > opts.profile->domain_size) {
-      spdlog::warn(
-          "plan: a group of {} does not fit in one {} NVLink domain of {}: planning as "
-          "cross-domain",
-          opts.group_size, opts.profile->name, opts.profile->domain_size);
-      opts.crosses_domain = true;
-    }
-    std::vector<WeightShape> weights;
-    if (!o->model.empty()) {
-      weights = model_weights(o->model);
-    } else {
-      for (const auto& s : o->shapes)
-        weights.push_back(parse_shape(s));
-    }
-    const Plan plan = make_plan(weights, opts);
-    if (o->json) {
-      fmt::print("{}\n", nlohmann::json(plan).dump(2));
-    } else {
-      if (!o->model.empty()) fmt::print("model: {}\n", o->model);
-      fmt::print("{}", format_plan(plan));
-    }
-    if (!o->map.empty()) {
-      render_decision_map(opts, weights, o->map);
-      if (!o->json) fmt::print("decision map written to {}\n", o->map);
-    }
+    ctx.world.agree_or_throw(failure.empty(), "plan", failure);
   });
 }
+
+namespace {
+
+void run_plan(const PlanCliOptions& opts_in) {
+  const PlanCliOptions* o = &opts_in;
+  if (o->list_models) {
+    for (const auto& m : builtin_models()) {
+      fmt::print(
+          "{:<12} hidden {:>5}, ffn {:>5}, heads {:>3}/{:<3} kv, {:>3} layers{}\n", m.name,
+          m.hidden, m.ffn, m.heads, m.kv_heads, m.layers,
+          m.moe ? fmt::format(", {} experts of ffn {}", m.moe->experts, m.moe->expert_ffn) : "");
+    }
+    fmt::print("{:<12} the training run's default model (configs/train-default.json)\n",
+               kTrainDefaultModel);
+    return;
+  }
+  if (o->shapes.empty() == o->model.empty())
+    throw Error("plan: give either --shape MxN (repeatable) or --model");
+  PlanOptions opts;
+  opts.group_size = o->group_size;
+  opts.partition_dim = o->partition_dim;
+  opts.steps = o->steps;
+  opts.use_syrk = o->syrk;
+  opts.algorithm = parse_ns_algorithm(o->algorithm);
+  opts.elem_size = o->elem_size;
+  opts.crosses_domain = o->crosses;
+  opts.model = parse_cost_model(o->cost_model);
+  opts.profile = resolve_profile(o->profile);
+  if (opts.profile && !opts.crosses_domain && opts.group_size > opts.profile->domain_size) {
+    spdlog::warn(
+        "plan: a group of {} does not fit in one {} NVLink domain of {}: planning as "
+        "cross-domain",
+        opts.group_size, opts.profile->name, opts.profile->domain_size);
+    opts.crosses_domain = true;
+  }
+  std::vector<WeightShape> weights;
+  if (!o->model.empty()) {
+    weights = model_weights(o->model);
+  } else {
+    for (const auto& s : o->shapes)
+      weights.push_back(parse_shape(s));
+  }
+  const Plan plan = make_plan(weights, opts);
+  if (o->json) {
+    fmt::print("{}\n", nlohmann::json(plan).dump(2));
+  } else {
+    if (!o->model.empty()) fmt::print("model: {}\n", o->model);
+    fmt::print("{}", format_plan(plan));
+  }
+  if (!o->map.empty()) {
+    render_decision_map(opts, weights, o->map);
+    if (!o->json) fmt::print("decision map written to {}\n", o->map);
+  }
+}
+
+}  // namespace
 
 }  // namespace distmuon::cli

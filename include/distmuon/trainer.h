@@ -86,8 +86,10 @@ class Trainer {
   double evaluate();
   // Collective. Writes the checkpoint of the current step into dir (created if needed).
   void save_checkpoint(const std::filesystem::path& dir);
-  // Collective. Restores weights, optimizer state and step from dir; throws CollectiveError on
-  // every rank when the checkpoint is missing, corrupt or from another run (naming the field).
+  // Collective. Restores weights, optimizer state and step from dir, or, when dir holds no
+  // trainer.json, from its newest step-NNNNNNNN folder that does (newer folders without one were
+  // interrupted while saving and are skipped); throws CollectiveError on every rank when the
+  // checkpoint is missing, corrupt or from another run (naming the field).
   void resume(const std::filesystem::path& dir);
 
   int step_count() const;  // steps done (resumed ones included)
@@ -128,9 +130,16 @@ class TrainObserver {
   virtual void on_end(const TrainSummary& /*summary*/) {}
 };
 
+// The folder of a run's checkpoint at step (inside TrainRunOptions::checkpoint_dir):
+// "step-00000042".
+std::string train_checkpoint_step_dir(int step);
+
 struct TrainRunOptions {
-  std::filesystem::path log_jsonl;       // one JSON object per step, written by rank 0
-  std::filesystem::path checkpoint_dir;  // empty: no checkpoints
+  std::filesystem::path log_jsonl;  // one JSON object per step, written by rank 0
+  // Empty: no checkpoints. Each checkpoint goes into its own step-NNNNNNNN folder in it; after
+  // one is complete the older ones except the previous are removed, so a save interrupted by a
+  // crash leaves the last complete checkpoint for --resume.
+  std::filesystem::path checkpoint_dir;
   int checkpoint_every = 0;          // > 0: every N steps; with a directory, also at the last step
   std::filesystem::path resume_dir;  // empty: start from the initial weights
 };

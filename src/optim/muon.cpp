@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/fault.h"
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 #include "optim/muon_impl.h"
@@ -256,6 +257,7 @@ void Muon::step(std::span<const ConstMatrixView> grads) {
   std::vector<std::size_t> owned;  // tp_mode owner: orthogonalised together after the loop
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
+    if (i == grads.size() / 2) detail::fault_point("optim-step");  // docs/reliability.md
     if (p.muon && *p.mode == TpMode::kOwner) {
       owned.push_back(i);
     } else if (p.muon) {

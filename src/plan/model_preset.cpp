@@ -23,8 +23,16 @@ Index index_field_or(const json& j, const char* key, Index fallback) {
   return detail::json_field_or<Index>(j, key, fallback, kWhat);
 }
 
+// A size above 2^24 (the largest published models stay below 2^20 in every dimension) is a
+// corrupt or mistyped file: refused before any shape or cost is computed from it.
+constexpr Index kMaxPresetSize = Index{1} << 24;
+
 void require_positive(Index v, const char* key) {
   if (v < 1) throw Error(fmt::format("model preset: field '{}' must be >= 1, got {}", key, v));
+  if (v > kMaxPresetSize) {
+    throw Error(fmt::format("model preset: field '{}' is {}, above the plausible maximum {}", key,
+                            v, kMaxPresetSize));
+  }
 }
 
 std::string lower(std::string_view s) {

@@ -1,10 +1,14 @@
 // Trainer checkpoints: the model's values per rank, the optimizer's state (Muon::save) and the
 // step, written atomically; resume verifies everything before changing anything it can check.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "core/fault.h"
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
@@ -46,7 +50,48 @@ std::string first_difference(const json& saved, const json& mine) {
                      at(mine));
 }
 
+// Rank 0's choice, the same on every rank: dir itself when it holds trainer.json, else its newest
+// step-NNNNNNNN folder that holds one (trainer.json is written last, so a folder without it was
+// interrupted while saving and is skipped with a warning). Empty when there is none.
+fs::path choose_checkpoint(const Communicator& w, const fs::path& dir) {
+  std::string chosen, failure;
+  if (w.rank() == 0) {
+    try {
+      if (fs::exists(dir / kTrainerFile)) {
+        chosen = dir.string();
+      } else if (fs::is_directory(dir)) {
+        std::vector<std::pair<int, fs::path>> steps;
+        for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+          const std::string name = e.path().filename().string();
+          int step = 0;
+          if (e.is_directory() && std::sscanf(name.c_str(), "step-%d", &step) == 1 &&
+              name == train_checkpoint_step_dir(step))
+            steps.emplace_back(step, e.path());
+        }
+        std::sort(steps.rbegin(), steps.rend());
+        for (const auto& [step, path] : steps) {
+          if (fs::exists(path / kTrainerFile)) {
+            chosen = path.string();
+            break;
+          }
+          spdlog::warn("train: skipping '{}': it has no {} (interrupted while saving)",
+                       path.string(), kTrainerFile);
+        }
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  w.agree_or_throw(failure.empty(),
+                   fmt::format("train: looking for a checkpoint in '{}'", dir.string()), failure);
+  return w.broadcast_string(chosen, 0);
+}
+
 }  // namespace
+
+std::string train_checkpoint_step_dir(int step) {
+  return fmt::format("step-{:08d}", step);
+}
 
 void Trainer::save_checkpoint(const fs::path& dir) {
   Impl& s = *impl_;
@@ -69,6 +114,7 @@ void Trainer::save_checkpoint(const fs::path& dir) {
   w.agree_or_throw(failure.empty(), what, failure);
   const std::vector<std::int64_t> sums = w.all_gather(static_cast<std::int64_t>(sum));
   const std::vector<std::int64_t> sizes = w.all_gather(size);
+  detail::fault_point("checkpoint-between-files");  // docs/reliability.md
   s.muon->save(dir / "optimizer");
   // The trainer's manifest last: until it is replaced, an older one refers to other checksums
   // and resume refuses the mixture.
@@ -96,16 +142,19 @@ void Trainer::save_checkpoint(const fs::path& dir) {
   w.agree_or_throw(failure.empty(), what, failure);
 }
 
-void Trainer::resume(const fs::path& dir) {
+void Trainer::resume(const fs::path& where) {
   Impl& s = *impl_;
   const Communicator& w = s.world;
+  const fs::path dir = choose_checkpoint(w, where);
   std::string failure;
   int step = 0;
   std::vector<char> bytes;
   try {
-    if (!fs::exists(dir / kTrainerFile)) {
-      throw Error(fmt::format("'{}' holds no training checkpoint ({} is missing)", dir.string(),
-                              kTrainerFile));
+    if (dir.empty()) {
+      throw Error(
+          fmt::format("'{}' holds no training checkpoint ({} is missing, in it and in "
+                      "every step-NNNNNNNN folder)",
+                      where.string(), kTrainerFile));
     }
     const json meta = read_json_file(dir / kTrainerFile);
     try {
@@ -150,7 +199,7 @@ void Trainer::resume(const fs::path& dir) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  w.agree_or_throw(failure.empty(), fmt::format("train: resuming from '{}'", dir.string()),
+  w.agree_or_throw(failure.empty(), fmt::format("train: resuming from '{}'", where.string()),
                    failure);
   // Muon::load checks its own files on every rank and changes nothing on failure.
   s.muon->load(dir / "optimizer");

@@ -3,7 +3,9 @@
 #include <xmmintrin.h>
 #endif
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -101,6 +103,32 @@ bool due(int step, int every) {
   return every > 0 && step % every == 0;
 }
 
+// Rank 0, after the checkpoint of step `saved` is complete: removes every older step folder
+// except the newest complete one (trainer.json written), so one good checkpoint survives any
+// single damaged one. A folder that cannot be removed is reported and kept: nothing is lost.
+void prune_checkpoints(const fs::path& dir, int saved) {
+  std::vector<std::pair<int, fs::path>> older;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int step = 0;
+    if (std::sscanf(name.c_str(), "step-%d", &step) == 1 &&
+        name == train_checkpoint_step_dir(step) && step < saved)
+      older.emplace_back(step, it->path());
+  }
+  std::sort(older.rbegin(), older.rend());
+  bool kept = false;
+  for (const auto& [step, path] : older) {
+    if (!kept && fs::exists(path / "trainer.json")) {
+      kept = true;
+      continue;
+    }
+    fs::remove_all(path, ec);
+    if (ec)
+      spdlog::warn("train: cannot remove the old checkpoint '{}': {}", path.string(), ec.message());
+  }
+}
+
 }  // namespace
 
 TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
@@ -126,6 +154,16 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
 
   JsonlLog log;
   std::string failure;
+  // A checkpoint folder that cannot be created fails now, not after the first steps.
+  if (w.rank() == 0 && !options.checkpoint_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(options.checkpoint_dir, ec);
+    if (ec) {
+      failure = fmt::format("cannot create the checkpoint folder '{}': {}",
+                            options.checkpoint_dir.string(), ec.message());
+    }
+  }
+  w.agree_or_throw(failure.empty(), "train: checkpoints", failure);
   if (w.rank() == 0 && !options.log_jsonl.empty()) {
     try {
       log.open(options.log_jsonl, options.resume_dir.empty() ? 0 : summary.first_step);
@@ -164,9 +202,11 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
       o->on_step(r);
     if (!options.checkpoint_dir.empty() &&
         (due(r.step, options.checkpoint_every) || r.step == schedule.steps)) {
-      trainer.save_checkpoint(options.checkpoint_dir);
+      const fs::path dir = options.checkpoint_dir / train_checkpoint_step_dir(r.step);
+      trainer.save_checkpoint(dir);
+      if (w.rank() == 0) prune_checkpoints(options.checkpoint_dir, r.step);
       for (TrainObserver* o : observers)
-        o->on_checkpoint(r.step, options.checkpoint_dir);
+        o->on_checkpoint(r.step, dir);
     }
   }
   if (!summary.records.empty() && summary.records.back().val_loss) {

@@ -18,7 +18,7 @@ CliRun run_cli(int np, const std::string& args, const std::filesystem::path& log
                                                  DISTMUON_TEST_MPIEXEC, np, DISTMUON_TEST_MPI_FLAGS)
                                    : "";
   const std::string cmd =
-      fmt::format("timeout 60 {}{} {} > '{}' 2>&1", launcher, DISTMUON_CLI, args, log.string());
+      fmt::format("timeout -k 5 60 {}{} {} > '{}' 2>&1", launcher, DISTMUON_CLI, args, log.string());
   const int status = std::system(cmd.c_str());
   CliRun r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;

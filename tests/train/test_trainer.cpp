@@ -285,7 +285,7 @@ TEST(Trainer, ErrorsAreReportedOnEveryRank) {
   Trainer u(other_seed, world());
   contains(error_of([&] { u.resume(save.checkpoint_dir); }), "train.seed");
   if (world().rank() == 0) {
-    std::fstream f(save.checkpoint_dir / "model" / "rank-00000.bin",
+    std::fstream f(save.checkpoint_dir / train_checkpoint_step_dir(2) / "model" / "rank-00000.bin",
                    std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(17);
     const char c = static_cast<char>(f.get());

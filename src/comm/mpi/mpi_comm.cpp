@@ -5,6 +5,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include "core/fault.h"
 #include "distmuon/comm.h"
 #include "distmuon/error.h"
 
@@ -98,6 +99,7 @@ class MpiComm final : public CommImpl {
               detail(count, t));
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
+    ::distmuon::detail::fault_point("collective");  // docs/reliability.md
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count, "Allreduce"), mpi_type(t),
                             mpi_op(op), comm_),
               "Allreduce", detail(count, t));

@@ -1,0 +1,285 @@
+// Bad inputs to the CLI under `mpirun -np 2` (docs/reliability.md has the whole table): each must
+// fail on every rank within the time limit, with a message naming what is wrong, a non-zero exit,
+// and no partial output (no output file; a checkpoint folder that held a good checkpoint still
+// holds it, unchanged).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_runner.h"
+#include "distmuon/npy.h"
+#include "test_util.h"
+
+namespace distmuon {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+std::map<std::string, std::string> files_of(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_text(e.path());
+  return out;
+}
+
+class CliBadInputs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::fresh_test_dir("distmuon_bad_inputs");
+    write_npy(dir_ / "in.npy", test::random_matrix(16, 8, 3).view());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void write(const std::string& name, const std::string& bytes) const {
+    std::ofstream(dir_ / name, std::ios::binary) << bytes;
+  }
+
+  // Runs `distmuon ARGS` on 2 ranks; expects a non-zero exit naming `needle`, every rank ended
+  // by agreement (no MPI_ABORT: the ranks agreed on the error) unless `abort_ok`, and no file
+  // `out` left behind.
+  void expect_refused(const std::string& args, const std::string& needle,
+                      const std::string& out = {}) {
+    const test::CliRun r = test::run_cli(2, args, dir_ / "log.txt");
+    EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_NE(r.exit_code, 124) << "hung: " << args;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << "aborted: " << r.output;
+    if (!out.empty()) EXPECT_FALSE(fs::exists(out)) << "partial output: " << out;
+  }
+
+  // orthogonalize IN OUT with the input's bytes
+  void expect_npy_refused(const std::string& bytes, const std::string& needle) {
+    write("bad.npy", bytes);
+    expect_refused(
+        fmt::format("orthogonalize {} {} --tp-mode distributed", path("bad.npy"), path("out.npy")),
+        needle, path("out.npy"));
+  }
+
+  fs::path dir_;
+};
+
+// ---- .npy inputs ----------------------------------------------------------------------------
+
+TEST_F(CliBadInputs, EmptyNpy) {
+  expect_npy_refused("", "bad magic");
+}
+
+TEST_F(CliBadInputs, NanNpy) {
+  Matrix m = test::random_matrix(16, 8, 3);
+  m(15, 7) = std::numeric_limits<float>::quiet_NaN();  // in the second rank's shard
+  write_npy(dir_ / "nan.npy", m.view());
+  expect_npy_refused(read_text(dir_ / "nan.npy"), "non-finite");
+}
+
+TEST_F(CliBadInputs, InfNpy) {
+  Matrix m = test::random_matrix(16, 8, 3);
+  m(0, 0) = -std::numeric_limits<float>::infinity();
+  write_npy(dir_ / "inf.npy", m.view());
+  expect_npy_refused(read_text(dir_ / "inf.npy"), "non-finite");
+}
+
+// A header claiming 4e9 x 4e9 floats over 24 bytes of data: refused, not allocated.
+TEST_F(CliBadInputs, HugeNpyShape) {
+  std::string good = read_text(dir_ / "in.npy");
+  const std::string shape = "(16, 8)";
+  const std::string huge = "(4000000000, 4000000000)";
+  good.replace(good.find(shape), shape.size(), huge);
+  expect_npy_refused(good, "truncated data");
+}
+
+// ---- hardware profiles (plan --profile FILE) --------------------------------------------------
+
+class CliBadProfile : public CliBadInputs {
+ protected:
+  void SetUp() override {
+    CliBadInputs::SetUp();
+    profile_ = json::parse(read_text(fs::path(DISTMUON_PROFILES_DIR) / "h100.json"));
+  }
+  void expect_profile_refused(const json& j, const std::string& needle) {
+    write("profile.json", j.dump());
+    expect_refused("plan --model llama3-8b --group-size 2 --profile " + path("profile.json"),
+                   needle);
+  }
+  json profile_;
+};
+
+TEST_F(CliBadProfile, WrongType) {
+  profile_["domain_size"] = "eight";
+  expect_profile_refused(profile_, "'domain_size'");
+}
+TEST_F(CliBadProfile, MissingField) {
+  profile_.erase("inter_domain_gbps");
+  expect_profile_refused(profile_, "'inter_domain_gbps'");
+}
+TEST_F(CliBadProfile, NegativeBandwidth) {
+  profile_["intra_domain_gbps"] = -400;
+  expect_profile_refused(profile_, "'intra_domain_gbps'");
+}
+TEST_F(CliBadProfile, ZeroPeak) {
+  profile_["peak_tflops"]["fp32"] = 0;
+  expect_profile_refused(profile_, "peak_tflops.fp32");
+}
+TEST_F(CliBadProfile, NotJson) {
+  write("profile.json", profile_.dump().substr(0, 40));
+  expect_refused("plan --model llama3-8b --group-size 2 --profile " + path("profile.json"),
+                 "invalid JSON");
+}
+
+// ---- model presets (plan --model FILE) --------------------------------------------------------
+
+class CliBadModel : public CliBadInputs {
+ protected:
+  json model_ = {{"name", "tiny"}, {"hidden", 256}, {"ffn", 1024},   {"heads", 4},
+                 {"kv_heads", 2},  {"layers", 2},   {"vocab", 1000}, {"gated_ffn", false}};
+  void expect_model_refused(const json& j, const std::string& needle) {
+    write("model.json", j.dump());
+    expect_refused("plan --group-size 2 --model " + path("model.json"), needle);
+  }
+};
+
+TEST_F(CliBadModel, MissingField) {
+  model_.erase("layers");
+  expect_model_refused(model_, "'layers'");
+}
+TEST_F(CliBadModel, WrongType) {
+  model_["hidden"] = "wide";
+  expect_model_refused(model_, "'hidden'");
+}
+TEST_F(CliBadModel, ZeroSize) {
+  model_["layers"] = 0;
+  expect_model_refused(model_, "'layers' must be >= 1");
+}
+TEST_F(CliBadModel, NegativeSize) {
+  model_["ffn"] = -1024;
+  expect_model_refused(model_, "'ffn'");
+}
+TEST_F(CliBadModel, AbsurdSize) {
+  model_["hidden"] = 1LL << 40;  // 1e12: a corrupt file, not a model
+  expect_model_refused(model_, "'hidden' is 1099511627776, above the plausible maximum");
+}
+
+// ---- training config (train --config FILE) ----------------------------------------------------
+
+class CliBadTrainConfig : public CliBadInputs {
+ protected:
+  void SetUp() override {
+    CliBadInputs::SetUp();
+    std::string text;
+    while (text.size() < 4000)
+      text += "free software for all, copies of the licence\n";
+    write("text.txt", text);
+    config_ = {
+        {"model", {{"context", 8}, {"embed", 8}, {"hidden", 16}, {"ffn", 64}, {"layers", 1}}},
+        {"data", {{"path", path("text.txt")}}},
+        {"train", {{"steps", 2}, {"batch", 8}, {"eval_every", 2}, {"eval_windows", 16}}}};
+  }
+  void expect_config_refused(const json& j, const std::string& needle) {
+    write("config.json", j.dump());
+    expect_refused("train --config " + path("config.json") + " --log " + path("log.jsonl"), needle,
+                   path("log.jsonl"));
+  }
+  json config_;
+};
+
+TEST_F(CliBadTrainConfig, WrongType) {
+  config_["train"]["steps"] = "many";
+  expect_config_refused(config_, "train.steps");
+}
+TEST_F(CliBadTrainConfig, MissingDataFile) {
+  config_["data"]["path"] = path("no-such-text.txt");
+  expect_config_refused(config_, "no-such-text.txt");
+}
+TEST_F(CliBadTrainConfig, ZeroSize) {
+  config_["model"]["embed"] = 0;
+  expect_config_refused(config_, "model.embed");
+}
+TEST_F(CliBadTrainConfig, NegativeSize) {
+  config_["train"]["batch"] = -8;
+  expect_config_refused(config_, "train.batch");
+}
+TEST_F(CliBadTrainConfig, AbsurdSize) {
+  config_["model"]["layers"] = 1 << 20;
+  expect_config_refused(config_, "model.layers");
+}
+TEST_F(CliBadTrainConfig, NotJson) {
+  write("config.json", config_.dump().substr(0, 30));
+  expect_refused("train --config " + path("config.json"), "not valid JSON");
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+// A training checkpoint written by 2 ranks, resumed by 1 or 4: the model's shards are per rank
+// (no resharding), so the resume is refused and the checkpoint is left as it was.
+TEST_F(CliBadTrainConfig, CheckpointFromAnotherRankCount) {
+  write("config.json", config_.dump());
+  const std::string train = "train --config " + path("config.json") + " ";
+  ASSERT_EQ(test::run_cli(2, train + "--checkpoint " + path("ckpt"), dir_ / "log.txt").exit_code, 0)
+      << read_text(dir_ / "log.txt");
+  const auto saved = files_of(dir_ / "ckpt");
+  for (int np : {1, 4}) {
+    const test::CliRun r =
+        test::run_cli(np, train + "--steps 3 --resume " + path("ckpt"), dir_ / "log.txt");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("written by 2 ranks, this run has " + std::to_string(np)),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("step 3/"), std::string::npos) << r.output;
+  }
+  EXPECT_TRUE(files_of(dir_ / "ckpt") == saved);
+}
+
+// The checkpoint folder cannot be created (its parent is a file): refused before any step.
+TEST_F(CliBadTrainConfig, UnwritableCheckpointFolder) {
+  write("config.json", config_.dump());
+  write("a-file", "x");
+  expect_refused("train --config " + path("config.json") + " --checkpoint " + path("a-file/ckpt"),
+                 "a-file/ckpt");
+  EXPECT_EQ(read_text(dir_ / "a-file"), "x");
+}
+
+// The disk fills up while a checkpoint is written: the checkpoint folder is a 128 KiB tmpfs and
+// each rank's model file is 256 KiB, so write() fails with ENOSPC. Every rank stops with the
+// write's error, no temporary file is left, and the step folder has no trainer.json (a resume
+// would skip it). Mounting needs root (as CI runs); without it the test is skipped.
+TEST_F(CliBadTrainConfig, DiskFullDuringCheckpoint) {
+  json c = config_;
+  c["model"]["ffn"] = 4096;  // fc1 and fc2: 2 x 16 x 4096 floats, half per rank
+  write("config.json", c.dump());
+  const fs::path mnt = dir_ / "small";
+  fs::create_directories(mnt);
+  if (std::system(fmt::format("mount -t tmpfs -o size=128k tmpfs '{}' 2>/dev/null", mnt.string())
+                      .c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs (not root?)";
+  }
+  const test::CliRun r = test::run_cli(
+      2, "train --config " + path("config.json") + " --checkpoint " + (mnt / "ckpt").string(),
+      dir_ / "log.txt");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("saving checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("No space left on device"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("final validation loss"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(mnt / "ckpt" / "step-00000002" / "trainer.json"));
+  if (fs::exists(mnt / "ckpt")) {
+    for (const auto& [name, bytes] : files_of(mnt / "ckpt"))
+      EXPECT_EQ(name.find(".tmp"), std::string::npos) << "temporary left: " << name;
+  }
+  EXPECT_EQ(std::system(fmt::format("umount '{}'", mnt.string()).c_str()), 0);
+}
+
+}  // namespace
+}  // namespace distmuon

@@ -1,0 +1,243 @@
+// Fault injection (docs/reliability.md): `mpirun -np 2 distmuon train` with checkpoints, one rank
+// made to throw, exit or be killed (DISTMUON_FAULT) in the middle of an optimizer step, between
+// the files of a checkpoint and in a collective. Each run must end within a bounded time on
+// every rank with a non-zero status and the failing rank named, and the last complete checkpoint
+// must resume to exactly the uninterrupted run (its losses bit for bit, its files byte for byte).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kSteps = 6;          // checkpoints at steps 2, 4 and 6
+constexpr int kLimitSeconds = 60;  // a run that takes longer hangs (a healthy one takes ~2 s)
+// The all-reduce on which the collective faults fire: the 100th lands in step 3 of this config
+// (about 40 per step: the Gram all-reduce of each NS step of 5 weights, and agreements).
+constexpr int kCollectiveN = 100;
+
+struct RunResult {
+  int exit_code = -1;
+  double seconds = 0;
+  std::string output;
+};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+std::vector<json> read_log(const fs::path& p) {
+  std::vector<json> lines;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(json::parse(line));
+  return lines;
+}
+
+// The files of a directory (relative path -> bytes), to compare two checkpoints byte for byte.
+std::map<std::string, std::string> files_of(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_text(e.path());
+  return out;
+}
+
+class CliFaults : public ::testing::Test {
+ protected:
+  // One uninterrupted run for the whole suite: its log and its checkpoints are the reference.
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / fmt::format("distmuon_cli_faults_{}", ::getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string text;
+    for (int i = 0; text.size() < 12000; ++i)
+      text += (i * 7 % 5 == 0) ? "copies of the licence\n" : "free software for all ";
+    std::ofstream(dir_ / "text.txt") << text;
+    std::ofstream(dir_ / "tiny.json") << json{
+        {"model", {{"context", 8}, {"embed", 8}, {"hidden", 16}, {"ffn", 128}, {"layers", 2}}},
+        {"data", {{"path", (dir_ / "text.txt").string()}}},
+        {"train",
+         {{"steps", kSteps},
+          {"batch", 32},
+          {"log_every", 1},
+          {"eval_every", 3},
+          {"eval_windows", 64}}},
+        {"optimizer", {{"tp_mode", "distributed"}}}};  // a collective per NS step
+    reference_ = train("", "--checkpoint-every 2 --checkpoint " + (dir_ / "ref").string() +
+                               " --log " + (dir_ / "ref.jsonl").string());
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // `mpirun -np 2 distmuon train --config tiny.json ARGS` with DISTMUON_FAULT=fault (none when
+  // empty), killed after kLimitSeconds.
+  static RunResult train(const std::string& fault, const std::string& args) {
+    const fs::path log = dir_ / "out.txt";
+    const std::string env = fault.empty() ? "" : "DISTMUON_FAULT=" + fault + " ";
+    const std::string cmd = fmt::format(
+        "{}timeout -k 5 {} {} -np 2 --oversubscribe --bind-to none -x DISTMUON_FAULT --mca "
+        "odls_base_sigkill_timeout 0 {} train --config {} {} > '{}' 2>&1",
+        env, kLimitSeconds, DISTMUON_MPIEXEC, DISTMUON_CLI, (dir_ / "tiny.json").string(), args,
+        log.string());
+    const auto t0 = std::chrono::steady_clock::now();
+    const int status = std::system(cmd.c_str());
+    RunResult r;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    r.output = read_text(log);
+    return r;
+  }
+
+  void SetUp() override {
+    ASSERT_EQ(reference_.exit_code, 0) << reference_.output;
+    work_ = dir_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(work_);
+    fs::create_directories(work_);
+  }
+  std::string ckpt() const { return (work_ / "ckpt").string(); }
+  std::string log() const { return (work_ / "run.jsonl").string(); }
+
+  // Runs with the fault; expects a bounded failure that names rank `rank`.
+  RunResult expect_failure(const std::string& fault, int rank) {
+    const RunResult r =
+        train(fault, "--checkpoint-every 2 --checkpoint " + ckpt() + " --log " + log());
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung\n" << r.output;
+    EXPECT_LT(r.seconds, kLimitSeconds) << r.output;
+    // mpirun's own report names the process: "process rank 1" (a signal) or "Process name:
+    // [[job,1],1]" (an exit status); the CLI's "error on rank 1" (an exception).
+    const std::regex named(fmt::format(
+        R"(process rank {0}\b|Process name: \[\[[0-9]+,[0-9]+\],{0}\]|error on rank {0}:)", rank));
+    EXPECT_TRUE(std::regex_search(r.output, named)) << "failing rank not named\n" << r.output;
+    EXPECT_EQ(r.output.find("final validation loss"), std::string::npos) << r.output;
+    return r;
+  }
+
+  // The checkpoint folder's newest complete step is `step` and equals the reference's files; a
+  // resume from it repeats the uninterrupted run's losses exactly.
+  void expect_resumes_exactly(int step) {
+    const fs::path complete = work_ / "ckpt" / fmt::format("step-{:08d}", step);
+    ASSERT_TRUE(fs::exists(complete / "trainer.json")) << complete;
+    const fs::path ref = dir_ / "ref" / fmt::format("step-{:08d}", step);
+    if (fs::exists(ref)) EXPECT_TRUE(files_of(complete) == files_of(ref)) << "files differ";
+    const RunResult r = train("", "--resume " + ckpt() + " --log " + log());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(fmt::format("resumed at step {}", step)), std::string::npos)
+        << r.output;
+    const auto full = read_log(dir_ / "ref.jsonl"), part = read_log(log());
+    ASSERT_EQ(part.size(), full.size());
+    for (std::size_t i = 0; i < full.size(); ++i) {
+      EXPECT_EQ(part[i].at("step"), full[i].at("step"));
+      EXPECT_EQ(part[i].at("loss").get<double>(), full[i].at("loss").get<double>()) << i;
+    }
+  }
+
+  static fs::path dir_;
+  static RunResult reference_;
+  fs::path work_;
+};
+
+fs::path CliFaults::dir_;
+RunResult CliFaults::reference_;
+
+// Half of the parameters updated at step 5, then rank 1 throws: the CLI names it and aborts.
+TEST_F(CliFaults, ThrowInOptimizerStep) {
+  const RunResult r = expect_failure("1:optim-step:throw:5", 1);
+  EXPECT_NE(r.output.find("injected fault 'optim-step' on rank 1"), std::string::npos) << r.output;
+  expect_resumes_exactly(4);
+}
+
+// Rank 0 ends at once (no unwinding, no MPI_Finalize) in the middle of step 3.
+TEST_F(CliFaults, ExitInOptimizerStep) {
+  expect_failure("0:optim-step:exit:3", 0);
+  expect_resumes_exactly(2);
+}
+
+// kill -9 of rank 1 between the model file and the optimizer's files of the step-6 checkpoint:
+// step-00000006 is half written, the resume skips it and goes on from step 4.
+TEST_F(CliFaults, KillBetweenCheckpointFiles) {
+  const RunResult r = expect_failure("1:checkpoint-between-files:kill:3", 1);
+  const fs::path half = work_ / "ckpt" / "step-00000006";
+  EXPECT_TRUE(fs::exists(half)) << r.output;
+  EXPECT_FALSE(fs::exists(half / "trainer.json")) << r.output;
+  expect_resumes_exactly(4);
+}
+
+// A throw between the files of the step-4 checkpoint: a rank-local error, so the job aborts.
+TEST_F(CliFaults, ThrowBetweenCheckpointFiles) {
+  expect_failure("0:checkpoint-between-files:throw:2", 0);
+  EXPECT_FALSE(fs::exists(work_ / "ckpt" / "step-00000004" / "trainer.json"));
+  expect_resumes_exactly(2);
+}
+
+// Rank 1 is killed on its way into an all-reduce while rank 0 waits inside it (step 3 or later).
+TEST_F(CliFaults, KillDuringCollective) {
+  expect_failure(fmt::format("1:collective:kill:{}", kCollectiveN), 1);
+  expect_resumes_exactly(2);
+}
+
+// Rank 0 throws instead of entering an all-reduce; rank 1 is inside it.
+TEST_F(CliFaults, ThrowDuringCollective) {
+  expect_failure(fmt::format("0:collective:throw:{}", kCollectiveN), 0);
+  expect_resumes_exactly(2);
+}
+
+// A newer step folder without trainer.json (a save that never finished; here: the step-6 files
+// of the reference but its trainer.json) is skipped with a warning.
+TEST_F(CliFaults, HalfWrittenNewerStepIsSkipped) {
+  fs::create_directories(work_ / "ckpt");
+  fs::copy(dir_ / "ref" / "step-00000004", work_ / "ckpt" / "step-00000004",
+           fs::copy_options::recursive);
+  fs::copy(dir_ / "ref" / "step-00000006", work_ / "ckpt" / "step-00000006",
+           fs::copy_options::recursive);
+  fs::remove(work_ / "ckpt" / "step-00000006" / "trainer.json");
+  // The reference's log up to step 4, as a run killed while saving step 6 would leave it.
+  {
+    std::ofstream out(log());
+    for (const json& line : read_log(dir_ / "ref.jsonl"))
+      if (line.at("step").get<int>() <= 4) out << line.dump() << "\n";
+  }
+  const RunResult r = train("", "--checkpoint-every 2 --checkpoint " + ckpt() + " --resume " +
+                                    ckpt() + " --log " + log());
+  EXPECT_NE(r.output.find("skipping"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step-00000006"), std::string::npos) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed at step 4"), std::string::npos) << r.output;
+  const auto full = read_log(dir_ / "ref.jsonl"), part = read_log(log());
+  ASSERT_EQ(part.size(), full.size());
+  for (std::size_t i = 0; i < full.size(); ++i)
+    EXPECT_EQ(part[i].at("loss").get<double>(), full[i].at("loss").get<double>()) << i;
+  // The finished run completed step 6 again and kept step 4 as the previous checkpoint.
+  EXPECT_TRUE(fs::exists(work_ / "ckpt" / "step-00000006" / "trainer.json"));
+  EXPECT_TRUE(files_of(work_ / "ckpt" / "step-00000006") ==
+              files_of(dir_ / "ref" / "step-00000006"));
+}
+
+// The reference run kept its last two checkpoints only.
+TEST_F(CliFaults, OlderCheckpointsArePruned) {
+  EXPECT_FALSE(fs::exists(dir_ / "ref" / "step-00000002"));
+  EXPECT_TRUE(fs::exists(dir_ / "ref" / "step-00000004" / "trainer.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "ref" / "step-00000006" / "trainer.json"));
+}
+
+// A malformed DISTMUON_FAULT is an error, not a silently healthy run.
+TEST_F(CliFaults, MalformedFaultSpecIsAnError) {
+  const RunResult r = train("1:nowhere", "--log " + log());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("DISTMUON_FAULT"), std::string::npos) << r.output;
+}
+
+}  // namespace
