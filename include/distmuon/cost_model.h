@@ -19,6 +19,7 @@
 
 #include <compare>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -70,6 +71,9 @@ struct AutoChoice {
   auto operator<=>(const AutoChoice&) const = default;
 };
 std::string to_string(const AutoChoice& choice);  // "distributed", "owner+gram"
+// A choice as one integer (mode * 4 + algorithm), for broadcasting plans; and back.
+std::int64_t to_code(const AutoChoice& choice);
+AutoChoice choice_from_code(std::int64_t code);
 
 enum class CostModel { kReference, kRefined };
 CostModel parse_cost_model(std::string_view name);  // "reference", "refined"; throws listing them

@@ -151,8 +151,7 @@ std::vector<AutoChoice> plan_on_rank0(const Communicator& group, AutoModeResolve
     try {
       const BucketPlan plan = resolver.plan(keys);
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        codes[i + 1] = static_cast<std::int64_t>(plan.choices[i].mode) * 4 +
-                       static_cast<std::int64_t>(plan.choices[i].algorithm);
+        codes[i + 1] = to_code(plan.choices[i]);
       }
     } catch (const std::exception& e) {
       codes[0] = -1;
@@ -166,8 +165,7 @@ std::vector<AutoChoice> plan_on_rank0(const Communicator& group, AutoModeResolve
   }
   std::vector<AutoChoice> out;
   for (std::size_t i = 0; i < keys.size(); ++i)
-    out.push_back(
-        {static_cast<TpMode>(codes[i + 1] / 4), static_cast<NsAlgorithm>(codes[i + 1] % 4)});
+    out.push_back(choice_from_code(codes[i + 1]));
   return out;
 }
 

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "distmuon/checkpoint.h"
 #include "distmuon/auto_mode.h"
+#include "distmuon/checkpoint.h"
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/topology.h"
@@ -118,8 +118,7 @@ void plan_auto_modes(Muon::Impl& s) {
         }
         const BucketPlan plan = s.auto_state->resolver.plan(bucket_keys);
         for (std::size_t k = 0; k < at.size(); ++k) {
-          msg[at[k] + 2] = static_cast<std::int64_t>(plan.choices[k].mode) * 4 +
-                           static_cast<std::int64_t>(plan.choices[k].algorithm);
+          msg[at[k] + 2] = to_code(plan.choices[k]);
         }
       }
       msg[1] = hash;
@@ -141,8 +140,7 @@ void plan_auto_modes(Muon::Impl& s) {
                          s.world.rank(), text));
   for (std::size_t j = 0; j < todo.size(); ++j) {
     ParamState& p = s.params[todo[j]];
-    const AutoChoice choice{static_cast<TpMode>(msg[j + 2] / 4),
-                            static_cast<NsAlgorithm>(msg[j + 2] % 4)};
+    const AutoChoice choice = choice_from_code(msg[j + 2]);
     p.mode = choice.mode;
     p.algorithm = choice.algorithm;
     p.auto_key = keys[j];

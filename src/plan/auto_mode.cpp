@@ -32,13 +32,6 @@ std::array<std::int64_t, kFields> pack(std::int64_t code, const AutoKey& k) {
 }
 
 constexpr std::int64_t kFailed = -1;
-// A choice as one code: mode * 4 + algorithm.
-std::int64_t code_of(const AutoChoice& c) {
-  return static_cast<std::int64_t>(c.mode) * 4 + static_cast<std::int64_t>(c.algorithm);
-}
-AutoChoice choice_of(std::int64_t code) {
-  return {static_cast<TpMode>(code / 4), static_cast<NsAlgorithm>(code % 4)};
-}
 
 // "duplicated 1.20 ms, duplicated+gram 0.61 ms, ..." for the candidates an estimate priced.
 std::string candidates(const AutoKey& key, const CostEstimate& e) {
@@ -95,7 +88,7 @@ AutoChoice AutoModeResolver::resolve(const AutoKey& key, const Communicator& gro
   std::string failure;
   if (group.rank() == 0) {
     try {
-      code = code_of(impl_->evaluate(key).best());
+      code = to_code(impl_->evaluate(key).best());
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -128,7 +121,7 @@ AutoChoice AutoModeResolver::resolve(const AutoKey& key, const Communicator& gro
                         group.rank(), describe(key), key.steps, key.use_syrk, key.elem_size,
                         to_string(key.algorithm), describe(root), root.steps, root.use_syrk,
                         root.elem_size, to_string(root.algorithm)));
-  const AutoChoice choice = choice_of(msg[0]);
+  const AutoChoice choice = choice_from_code(msg[0]);
   impl_->decisions.emplace(key, choice);
   return choice;
 }

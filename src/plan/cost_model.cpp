@@ -118,11 +118,10 @@ void add_ns(ModeCost& c, Index rows, Index cols, GramSide side, const AutoKey& k
   const auto [s, l] = gram_and_long(rows, cols, side);
   const double sym = key.use_syrk ? 1 : 2;
   const int inner = key.steps - key.gram_formations;
-  const double flops =
-      algorithm == NsAlgorithm::kGram
-          ? key.gram_formations * (sym + 2) * s * s * l + key.steps * sym * s * s * s +
-                inner * (sym + 4) * s * s * s
-          : ns_flops(rows, cols, key.steps, key.use_syrk, side);
+  const double flops = algorithm == NsAlgorithm::kGram
+                           ? key.gram_formations * (sym + 2) * s * s * l +
+                                 key.steps * sym * s * s * s + inner * (sym + 4) * s * s * s
+                           : ns_flops(rows, cols, key.steps, key.use_syrk, side);
   c.flops += flops;
   add_elementwise(c, ns_elementwise(rows, cols, side, key.steps, algorithm), rates);
   if (rates.compute != nullptr) {
@@ -168,6 +167,14 @@ CostModel parse_cost_model(std::string_view name) {
 
 const char* to_string(CostModel model) {
   return model == CostModel::kReference ? "reference" : "refined";
+}
+
+std::int64_t to_code(const AutoChoice& choice) {
+  return static_cast<std::int64_t>(choice.mode) * 4 + static_cast<std::int64_t>(choice.algorithm);
+}
+
+AutoChoice choice_from_code(std::int64_t code) {
+  return {static_cast<TpMode>(code / 4), static_cast<NsAlgorithm>(code % 4)};
 }
 
 std::string to_string(const AutoChoice& choice) {
@@ -279,8 +286,7 @@ CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile
     ModeCost& dist = a == NsAlgorithm::kGram ? est.distributed_gram : est.distributed;
     add_all_gather(dist, first_gather, g2, x, rates);
     add_all_reduce(dist, kNormBytes, g, x, rates);
-    const int grams =
-        a == NsAlgorithm::kGram ? key.gram_formations : key.steps;
+    const int grams = a == NsAlgorithm::kGram ? key.gram_formations : key.steps;
     for (int i = 0; i < grams; ++i)
       add_all_reduce(dist, gram_side * gram_side * e, g, x, rates);
     add_ns(dist, shard_rows, shard_cols, shard_side, key, a, rates);
