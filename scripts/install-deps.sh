@@ -9,7 +9,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  gnuplot-nox
+  gnuplot-nox ccache
 )
 
 missing=()
