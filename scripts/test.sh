@@ -4,4 +4,4 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/build.sh"
 cd "$root/build"
-ctest --output-on-failure --timeout 300 "$@"
+ctest --output-on-failure --timeout 300 --parallel "$(nproc)" "$@"
