@@ -49,7 +49,11 @@ KeyOf key_of(Muon::Impl& s, ParamState& p) {
   DISTMUON_ASSERT(tp_on || gtp_on, "auto on an unsharded parameter");
   KeyOf out;
   out.key = auto_key(l, s.ns, s.options.ns_algorithm, false);
-  out.crosses = (gtp_on && probe(a, p.gtp)) || (tp_on && probe(a, p.tp));
+  // Both probes run on every rank, whatever the first one says: each is a collective over its
+  // group, and the ranks of one TP group may differ on whether their GTP groups cross.
+  const bool gtp_crosses = gtp_on && probe(a, p.gtp);
+  const bool tp_crosses = tp_on && probe(a, p.tp);
+  out.crosses = gtp_crosses || tp_crosses;
   return out;
 }
 
