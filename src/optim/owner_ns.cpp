@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "distmuon/agreement.h"
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 
@@ -270,19 +271,10 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
     reason = fmt::format("GTP group has rank {} of {}, the layouts say {} of {}", gtp.rank(),
                          gtp.size(), grid.g, grid.G);
   }
-  const auto hash = static_cast<std::int64_t>(fnv1a64(composition.data(), composition.size()));
-  auto round = [&](const Communicator& group, bool ok) {
-    const std::int64_t mine[2] = {hash, ok ? 0 : 1};
-    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(group.size()));
-    group.all_gather<std::int64_t>(mine, all);
-    for (std::size_t r = 0; r < all.size(); r += 2) {
-      if (all[r] != hash || all[r + 1] != 0) ok = false;
-    }
-    return ok;
-  };
+  const std::uint64_t hash = fnv1a64(composition.data(), composition.size());
   bool ok = reason.empty();
-  if (grid.G > 1) ok = round(gtp, ok);
-  if (grid.T > 1) ok = round(tp, ok);
+  if (grid.G > 1) ok = all_agree(gtp, hash, ok);
+  if (grid.T > 1) ok = all_agree(tp, hash, ok);
   if (!ok) {
     throw CollectiveError(fmt::format(
         "owner mode: the ranks of a {} x {} (TP x GTP) bucket of {} weights disagree on it{}{}",
