@@ -16,7 +16,7 @@
 #include "distmuon/fsdp.h"
 #include "distmuon/topology.h"
 #include "optim/owner_ns.h"
-#include "optim/sharded_ns.h"
+#include "tp/sharded_ns.h"
 
 namespace distmuon {
 namespace {
