@@ -11,6 +11,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "distmuon/hash.h"
+
 namespace distmuon {
 
 // Writes bytes to path atomically: path.tmp.<pid>, fsync, rename, fsync of the directory. A failed
@@ -23,11 +25,7 @@ std::vector<char> read_file_bytes(const std::filesystem::path& path);
 // The file parsed as JSON; throws "'<path>' is not valid JSON: ..." when it is not.
 nlohmann::json read_json_file(const std::filesystem::path& path);
 
-inline constexpr std::uint64_t kFnv1a64Basis = 0xcbf29ce484222325ULL;
-
-// FNV-1a 64 (offset basis 0xcbf29ce484222325, prime 0x100000001b3) of size bytes, continuing from
-// hash (the basis for a fresh checksum). It detects corruption and truncation, not tampering.
-std::uint64_t fnv1a64(const void* data, std::size_t size, std::uint64_t hash = kFnv1a64Basis);
+// The checksum is fnv1a64 (hash.h).
 std::string checksum_hex(std::uint64_t checksum);  // 16 lowercase hex digits
 
 // Throws "'<path>' fails its checksum (FNV-1a 64 <actual>, manifest <expected>)" unless the

@@ -10,12 +10,13 @@
 #include <memory>
 #include <random>
 
+#include "distmuon/agreement.h"
 #include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
 #include "distmuon/fsdp.h"
 #include "distmuon/topology.h"
 #include "optim/owner_ns.h"
-#include "optim/sharded_ns.h"
+#include "tp/sharded_ns.h"
 
 namespace distmuon {
 namespace {
@@ -145,27 +146,18 @@ struct OwnerRun {
 // Auto's plan for every weight (count copies per shape), made on rank 0 and shared.
 std::vector<AutoChoice> plan_on_rank0(const Communicator& group, AutoModeResolver& resolver,
                                       const std::vector<AutoKey>& keys) {
-  std::vector<std::int64_t> codes(keys.size() + 1, 0);
-  std::string failure;
-  if (group.rank() == 0) {
-    try {
-      const BucketPlan plan = resolver.plan(keys);
-      for (std::size_t i = 0; i < keys.size(); ++i) {
-        codes[i + 1] = to_code(plan.choices[i]);
-      }
-    } catch (const std::exception& e) {
-      codes[0] = -1;
-      failure = e.what();
-    }
-  }
-  group.broadcast(std::span<std::int64_t>(codes), 0);
-  if (codes[0] != 0) {
-    throw CollectiveError(fmt::format("bench --model: rank 0 could not plan tp_mode=auto: {}",
-                                      group.broadcast_string(failure, 0)));
-  }
+  const auto codes = decide_on_root<std::vector<std::int64_t>>(
+      group, 0, "bench --model: planning tp_mode=auto", [&] {
+        const BucketPlan plan = resolver.plan(keys);
+        std::vector<std::int64_t> out;
+        for (const AutoChoice& c : plan.choices)
+          out.push_back(to_code(c));
+        return out;
+      });
+  DISTMUON_ASSERT(codes.size() == keys.size(), "one code per weight");
   std::vector<AutoChoice> out;
   for (std::size_t i = 0; i < keys.size(); ++i)
-    out.push_back(choice_from_code(codes[i + 1]));
+    out.push_back(choice_from_code(codes[i]));
   return out;
 }
 

@@ -77,15 +77,6 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   }
 }
 
-std::uint64_t fnv1a64(const void* data, std::size_t size, std::uint64_t hash) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < size; ++i) {
-    hash ^= p[i];
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
-
 std::string checksum_hex(std::uint64_t checksum) {
   return fmt::format("{:016x}", checksum);
 }

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "distmuon/error.h"
+#include "ns/ns_steps.h"
 
 namespace distmuon {
 
@@ -71,33 +72,6 @@ int gram_ns_gram_count(const NsOptions& opts) {
 namespace detail {
 namespace {
 
-void ensure_shape(Matrix& m, Index rows, Index cols) {
-  if (m.rows() != rows || m.cols() != cols) m = Matrix(rows, cols);
-}
-
-// out = alpha * a a^T for a symmetric s x s a (that is, alpha a^2), by syrk or gemm.
-void symmetric_square(Compute& compute, bool use_syrk, float alpha, ConstMatrixView a,
-                      MatrixView out) {
-  if (use_syrk) {
-    compute.syrk(Trans::kNo, alpha, a, 0.0f, out);
-  } else {
-    compute.gemm(Trans::kNo, Trans::kNo, alpha, a, a, 0.0f, out);
-  }
-}
-
-// The Gram matrix of the iterate on the chosen side, summed over the group when distributed.
-void form_gram(Compute& compute, bool rows, bool use_syrk, ConstMatrixView x, MatrixView r,
-               const Communicator* group) {
-  const Trans t = rows ? Trans::kNo : Trans::kYes;
-  if (use_syrk) {
-    compute.syrk(t, 1.0f, x, 0.0f, r);
-  } else {
-    compute.gemm(t, rows ? Trans::kYes : Trans::kNo, 1.0f, x, x, 0.0f, r);
-  }
-  if (group != nullptr)
-    group->all_reduce(std::span<float>(r.data, static_cast<std::size_t>(r.size())));
-}
-
 // out = Q X_0 (row side) or X_0 Q^T (column side).
 void apply_q(Compute& compute, bool rows, ConstMatrixView q, ConstMatrixView x0, MatrixView out) {
   if (rows) {
@@ -111,20 +85,12 @@ void apply_q(Compute& compute, bool rows, ConstMatrixView q, ConstMatrixView x0,
 
 void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
                                 const Communicator* group, NsWorkspace* ws) {
-  opts.validate();
-  const bool distributed = group != nullptr && group->size() > 1;
-  if (distributed && opts.side == GramSide::kAuto) {
-    throw Error(
-        "gram newton_schulz over a group needs an explicit Gram side (the local shard's shape "
-        "does not tell the global orientation)");
-  }
-  if (x.size() == 0) return;
-  const GramSide side = opts.side != GramSide::kAuto
-                            ? opts.side
-                            : (x.rows <= x.cols ? GramSide::kRows : GramSide::kCols);
+  const auto start = start_newton_schulz(x, opts, compute, group, "gram newton_schulz");
+  if (!start) return;
+  const GramSide side = start->side;
   const bool rows = side == GramSide::kRows;
-  const Index s = rows ? x.rows : x.cols;
-  const Communicator* reduce_over = distributed ? group : nullptr;
+  const Index s = start->s;
+  const Communicator* reduce_over = start->reduce_over;
 
   NsWorkspace local_ws;
   NsWorkspace& w = ws != nullptr ? *ws : local_ws;
@@ -132,21 +98,11 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
     ensure_shape(*m, s, s);
   ensure_shape(w.next, x.rows, x.cols);
 
-  // Normalise by the (global) Frobenius norm, exactly as the standard algorithm does.
-  double ss = compute.sum_squares(x, opts.norm_in_double);
-  if (distributed) ss = group->all_reduce(ss);
-  if (!std::isfinite(ss)) {
-    throw Error(fmt::format(
-        "gram newton_schulz: input {}{} contains non-finite values (or its norm overflows)",
-        shape_str(x), distributed ? fmt::format(" (rank {})", group->rank()) : ""));
-  }
-  compute.scale(x, static_cast<float>(1.0 / std::max(std::sqrt(ss), opts.eps)));
-
   MatrixView x0 = x;                 // the iterate Q applies to
   MatrixView spare = w.next.view();  // where X = Q X_0 is formed
   MatrixView r = w.gram.view(), p = w.poly.view(), q = w.gram_q.view();
   MatrixView t = w.gram_t.view(), u = w.gram_u.view();
-  form_gram(compute, rows, opts.use_syrk, x0, r, reduce_over);
+  form_gram(compute, side, opts.use_syrk, x0, r, reduce_over);
   bool q_is_identity = true;
   for (int step = 0; step < opts.steps; ++step) {
     const NsCoefficients& k = opts.coefficients.at(step);
@@ -173,7 +129,7 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
     if (gram_restarts_after(opts, step)) {
       apply_q(compute, rows, q, x0, spare);
       std::swap(x0, spare);
-      form_gram(compute, rows, opts.use_syrk, x0, r, reduce_over);
+      form_gram(compute, side, opts.use_syrk, x0, r, reduce_over);
       q_is_identity = true;
       continue;
     }
@@ -190,8 +146,7 @@ double gram_ns_flops(Index m, Index n, const NsOptions& opts) {
   const int steps = opts.steps;
   const bool use_syrk = opts.use_syrk;
   const CoefficientSet& coefficients = opts.coefficients;
-  GramSide side = opts.side;
-  if (side == GramSide::kAuto) side = m <= n ? GramSide::kRows : GramSide::kCols;
+  const GramSide side = resolve_side(opts.side, m, n);
   const double s = static_cast<double>(side == GramSide::kRows ? m : n);
   const double l = static_cast<double>(side == GramSide::kRows ? n : m);
   const double sym = use_syrk ? 1.0 : 2.0;  // a symmetric product: half a gemm with syrk

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/fault.h"
+#include "distmuon/agreement.h"
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 #include "optim/muon_impl.h"
@@ -121,19 +122,11 @@ nlohmann::json Muon::Impl::config() const {
 
 void Muon::Impl::prepare() {
   if (prepared) return;
-  const std::string mine = config().dump();
-  const auto hash = static_cast<std::int64_t>(fnv1a64(mine.data(), mine.size()));
-  const std::vector<std::int64_t> all = world.all_gather(hash);
-  if (std::any_of(all.begin(), all.end(), [&](std::int64_t h) { return h != all[0]; })) {
-    // Every rank knows of the mismatch: rank 0 shares its configuration so that each differing
-    // rank can name the difference.
-    const std::string root = world.broadcast_string(mine, 0);
-    const bool same = hash == all[0];
-    world.agree_or_throw(same,
-                         "Muon: the optimizer configuration (options, parameters) differs "
-                         "from rank 0's",
-                         same ? "" : describe_difference(root, mine));
-  }
+  // On a mismatch every differing rank names its first difference from rank 0's configuration.
+  agree_on(world, config().dump(), "Muon: the optimizer configuration (options, parameters)",
+           [](std::string_view root, std::string_view mine) {
+             return describe_difference(std::string(root), std::string(mine));
+           });
   prepared = true;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "distmuon/agreement.h"
 #include "distmuon/auto_mode.h"
 #include "distmuon/checkpoint.h"
 #include "distmuon/cost_model.h"
@@ -49,7 +50,11 @@ KeyOf key_of(Muon::Impl& s, ParamState& p) {
   DISTMUON_ASSERT(tp_on || gtp_on, "auto on an unsharded parameter");
   KeyOf out;
   out.key = auto_key(l, s.ns, s.options.ns_algorithm, false);
-  out.crosses = (gtp_on && probe(a, p.gtp)) || (tp_on && probe(a, p.tp));
+  // Both probes run on every rank, whatever the first one says: each is a collective over its
+  // group, and the ranks of one TP group may differ on whether their GTP groups cross.
+  const bool gtp_crosses = gtp_on && probe(a, p.gtp);
+  const bool tp_crosses = tp_on && probe(a, p.tp);
+  out.crosses = gtp_crosses || tp_crosses;
   return out;
 }
 
@@ -75,8 +80,6 @@ std::vector<std::vector<std::size_t>> buckets_of(const Muon::Impl& s,
   return buckets;
 }
 
-constexpr std::int64_t kFailed = -1;
-
 }  // namespace
 
 void plan_auto_modes(Muon::Impl& s) {
@@ -101,46 +104,33 @@ void plan_auto_modes(Muon::Impl& s) {
     keys[j].crosses_domain = crosses[j] != 0;
     text += describe(keys[j]) + ";";
   }
-  // World rank 0 plans every bucket and shares the codes (first: a status, then the hash of the
-  // keys it planned, then one code per parameter).
-  std::vector<std::int64_t> msg(todo.size() + 2, 0);
-  const auto hash = static_cast<std::int64_t>(fnv1a64(text.data(), text.size()));
-  std::string failure;
-  if (s.world.rank() == 0) {
-    try {
-      for (const std::vector<std::size_t>& bucket : buckets_of(s, todo)) {
-        std::vector<AutoKey> bucket_keys;
-        std::vector<std::size_t> at;
-        for (const std::size_t i : bucket) {
-          at.push_back(
-              static_cast<std::size_t>(std::find(todo.begin(), todo.end(), i) - todo.begin()));
-          bucket_keys.push_back(keys[at.back()]);
+  // Every rank plans the same keys; world rank 0 plans every bucket and shares one code per
+  // parameter.
+  agree_on(s.world, text, "tp_mode=auto: the weights to plan",
+           [&](std::string_view root, std::string_view mine) {
+             return fmt::format("rank {} plans {}, rank 0 plans {}", s.world.rank(), mine, root);
+           });
+  const auto codes = decide_on_root<std::vector<std::int64_t>>(
+      s.world, 0, "tp_mode=auto: planning the modes", [&] {
+        std::vector<std::int64_t> out(todo.size(), 0);
+        for (const std::vector<std::size_t>& bucket : buckets_of(s, todo)) {
+          std::vector<AutoKey> bucket_keys;
+          std::vector<std::size_t> at;
+          for (const std::size_t i : bucket) {
+            at.push_back(
+                static_cast<std::size_t>(std::find(todo.begin(), todo.end(), i) - todo.begin()));
+            bucket_keys.push_back(keys[at.back()]);
+          }
+          const BucketPlan plan = s.auto_state->resolver.plan(bucket_keys);
+          for (std::size_t k = 0; k < at.size(); ++k)
+            out[at[k]] = to_code(plan.choices[k]);
         }
-        const BucketPlan plan = s.auto_state->resolver.plan(bucket_keys);
-        for (std::size_t k = 0; k < at.size(); ++k) {
-          msg[at[k] + 2] = to_code(plan.choices[k]);
-        }
-      }
-      msg[1] = hash;
-    } catch (const std::exception& e) {
-      msg[0] = kFailed;
-      failure = e.what();
-    }
-  }
-  s.world.broadcast(std::span<std::int64_t>(msg), 0);
-  if (msg[0] == kFailed) {
-    const std::string why = s.world.broadcast_string(failure, 0);
-    throw CollectiveError(fmt::format("tp_mode=auto: rank 0 could not plan the modes: {}", why));
-  }
-  const bool same = msg[1] == hash;
-  s.world.agree_or_throw(
-      same, "tp_mode=auto",
-      same ? std::string()
-           : fmt::format("rank {} plans different weights or settings than rank 0: {}",
-                         s.world.rank(), text));
+        return out;
+      });
+  DISTMUON_ASSERT(codes.size() == todo.size(), "one code per planned parameter");
   for (std::size_t j = 0; j < todo.size(); ++j) {
     ParamState& p = s.params[todo[j]];
-    const AutoChoice choice = choice_from_code(msg[j + 2]);
+    const AutoChoice choice = choice_from_code(codes[j]);
     p.mode = choice.mode;
     p.algorithm = choice.algorithm;
     p.auto_key = keys[j];

@@ -10,7 +10,7 @@
 
 #include "distmuon/muon.h"
 #include "ns/ns_workspaces.h"
-#include "optim/sharded_ns.h"
+#include "tp/sharded_ns.h"
 
 namespace distmuon {
 

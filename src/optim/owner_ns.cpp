@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "distmuon/agreement.h"
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 
@@ -21,14 +22,50 @@ std::size_t elems(Index rows, Index cols) {
   return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
 }
 
-// Copies a (strided) view into a contiguous buffer, and back.
-float* pack_into(Compute& compute, ConstMatrixView v, float* out) {
-  compute.copy(v, MatrixView{out, v.rows, v.cols, v.cols});
-  return out + elems(v.rows, v.cols);
-}
-const float* unpack_from(Compute& compute, const float* in, MatrixView v) {
-  compute.copy(ConstMatrixView{in, v.rows, v.cols, v.cols}, v);
-  return in + elems(v.rows, v.cols);
+// One all-to-all of a stage over a group of P ranks: per peer j, the blocks this rank sends it
+// and the blocks it receives from it, each list in bucket order. The counts follow from the
+// blocks' shapes; a scatter stage is the reverse of its gather stage.
+struct Exchange {
+  explicit Exchange(std::size_t peers) : to(peers), from(peers) {}
+  std::vector<std::vector<MatrixView>> to, from;
+  Exchange reversed() const {
+    Exchange r(to.size());
+    r.to = from;
+    r.from = to;
+    return r;
+  }
+};
+
+// Packs every block sent into one buffer (peer by peer), runs the all-to-all, and unpacks what
+// arrives into the blocks received. send and recv are scratch kept across the stages.
+void exchange(const Communicator& group, const Exchange& x, Compute& compute,
+              std::vector<float>& send, std::vector<float>& recv) {
+  const std::size_t peers = x.to.size();
+  DISTMUON_ASSERT(peers == static_cast<std::size_t>(group.size()), "one list per peer");
+  std::vector<std::size_t> send_counts(peers, 0), recv_counts(peers, 0);
+  for (std::size_t j = 0; j < peers; ++j) {
+    for (const MatrixView& v : x.to[j])
+      send_counts[j] += elems(v.rows, v.cols);
+    for (const MatrixView& v : x.from[j])
+      recv_counts[j] += elems(v.rows, v.cols);
+  }
+  send.resize(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}));
+  recv.resize(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+  float* out = send.data();
+  for (const auto& blocks : x.to) {
+    for (const MatrixView& v : blocks) {
+      compute.copy(v, MatrixView{out, v.rows, v.cols, v.cols});
+      out += elems(v.rows, v.cols);
+    }
+  }
+  group.all_to_all_v<float>(send, send_counts, recv, recv_counts);
+  const float* in = recv.data();
+  for (const auto& blocks : x.from) {
+    for (const MatrixView& v : blocks) {
+      compute.copy(ConstMatrixView{in, v.rows, v.cols, v.cols}, v);
+      in += elems(v.rows, v.cols);
+    }
+  }
 }
 
 // The bucket's grid: T x G ranks, this rank at (t, g).
@@ -76,161 +113,66 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   DISTMUON_ASSERT(grid.G == 1 || gtp.size() == grid.G, "GTP group size");
   const std::size_t n_items = items.size();
   auto layout = [&](std::size_t i) -> const ShardLayout& { return *items[i].layout; };
-  auto shard_elems = [&](std::size_t i) { return elems(layout(i).shard_rows(), layout(i).n_tp()); };
-  auto local_elems = [&](std::size_t i) {
-    return elems(layout(i).padded_rows(), layout(i).n_tp());
-  };
-
-  // Stage 1 (gather over GTP): TP-local tensors of the weights whose owner sits in this rank's
-  // GTP row (g_o == g). Without GTP the shard is the TP-local tensor.
-  std::vector<Matrix> tp_local(n_items);
-  std::vector<float> send, recv;
   const auto G = static_cast<std::size_t>(grid.G), T = static_cast<std::size_t>(grid.T);
-  std::vector<std::size_t> send_counts, recv_counts;
-  if (grid.G > 1) {
-    send_counts.assign(G, 0);
-    recv_counts.assign(G, 0);
-    for (std::size_t i = 0; i < n_items; ++i) {
-      send_counts[static_cast<std::size_t>(grid.g_of(owners[i]))] += shard_elems(i);
-      if (grid.g_of(owners[i]) == grid.g) {
-        for (std::size_t j = 0; j < G; ++j)
-          recv_counts[j] += shard_elems(i);
-      }
-    }
-    send.resize(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}));
-    recv.resize(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
-    float* out = send.data();
-    for (std::size_t j = 0; j < G; ++j) {
-      for (std::size_t i = 0; i < n_items; ++i) {
-        if (static_cast<std::size_t>(grid.g_of(owners[i])) == j)
-          out = pack_into(compute, items[i].shard, out);
-      }
-    }
-    gtp.all_to_all_v<float>(send, send_counts, recv, recv_counts);
-    const float* in = recv.data();
-    for (std::size_t j = 0; j < G; ++j) {
-      for (std::size_t i = 0; i < n_items; ++i) {
-        if (grid.g_of(owners[i]) != grid.g) continue;
-        const ShardLayout& l = layout(i);
-        if (tp_local[i].rows() == 0) tp_local[i] = Matrix(l.padded_rows(), l.n_tp());
-        in = unpack_from(
-            compute, in,
-            tp_local[i].view().row_block(static_cast<Index>(j) * l.shard_rows(), l.shard_rows()));
-      }
-    }
-  } else {
-    for (std::size_t i = 0; i < n_items; ++i) {
-      tp_local[i] = Matrix(items[i].shard.rows, items[i].shard.cols);
-      compute.copy(items[i].shard, tp_local[i].view());
-    }
-  }
-
-  // Stage 2 (gather over TP): the owner's full work matrices.
-  std::vector<Matrix> full(n_items);
   auto mine = [&](std::size_t i) { return owners[i] == grid.me(); };
   auto in_row = [&](std::size_t i) { return grid.g_of(owners[i]) == grid.g; };
-  if (grid.T > 1) {
-    send_counts.assign(T, 0);
-    recv_counts.assign(T, 0);
+
+  // The TP-local tensors this rank gathers (the weights whose owner sits in its GTP row,
+  // g_o == g; without GTP every weight, its shard being the TP-local tensor), and the owner's
+  // full work matrices (without TP the TP-local tensor is the full one).
+  std::vector<Matrix> tp_local(n_items), full(n_items);
+  for (std::size_t i = 0; i < n_items; ++i) {
+    if (grid.G == 1 || in_row(i)) tp_local[i] = Matrix(layout(i).padded_rows(), layout(i).n_tp());
+    if (grid.T > 1 && mine(i))
+      full[i] = Matrix(full_work_rows(layout(i)), full_work_cols(layout(i)));
+  }
+  auto work = [&](std::size_t i) { return grid.T > 1 ? full[i].view() : tp_local[i].view(); };
+
+  // Stage 1 (GTP): GTP rank j sends the owner's row (g_o) its row block of the TP-local tensor.
+  Exchange over_gtp(G);
+  for (std::size_t j = 0; j < G && grid.G > 1; ++j) {
     for (std::size_t i = 0; i < n_items; ++i) {
-      if (!in_row(i)) continue;
-      send_counts[static_cast<std::size_t>(grid.t_of(owners[i]))] += local_elems(i);
-      if (mine(i)) {
-        for (std::size_t j = 0; j < T; ++j)
-          recv_counts[j] += local_elems(i);
+      if (static_cast<std::size_t>(grid.g_of(owners[i])) == j)
+        over_gtp.to[j].push_back(items[i].shard);
+      if (in_row(i)) {
+        const Index r_l = layout(i).shard_rows();
+        over_gtp.from[j].push_back(tp_local[i].view().row_block(static_cast<Index>(j) * r_l, r_l));
       }
-    }
-    send.resize(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}));
-    recv.resize(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
-    float* out = send.data();
-    for (std::size_t j = 0; j < T; ++j) {
-      for (std::size_t i = 0; i < n_items; ++i) {
-        if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
-          out = pack_into(compute, tp_local[i].view(), out);
-      }
-    }
-    tp.all_to_all_v<float>(send, send_counts, recv, recv_counts);
-    const float* in = recv.data();
-    for (std::size_t j = 0; j < T; ++j) {
-      for (std::size_t i = 0; i < n_items; ++i) {
-        if (!mine(i)) continue;
-        if (full[i].rows() == 0)
-          full[i] = Matrix(full_work_rows(layout(i)), full_work_cols(layout(i)));
-        in = unpack_from(compute, in, tp_block(full[i].view(), layout(i), static_cast<int>(j)));
-      }
-    }
-  } else {
-    for (std::size_t i = 0; i < n_items; ++i) {
-      if (mine(i)) full[i] = std::move(tp_local[i]);
     }
   }
+  // Stage 2 (TP): TP rank j sends the owner (t_o) its TP-local tensor, a TP block of the full one.
+  Exchange over_tp(T);
+  for (std::size_t j = 0; j < T && grid.T > 1; ++j) {
+    for (std::size_t i = 0; i < n_items; ++i) {
+      if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
+        over_tp.to[j].push_back(tp_local[i].view());
+      if (mine(i))
+        over_tp.from[j].push_back(tp_block(full[i].view(), layout(i), static_cast<int>(j)));
+    }
+  }
+
+  std::vector<float> send, recv;
+  if (grid.G > 1) {
+    exchange(gtp, over_gtp, compute, send, recv);
+  } else {
+    for (std::size_t i = 0; i < n_items; ++i)
+      compute.copy(items[i].shard, tp_local[i].view());
+  }
+  if (grid.T > 1) exchange(tp, over_tp, compute, send, recv);
 
   // The owner's NS: the code duplicated mode runs on the same matrix.
   NsOptions gram = ns;
   gram.algorithm = NsAlgorithm::kGram;
   for (std::size_t i = 0; i < n_items; ++i) {
     if (!mine(i)) continue;
-    orthogonalize_full(full[i].view(), layout(i),
-                       items[i].algorithm == NsAlgorithm::kGram ? gram : ns, scale, compute,
-                       workspaces);
+    orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
+                       scale, compute, workspaces);
   }
 
-  // Scatter, stage 2 reversed: the owner sends TP rank j its TP-local block.
-  if (grid.T > 1) {
-    std::swap(send_counts, recv_counts);
-    send.resize(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}));
-    recv.resize(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
-    float* out = send.data();
-    for (std::size_t j = 0; j < T; ++j) {
-      for (std::size_t i = 0; i < n_items; ++i) {
-        if (mine(i))
-          out = pack_into(compute, tp_block(full[i].view(), layout(i), static_cast<int>(j)), out);
-      }
-    }
-    tp.all_to_all_v<float>(send, send_counts, recv, recv_counts);
-    const float* in = recv.data();
-    for (std::size_t j = 0; j < T; ++j) {
-      for (std::size_t i = 0; i < n_items; ++i) {
-        if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
-          in = unpack_from(compute, in, tp_local[i].view());
-      }
-    }
-  } else {
-    for (std::size_t i = 0; i < n_items; ++i) {
-      if (mine(i)) tp_local[i] = std::move(full[i]);
-    }
-  }
-
-  // Scatter, stage 1 reversed: rank (t, g_o) sends GTP rank j its row block.
+  // The scatter: stages 2 and 1 reversed.
+  if (grid.T > 1) exchange(tp, over_tp.reversed(), compute, send, recv);
   if (grid.G > 1) {
-    send_counts.assign(G, 0);
-    recv_counts.assign(G, 0);
-    for (std::size_t i = 0; i < n_items; ++i) {
-      recv_counts[static_cast<std::size_t>(grid.g_of(owners[i]))] += shard_elems(i);
-      if (in_row(i)) {
-        for (std::size_t j = 0; j < G; ++j)
-          send_counts[j] += shard_elems(i);
-      }
-    }
-    send.resize(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}));
-    recv.resize(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
-    float* out = send.data();
-    for (std::size_t j = 0; j < G; ++j) {
-      for (std::size_t i = 0; i < n_items; ++i) {
-        if (!in_row(i)) continue;
-        const Index r_l = layout(i).shard_rows();
-        out =
-            pack_into(compute, tp_local[i].view().row_block(static_cast<Index>(j) * r_l, r_l), out);
-      }
-    }
-    gtp.all_to_all_v<float>(send, send_counts, recv, recv_counts);
-    const float* in = recv.data();
-    for (std::size_t j = 0; j < G; ++j) {
-      for (std::size_t i = 0; i < n_items; ++i) {
-        if (static_cast<std::size_t>(grid.g_of(owners[i])) == j)
-          in = unpack_from(compute, in, items[i].shard);
-      }
-    }
+    exchange(gtp, over_gtp.reversed(), compute, send, recv);
   } else {
     for (std::size_t i = 0; i < n_items; ++i)
       compute.copy(tp_local[i].view(), items[i].shard);
@@ -270,19 +212,10 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
     reason = fmt::format("GTP group has rank {} of {}, the layouts say {} of {}", gtp.rank(),
                          gtp.size(), grid.g, grid.G);
   }
-  const auto hash = static_cast<std::int64_t>(fnv1a64(composition.data(), composition.size()));
-  auto round = [&](const Communicator& group, bool ok) {
-    const std::int64_t mine[2] = {hash, ok ? 0 : 1};
-    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(group.size()));
-    group.all_gather<std::int64_t>(mine, all);
-    for (std::size_t r = 0; r < all.size(); r += 2) {
-      if (all[r] != hash || all[r + 1] != 0) ok = false;
-    }
-    return ok;
-  };
+  const std::uint64_t hash = fnv1a64(composition.data(), composition.size());
   bool ok = reason.empty();
-  if (grid.G > 1) ok = round(gtp, ok);
-  if (grid.T > 1) ok = round(tp, ok);
+  if (grid.G > 1) ok = all_agree(gtp, hash, ok);
+  if (grid.T > 1) ok = all_agree(tp, hash, ok);
   if (!ok) {
     throw CollectiveError(fmt::format(
         "owner mode: the ranks of a {} x {} (TP x GTP) bucket of {} weights disagree on it{}{}",

@@ -31,7 +31,7 @@
 #include "distmuon/cost_model.h"
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
-#include "optim/sharded_ns.h"
+#include "tp/sharded_ns.h"
 
 namespace distmuon::detail {
 

@@ -5,20 +5,22 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <set>
 #include <vector>
 
+#include "distmuon/agreement.h"
 #include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
 
 namespace distmuon {
 namespace {
 
-// The key as broadcast by rank 0, after the decision code.
-constexpr std::size_t kFields = 12;
-std::array<std::int64_t, kFields> pack(std::int64_t code, const AutoKey& k) {
-  return {code,
-          k.m,
+// The key's fields, as the ranks of a group compare them.
+constexpr std::size_t kFields = 11;
+using Packed = std::array<std::int64_t, kFields>;
+Packed pack(const AutoKey& k) {
+  return {k.m,
           k.n,
           k.group_size,
           k.partition_dim,
@@ -30,8 +32,25 @@ std::array<std::int64_t, kFields> pack(std::int64_t code, const AutoKey& k) {
           static_cast<std::int64_t>(k.algorithm),
           k.gram_formations};
 }
+AutoKey unpack(const Packed& f) {
+  return {.m = f[0],
+          .n = f[1],
+          .group_size = static_cast<int>(f[2]),
+          .partition_dim = static_cast<int>(f[3]),
+          .second_group_size = static_cast<int>(f[4]),
+          .crosses_domain = f[5] != 0,
+          .steps = static_cast<int>(f[6]),
+          .use_syrk = f[7] != 0,
+          .elem_size = static_cast<int>(f[8]),
+          .algorithm = static_cast<NsAlgorithm>(f[9]),
+          .gram_formations = static_cast<int>(f[10])};
+}
 
-constexpr std::int64_t kFailed = -1;
+// "m x n over ... (steps 5, syrk true, elem 2, algorithm auto)": the key in an error message.
+std::string describe_fully(const AutoKey& k) {
+  return fmt::format("{} (steps {}, syrk {}, elem {}, algorithm {})", describe(k), k.steps,
+                     k.use_syrk, k.elem_size, to_string(k.algorithm));
+}
 
 // "duplicated 1.20 ms, duplicated+gram 0.61 ms, ..." for the candidates an estimate priced.
 std::string candidates(const AutoKey& key, const CostEstimate& e) {
@@ -84,44 +103,19 @@ AutoModeResolver& AutoModeResolver::operator=(AutoModeResolver&&) noexcept = def
 AutoChoice AutoModeResolver::resolve(const AutoKey& key, const Communicator& group) {
   if (const auto it = impl_->decisions.find(key); it != impl_->decisions.end()) return it->second;
 
-  std::int64_t code = kFailed;
-  std::string failure;
-  if (group.rank() == 0) {
-    try {
-      code = to_code(impl_->evaluate(key).best());
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  }
-  auto msg = pack(code, key);
-  group.broadcast<std::int64_t>(msg, 0);
-  if (msg[0] == kFailed) {
-    const std::string why = group.broadcast_string(failure, 0);
-    throw CollectiveError(fmt::format("tp_mode=auto: rank 0 of the group could not resolve {}: {}",
-                                      describe(key), why));
-  }
-  const bool same = msg == pack(msg[0], key);
-  const AutoKey root{.m = msg[1],
-                     .n = msg[2],
-                     .group_size = static_cast<int>(msg[3]),
-                     .partition_dim = static_cast<int>(msg[4]),
-                     .second_group_size = static_cast<int>(msg[5]),
-                     .crosses_domain = msg[6] != 0,
-                     .steps = static_cast<int>(msg[7]),
-                     .use_syrk = msg[8] != 0,
-                     .elem_size = static_cast<int>(msg[9]),
-                     .algorithm = static_cast<NsAlgorithm>(msg[10]),
-                     .gram_formations = static_cast<int>(msg[11])};
-  group.agree_or_throw(
-      same, "tp_mode=auto",
-      same
-          ? std::string()
-          : fmt::format("rank {} resolves {} (steps {}, syrk {}, elem {}, algorithm {}) but rank 0 "
-                        "resolves {} (steps {}, syrk {}, elem {}, algorithm {})",
-                        group.rank(), describe(key), key.steps, key.use_syrk, key.elem_size,
-                        to_string(key.algorithm), describe(root), root.steps, root.use_syrk,
-                        root.elem_size, to_string(root.algorithm)));
-  const AutoChoice choice = choice_from_code(msg[0]);
+  // The ranks resolve the same key, and the group's rank 0 decides for all of them.
+  const Packed mine = pack(key);
+  agree_on(group, {reinterpret_cast<const char*>(mine.data()), sizeof(Packed)}, "tp_mode=auto",
+           [&](std::string_view root_bytes, std::string_view) {
+             Packed root{};
+             std::memcpy(root.data(), root_bytes.data(), sizeof(Packed));
+             return fmt::format("rank {} resolves {} but rank 0 resolves {}", group.rank(),
+                                describe_fully(key), describe_fully(unpack(root)));
+           });
+  const auto code = decide_on_root<std::int64_t>(
+      group, 0, fmt::format("tp_mode=auto: resolving {}", describe(key)),
+      [&] { return to_code(impl_->evaluate(key).best()); });
+  const AutoChoice choice = choice_from_code(code);
   impl_->decisions.emplace(key, choice);
   return choice;
 }

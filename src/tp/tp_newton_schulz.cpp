@@ -1,11 +1,14 @@
 #include <fmt/format.h>
 
+#include <array>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <tuple>
 
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/layout.h"
 #include "distmuon/tp.h"
@@ -34,28 +37,23 @@ struct ShapeCache {
   }
 };
 
-// A cheap all-gather of the shard shape runs the first time a (group, shape) pair is seen; a
-// mismatch throws CollectiveError on every rank, since every rank sees the same gathered shapes.
+// A cheap agreement on the shard shape runs the first time a (group, shape) pair is seen; a
+// mismatch throws CollectiveError on every rank, naming the first rank that differs from rank 0.
 void check_equal_shards(const Communicator& group, Index rows, Index cols, int partition_dim) {
   static ShapeCache cache;
   const auto key = std::make_tuple(rows, cols, partition_dim);
   if (cache.contains(group, key)) return;
-  const std::int64_t mine[3] = {rows, cols, partition_dim};
-  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(group.size()));
-  group.all_gather<std::int64_t>(mine, all);
-  std::string mismatch;
-  for (int r = 0; r < group.size(); ++r) {
-    const auto* s = &all[3 * static_cast<std::size_t>(r)];
-    if (s[0] != all[0] || s[1] != all[1] || s[2] != all[2]) {
-      mismatch += fmt::format("{}rank {}: {} dim {}", mismatch.empty() ? "" : "; ", r,
-                              shape_str(s[0], s[1]), s[2]);
-    }
-  }
-  if (!mismatch.empty()) {
-    throw CollectiveError(fmt::format(
-        "newton_schulz_tp: shards differ across the group of {} (rank 0: {} dim {}; {})",
-        group.size(), shape_str(all[0], all[1]), all[2], mismatch));
-  }
+  using Shape = std::array<std::int64_t, 3>;
+  const Shape mine = {rows, cols, partition_dim};
+  agree_on(group, {reinterpret_cast<const char*>(mine.data()), sizeof(Shape)},
+           fmt::format("newton_schulz_tp over a group of {}", group.size()),
+           [&](std::string_view root_bytes, std::string_view) {
+             Shape root{};
+             std::memcpy(root.data(), root_bytes.data(), sizeof(Shape));
+             return fmt::format("shards differ: rank 0 holds {} dim {}, rank {} holds {} dim {}",
+                                shape_str(root[0], root[1]), root[2], group.rank(),
+                                shape_str(rows, cols), partition_dim);
+           });
   cache.insert(group, key);
 }
 

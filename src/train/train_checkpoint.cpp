@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/fault.h"
+#include "distmuon/agreement.h"
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
@@ -54,12 +55,10 @@ std::string first_difference(const json& saved, const json& mine) {
 // step-NNNNNNNN folder that holds one (trainer.json is written last, so a folder without it was
 // interrupted while saving and is skipped with a warning). Empty when there is none.
 fs::path choose_checkpoint(const Communicator& w, const fs::path& dir) {
-  std::string chosen, failure;
-  if (w.rank() == 0) {
-    try {
-      if (fs::exists(dir / kTrainerFile)) {
-        chosen = dir.string();
-      } else if (fs::is_directory(dir)) {
+  return decide_on_root<std::string>(
+      w, 0, fmt::format("train: looking for a checkpoint in '{}'", dir.string()), [&] {
+        if (fs::exists(dir / kTrainerFile)) return dir.string();
+        if (!fs::is_directory(dir)) return std::string();
         std::vector<std::pair<int, fs::path>> steps;
         for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
           const std::string name = e.path().filename().string();
@@ -70,21 +69,12 @@ fs::path choose_checkpoint(const Communicator& w, const fs::path& dir) {
         }
         std::sort(steps.rbegin(), steps.rend());
         for (const auto& [step, path] : steps) {
-          if (fs::exists(path / kTrainerFile)) {
-            chosen = path.string();
-            break;
-          }
+          if (fs::exists(path / kTrainerFile)) return path.string();
           spdlog::warn("train: skipping '{}': it has no {} (interrupted while saving)",
                        path.string(), kTrainerFile);
         }
-      }
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  }
-  w.agree_or_throw(failure.empty(),
-                   fmt::format("train: looking for a checkpoint in '{}'", dir.string()), failure);
-  return w.broadcast_string(chosen, 0);
+        return std::string();
+      });
 }
 
 }  // namespace

@@ -69,9 +69,12 @@ TEST(TpTraffic, ShapeCheckRunsOncePerGroupAndShape) {
     newton_schulz_tp(shard.view(), 1, c, TpMode::kDuplicated, o);
     const TpTraffic t = tp_traffic(32, 48, c.size(), 1, TpMode::kDuplicated, o.steps);
     const auto g = static_cast<std::size_t>(c.size());
-    const std::size_t check_calls = g > 1 ? 1 : 0, check_bytes = g > 1 ? 3 * 8 * g : 0;
-    EXPECT_EQ(stats->all_gather.calls, t.all_gather_calls + check_calls);
-    EXPECT_EQ(stats->all_gather.bytes, t.all_gather_bytes + check_bytes);
+    // The check: one all-reduce of three 64-bit integers (agreement.h's all_agree).
+    const std::size_t check_calls = g > 1 ? 1 : 0, check_bytes = g > 1 ? 3 * 8 : 0;
+    EXPECT_EQ(stats->all_gather.calls, t.all_gather_calls);
+    EXPECT_EQ(stats->all_gather.bytes, t.all_gather_bytes);
+    EXPECT_EQ(stats->all_reduce.calls, t.all_reduce_calls + check_calls);
+    EXPECT_EQ(stats->all_reduce.bytes, t.all_reduce_bytes + check_bytes);
     // A second call of the same shape, even in another mode, skips the check.
     stats->reset();
     shard = my_shard(full.view(), 1, c);

@@ -1,4 +1,4 @@
-#include "optim/sharded_ns.h"
+#include "tp/sharded_ns.h"
 
 #include <fmt/format.h>
 

@@ -1,0 +1,106 @@
+#pragma once
+// Agreement across the ranks of a group: the two protocols that keep the ranks of a group running
+// the same collectives, and the one place where an error on some ranks becomes an error on all.
+//
+//  - agree / agree_on: every rank passes a value (or its hash); when the ranks differ, every rank
+//    throws CollectiveError naming the operation, the ranks that differ from rank 0 and how.
+//  - decide_on_root: one rank decides (runs a function), every rank receives its decision; an
+//    exception thrown by the function on the root is thrown, as CollectiveError carrying the
+//    root's message, on every rank.
+// Every function here is collective: every rank of the group calls it, with the same root.
+// The messages travel on the group's communicator (the control plane: hashes and decisions).
+
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "distmuon/comm.h"
+#include "distmuon/error.h"
+
+namespace distmuon {
+
+// True on every rank when every rank passes the same hash and ok == true (ok: this rank's own
+// checks passed). Never throws for a mismatch. One all-reduce of three 64-bit integers.
+bool all_agree(const Communicator& group, std::uint64_t hash, bool ok = true);
+
+// Throws CollectiveError on every rank when the hashes differ:
+// "<what>: rank(s) 1,3 of 4 differ from rank 0: <detail of rank 1>" (detail: what this rank has).
+void agree(const Communicator& group, std::uint64_t hash, std::string_view what,
+           std::string_view detail = {});
+
+// How this rank's value (mine) differs from rank 0's (root), for the error message.
+using ExplainDifference = std::function<std::string(std::string_view root, std::string_view mine)>;
+
+// agree() on the FNV-1a 64 hash (hash.h) of value. Only when the ranks differ, rank 0's value is
+// broadcast and explain(root, mine) on the first differing rank names the difference (default:
+// both values, cut to 200 characters each).
+void agree_on(const Communicator& group, std::string_view value, std::string_view what,
+              const ExplainDifference& explain = {});
+
+namespace detail {
+
+template <class T>
+struct IsByteVector : std::false_type {};
+template <class U, class A>
+struct IsByteVector<std::vector<U, A>> : std::bool_constant<std::is_trivially_copyable_v<U>> {};
+
+// Runs decide() on root only and returns its bytes on every rank. fixed_size > 0: the payload
+// always holds that many bytes and travels with the status in one broadcast; 0: a broadcast of
+// (status, length), then the payload. When decide throws on root, its message travels instead
+// and every rank throws CollectiveError "<what> failed on rank <root> of <size>: <message>".
+std::string share_from_root(const Communicator& group, int root, std::string_view what,
+                            const std::function<std::string()>& decide, std::size_t fixed_size);
+
+}  // namespace detail
+
+// What decide_on_root shares: a string (text, JSON), a vector of trivially copyable elements, or
+// one trivially copyable value (sent as its bytes: every rank runs the same build).
+template <class T>
+concept Shareable = std::same_as<T, std::string> || detail::IsByteVector<T>::value ||
+    (std::is_trivially_copyable_v<T> && !std::is_pointer_v<T>);
+
+// Runs decide() on root only and returns its result on every rank of the group. A string or a
+// vector costs two broadcasts (length, payload), a single value one. If decide throws on root,
+// every rank throws CollectiveError naming `what`, the root and its message: no rank is left
+// waiting.
+template <Shareable T, std::invocable F>
+requires std::convertible_to<std::invoke_result_t<F>, T> T decide_on_root(const Communicator& group,
+                                                                          int root,
+                                                                          std::string_view what,
+                                                                          F&& decide) {
+  constexpr bool single = !std::same_as<T, std::string> && !detail::IsByteVector<T>::value;
+  const std::string bytes = detail::share_from_root(
+      group, root, what,
+      [&]() -> std::string {
+        const T v = decide();
+        if constexpr (std::same_as<T, std::string>) {
+          return v;
+        } else if constexpr (single) {
+          return std::string(reinterpret_cast<const char*>(&v), sizeof(T));
+        } else {
+          return std::string(reinterpret_cast<const char*>(v.data()),
+                             v.size() * sizeof(typename T::value_type));
+        }
+      },
+      single ? sizeof(T) : 0);
+  if constexpr (std::same_as<T, std::string>) {
+    return bytes;
+  } else if constexpr (single) {
+    T v;
+    std::memcpy(&v, bytes.data(), sizeof(T));
+    return v;
+  } else {
+    using U = typename T::value_type;
+    DISTMUON_ASSERT(bytes.size() % sizeof(U) == 0, "decide_on_root: a partial element");
+    T v(bytes.size() / sizeof(U));
+    if (!v.empty()) std::memcpy(v.data(), bytes.data(), bytes.size());
+    return v;
+  }
+}
+
+}  // namespace distmuon

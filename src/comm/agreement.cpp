@@ -1,0 +1,112 @@
+#include "distmuon/agreement.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+
+#include "distmuon/hash.h"
+
+namespace distmuon {
+namespace {
+
+std::string clip(std::string_view s) {
+  constexpr std::size_t kMax = 200;
+  return s.size() <= kMax ? std::string(s) : fmt::format("{}...", s.substr(0, kMax));
+}
+
+// Called on every rank once all_agree said the hashes differ: names the ranks whose hash differs
+// from rank 0's, with the first one's detail, and throws on every rank.
+[[noreturn]] void throw_difference(const Communicator& group, std::uint64_t hash,
+                                   std::string_view what, std::string_view detail) {
+  const auto all = group.all_gather<std::int64_t>(std::bit_cast<std::int64_t>(hash));
+  std::vector<int> differ;
+  for (int r = 1; r < group.size(); ++r)
+    if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
+  DISTMUON_ASSERT(!differ.empty(), "throw_difference without a differing hash");
+  const std::string mine = differ.front() == group.rank() ? std::string(detail) : std::string();
+  const std::string first = group.broadcast_string(mine, differ.front());
+  throw CollectiveError(fmt::format("{}: rank(s) {} of {} differ from rank 0{}{}", what,
+                                    fmt::join(differ, ","), group.size(), first.empty() ? "" : ": ",
+                                    first));
+}
+
+}  // namespace
+
+bool all_agree(const Communicator& group, std::uint64_t hash, bool ok) {
+  // max(h), max(~h) = ~min(h) (~ reverses the order of signed integers), any failure.
+  const auto h = std::bit_cast<std::int64_t>(hash);
+  std::int64_t v[3] = {h, ~h, ok ? 0 : 1};
+  group.all_reduce(std::span<std::int64_t>(v), ReduceOp::kMax);
+  return v[0] == ~v[1] && v[2] == 0;
+}
+
+void agree(const Communicator& group, std::uint64_t hash, std::string_view what,
+           std::string_view detail) {
+  if (all_agree(group, hash)) return;
+  throw_difference(group, hash, what, detail);
+}
+
+void agree_on(const Communicator& group, std::string_view value, std::string_view what,
+              const ExplainDifference& explain) {
+  const std::uint64_t hash = fnv1a64(value.data(), value.size());
+  if (all_agree(group, hash)) return;
+  const std::string root = group.broadcast_string(std::string(value), 0);
+  std::string detail;
+  if (value != root) {
+    detail = explain ? explain(root, value)
+                     : fmt::format("rank 0 has '{}', rank {} has '{}'", clip(root), group.rank(),
+                                   clip(value));
+  }
+  throw_difference(group, hash, what, detail);
+}
+
+namespace detail {
+
+std::string share_from_root(const Communicator& group, int root, std::string_view what,
+                            const std::function<std::string()>& decide, std::size_t fixed_size) {
+  if (root < 0 || root >= group.size()) {
+    throw Error(
+        fmt::format("{}: root {} is not a rank of the group of {}", what, root, group.size()));
+  }
+  std::string payload;
+  bool failed = false;
+  if (group.rank() == root) {
+    try {
+      payload = decide();
+      DISTMUON_ASSERT(fixed_size == 0 || payload.size() == fixed_size,
+                      "decide_on_root: a value of the wrong size");
+    } catch (const std::exception& e) {
+      failed = true;
+      payload = e.what();
+    } catch (...) {
+      failed = true;
+      payload = "unknown exception";
+    }
+  }
+  if (fixed_size > 0) {
+    // One message: a status byte, then the value (or nothing useful when the root failed).
+    std::string msg(fixed_size + 1, '\0');
+    if (group.rank() == root) {
+      msg[0] = failed ? 1 : 0;
+      if (!failed) std::copy(payload.begin(), payload.end(), msg.begin() + 1);
+    }
+    group.broadcast(std::span<char>(msg), root);
+    failed = msg[0] != 0;
+    payload = failed ? group.broadcast_string(payload, root) : msg.substr(1);
+  } else {
+    std::int64_t head[2] = {failed ? 1 : 0, static_cast<std::int64_t>(payload.size())};
+    group.broadcast(std::span<std::int64_t>(head), root);
+    failed = head[0] != 0;
+    payload.resize(static_cast<std::size_t>(head[1]));
+    if (!payload.empty()) group.broadcast(std::span<char>(payload), root);
+  }
+  if (failed) {
+    throw CollectiveError(
+        fmt::format("{} failed on rank {} of {}: {}", what, root, group.size(), payload));
+  }
+  return payload;
+}
+
+}  // namespace detail
+}  // namespace distmuon

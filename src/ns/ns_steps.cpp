@@ -1,0 +1,70 @@
+#include "ns/ns_steps.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "distmuon/error.h"
+
+namespace distmuon::detail {
+
+GramSide resolve_side(GramSide side, Index rows, Index cols) {
+  if (side != GramSide::kAuto) return side;
+  return rows <= cols ? GramSide::kRows : GramSide::kCols;
+}
+
+void ensure_shape(Matrix& m, Index rows, Index cols) {
+  if (m.rows() != rows || m.cols() != cols) m = Matrix(rows, cols);
+}
+
+std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
+                                           const Communicator* group, std::string_view name) {
+  opts.validate();
+  const bool distributed = group != nullptr && group->size() > 1;
+  if (distributed && opts.side == GramSide::kAuto) {
+    throw Error(
+        fmt::format("{} over a group needs an explicit Gram side (the local shard's shape does "
+                    "not tell the global orientation)",
+                    name));
+  }
+  if (x.size() == 0) return std::nullopt;
+  NsStart start;
+  start.side = resolve_side(opts.side, x.rows, x.cols);
+  start.s = start.side == GramSide::kRows ? x.rows : x.cols;
+  start.reduce_over = distributed ? group : nullptr;
+
+  double ss = compute.sum_squares(x, opts.norm_in_double);
+  if (distributed) ss = group->all_reduce(ss);
+  if (!std::isfinite(ss)) {
+    throw Error(fmt::format("{}: input {}{} contains non-finite values (or its norm overflows)",
+                            name, shape_str(x),
+                            distributed ? fmt::format(" (rank {})", group->rank()) : ""));
+  }
+  compute.scale(x, static_cast<float>(1.0 / std::max(std::sqrt(ss), opts.eps)));
+  return start;
+}
+
+void form_gram(Compute& compute, GramSide side, bool use_syrk, ConstMatrixView x, MatrixView a,
+               const Communicator* group) {
+  const bool rows = side == GramSide::kRows;
+  const Trans t = rows ? Trans::kNo : Trans::kYes;
+  if (use_syrk) {
+    compute.syrk(t, 1.0f, x, 0.0f, a);
+  } else {
+    compute.gemm(t, rows ? Trans::kYes : Trans::kNo, 1.0f, x, x, 0.0f, a);
+  }
+  if (group != nullptr)
+    group->all_reduce(std::span<float>(a.data, static_cast<std::size_t>(a.size())));
+}
+
+void symmetric_square(Compute& compute, bool use_syrk, float alpha, ConstMatrixView a,
+                      MatrixView out) {
+  if (use_syrk) {
+    compute.syrk(Trans::kNo, alpha, a, 0.0f, out);  // a symmetric: a a^T = a a
+  } else {
+    compute.gemm(Trans::kNo, Trans::kNo, alpha, a, a, 0.0f, out);
+  }
+}
+
+}  // namespace distmuon::detail

@@ -1,0 +1,44 @@
+#pragma once
+// The pieces both Newton-Schulz algorithms (standard: newton_schulz.cpp, Gram:
+// gram_newton_schulz.cpp) are built from: the prologue (checks, Gram side, normalisation), the
+// Gram matrix of an iterate and the square of a symmetric matrix.
+
+#include <optional>
+#include <string_view>
+
+#include "distmuon/comm.h"
+#include "distmuon/compute.h"
+#include "distmuon/matrix.h"
+#include "distmuon/newton_schulz.h"
+
+namespace distmuon::detail {
+
+// kAuto: the smaller side of a rows x cols matrix (rows on a tie).
+GramSide resolve_side(GramSide side, Index rows, Index cols);
+void ensure_shape(Matrix& m, Index rows, Index cols);
+
+// What the prologue found: the Gram side, the Gram matrix's size s, and the group to all-reduce
+// over (nullptr when local or a group of one).
+struct NsStart {
+  GramSide side = GramSide::kRows;
+  Index s = 0;
+  const Communicator* reduce_over = nullptr;
+};
+
+// The prologue of both algorithms: validates opts, refuses a group without an explicit Gram
+// side (a shard's shape does not tell the global orientation), and normalises x in place by its
+// Frobenius norm (global: one all-reduce of a double over the group). Throws distmuon::Error,
+// prefixed by name, on a non-finite input. nullopt for an empty x: nothing to orthogonalise.
+std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
+                                           const Communicator* group, std::string_view name);
+
+// a = x x^T (kRows) or x^T x (kCols), full symmetric, by syrk or gemm; summed over group when
+// it is not null.
+void form_gram(Compute& compute, GramSide side, bool use_syrk, ConstMatrixView x, MatrixView a,
+               const Communicator* group);
+
+// out = alpha a a^T for a symmetric s x s a (that is, alpha a^2), by syrk or gemm.
+void symmetric_square(Compute& compute, bool use_syrk, float alpha, ConstMatrixView a,
+                      MatrixView out);
+
+}  // namespace distmuon::detail

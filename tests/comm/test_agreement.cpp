@@ -1,0 +1,133 @@
+// The agreement protocols (agreement.h) at 1, 2 and 4 ranks: equal values pass, differing values
+// throw CollectiveError on every rank naming the operation and the differing ranks, and a decision
+// that throws on the root throws on every rank instead of leaving the others waiting. Each test
+// ends with a collective, so a rank left behind would show as a hang (the ctest timeout).
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "distmuon/agreement.h"
+#include "distmuon/error.h"
+#include "test_util.h"
+
+namespace distmuon {
+namespace {
+
+using test::world;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Agreement, EqualValuesPass) {
+  const Communicator& w = world();
+  EXPECT_TRUE(all_agree(w, 42));
+  EXPECT_NO_THROW(agree(w, 0xfedcba9876543210ULL, "equal hashes"));
+  EXPECT_NO_THROW(agree_on(w, "the same text on every rank", "equal text"));
+  EXPECT_NO_THROW(agree_on(w, "", "empty text"));
+  EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
+}
+
+TEST(Agreement, OneFailingRankIsSeenByAll) {
+  const Communicator& w = world();
+  EXPECT_EQ(all_agree(w, 7, w.rank() != w.size() - 1), false);
+  // Hashes whose signed values straddle zero: min and max are both needed to see them differ.
+  if (w.size() > 1) EXPECT_FALSE(all_agree(w, w.rank() == 0 ? ~0ULL : 1ULL));
+}
+
+TEST(Agreement, DifferingHashesThrowOnEveryRankNamingTheRanks) {
+  const Communicator& w = world();
+  if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
+  const int odd = w.size() - 1;  // the last rank differs
+  try {
+    agree(w, w.rank() == odd ? 2 : 1, "loading the plan", w.rank() == odd ? "plan B" : "plan A");
+    ADD_FAILURE() << "no throw on rank " << w.rank();
+  } catch (const CollectiveError& e) {
+    const std::string m = e.what();
+    EXPECT_TRUE(contains(m, "loading the plan")) << m;
+    EXPECT_TRUE(contains(m, "rank(s) " + std::to_string(odd) + " of")) << m;
+    EXPECT_TRUE(contains(m, "plan B")) << m;  // the differing rank's detail, on every rank
+  }
+  EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
+}
+
+TEST(Agreement, DifferingValuesAreExplainedAgainstRankZero) {
+  const Communicator& w = world();
+  if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
+  const std::string mine = w.rank() == 1 ? "lr=0.03" : "lr=0.02";
+  try {
+    agree_on(w, mine, "options", [&](std::string_view root, std::string_view me) {
+      return fmt::format("rank 0 has {}, rank {} has {}", root, w.rank(), me);
+    });
+    ADD_FAILURE() << "no throw on rank " << w.rank();
+  } catch (const CollectiveError& e) {
+    EXPECT_TRUE(contains(e.what(), "options: rank(s) 1 of")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "rank 0 has lr=0.02, rank 1 has lr=0.03")) << e.what();
+  }
+  // Without an explanation: both values.
+  try {
+    agree_on(w, mine, "options");
+    ADD_FAILURE() << "no throw on rank " << w.rank();
+  } catch (const CollectiveError& e) {
+    EXPECT_TRUE(contains(e.what(), "'lr=0.02'") && contains(e.what(), "'lr=0.03'")) << e.what();
+  }
+  EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
+}
+
+TEST(Agreement, DecideOnRootSharesTheRootsValue) {
+  const Communicator& w = world();
+  const int root = w.size() - 1;
+  int runs = 0;
+  // A single value: the root's, whatever the others would have decided.
+  const auto code = decide_on_root<std::int64_t>(w, root, "code", [&] {
+    ++runs;
+    return std::int64_t{100 + w.rank()};
+  });
+  EXPECT_EQ(code, 100 + root);
+  // A vector (empty too) and a JSON string.
+  const auto codes = decide_on_root<std::vector<std::int64_t>>(w, root, "codes", [&] {
+    ++runs;
+    return std::vector<std::int64_t>{w.rank(), -1, 1LL << 40};
+  });
+  EXPECT_EQ(codes, (std::vector<std::int64_t>{root, -1, 1LL << 40}));
+  EXPECT_TRUE((decide_on_root<std::vector<double>>(w, 0, "none", [] {
+                 return std::vector<double>{};
+               }).empty()));
+  const std::string text = decide_on_root<std::string>(w, 0, "plan", [&] {
+    return nlohmann::json{{"rank", w.rank()}, {"mode", "owner"}}.dump();
+  });
+  EXPECT_EQ(nlohmann::json::parse(text), (nlohmann::json{{"rank", 0}, {"mode", "owner"}}));
+  EXPECT_EQ(runs, w.rank() == root ? 2 : 0);  // decide runs on the root only
+}
+
+TEST(Agreement, DecideThrowingOnRootThrowsOnEveryRank) {
+  const Communicator& w = world();
+  const int root = w.size() - 1;
+  for (const bool single : {true, false}) {
+    try {
+      if (single) {
+        decide_on_root<std::int64_t>(w, root, "resolving the mode", []() -> std::int64_t {
+          throw Error("no such profile 'h900'");
+        });
+      } else {
+        decide_on_root<std::string>(w, root, "resolving the mode",
+                                    []() -> std::string { throw Error("no such profile 'h900'"); });
+      }
+      ADD_FAILURE() << "no throw on rank " << w.rank();
+    } catch (const CollectiveError& e) {
+      EXPECT_TRUE(contains(e.what(), "resolving the mode failed on rank " + std::to_string(root)))
+          << e.what();
+      EXPECT_TRUE(contains(e.what(), "no such profile 'h900'")) << e.what();
+    }
+  }
+  EXPECT_THROW(decide_on_root<int>(w, w.size(), "bad root", [] { return 1; }), Error);
+  EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
+}
+
+}  // namespace
+}  // namespace distmuon
