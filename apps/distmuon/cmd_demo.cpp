@@ -46,6 +46,7 @@ void add_demo_command(CLI::App& app, Context& ctx) {
     }
     std::sort(times.begin(), times.end());
     const double sec = times[times.size() / 2];
+    check_ns_result(x.view(), opts);
     const auto sv = singular_values(x.view());
     if (ctx.world.rank() != 0) return;
     fmt::print("Newton-Schulz of a {} Gaussian matrix: {} x {} steps, {} path, {} BLAS thread(s)\n",

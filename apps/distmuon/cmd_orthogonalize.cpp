@@ -99,6 +99,7 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
           copy(piece, dim == 0 ? out.view().block(sr * r, 0, sr, sc)
                                : out.view().block(0, sc * r, sr, sc));
         }
+        check_ns_result(out.view(), opts);
         write_npy(o->out, out.view());
       } catch (const std::exception& e) {
         ok = false;

@@ -20,6 +20,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
     std::uint64_t seed = 0;
     int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
     double progress = 10.0;
+    bool overwrite_checkpoints = false;
   };
   auto o = std::make_shared<Opts>();
   const std::string modes = "blockwise|duplicated|distributed|owner|auto";
@@ -52,6 +53,9 @@ void add_train_command(CLI::App& app, Context& ctx) {
   cmd->add_option("--checkpoint-every", o->checkpoint_every,
                   "Save every N steps (and at the last step)")
       ->check(CLI::PositiveNumber)
+      ->needs(checkpoint);
+  cmd->add_flag("--overwrite-checkpoints", o->overwrite_checkpoints,
+                "Replace another run's checkpoints in the --checkpoint folder (refused without it)")
       ->needs(checkpoint);
   cmd->add_option("--resume", o->resume, "Resume from the checkpoint in this folder");
   cmd->add_option("--plot", o->plot, "Draw the loss curves into this PNG (needs gnuplot)");
@@ -92,7 +96,8 @@ void add_train_command(CLI::App& app, Context& ctx) {
     TrainRunOptions run{.log_jsonl = o->log,
                         .checkpoint_dir = o->checkpoint,
                         .checkpoint_every = o->checkpoint_every,
-                        .resume_dir = o->resume};
+                        .resume_dir = o->resume,
+                        .overwrite_checkpoints = o->overwrite_checkpoints};
     const bool root = ctx.world.rank() == 0;
     ConsoleReport report(stdout, o->progress);
     std::vector<TrainObserver*> observers;

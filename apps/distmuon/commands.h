@@ -26,6 +26,11 @@ struct NsCliOptions {
   NsOptions resolve() const;
 };
 
+// Throws when the result x of Newton-Schulz with opts holds a non-finite value: the coefficients
+// diverged on this input (each within kMaxCoefficientMagnitude, but growing step after step), and
+// the result must not be printed or written as if it were one.
+void check_ns_result(ConstMatrixView x, const NsOptions& opts);
+
 void add_demo_command(CLI::App& app, Context& ctx);
 void add_orthogonalize_command(CLI::App& app, Context& ctx);
 void add_planning_commands(CLI::App& app, Context& ctx);  // plan, profiles, topology

@@ -1,4 +1,7 @@
+#include <fmt/format.h>
+
 #include "commands.h"
+#include "distmuon/compute.h"
 #include "distmuon/error.h"
 
 namespace distmuon::cli {
@@ -17,9 +20,10 @@ void NsCliOptions::add_to(CLI::App& app) {
                  "only; docs/gram-newton-schulz.md)")
       ->check(CLI::IsMember({"standard", "gram"}))
       ->capture_default_str();
-  app.add_option("--gram-restart", gram_restart,
-                 "With --ns-algorithm gram: re-form the Gram matrix every N steps (0 = automatically, when "
-                 "rounding errors could have grown past kGramGrowthLimit)")
+  app.add_option(
+         "--gram-restart", gram_restart,
+         "With --ns-algorithm gram: re-form the Gram matrix every N steps (0 = automatically, when "
+         "rounding errors could have grown past kGramGrowthLimit)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
 }
@@ -41,6 +45,15 @@ NsOptions NsCliOptions::resolve() const {
   o.gram_restart = gram_restart;
   o.validate();
   return o;
+}
+
+void check_ns_result(ConstMatrixView x, const NsOptions& opts) {
+  if (const auto at = cpu_compute().find_non_finite(x)) {
+    throw Error(fmt::format(
+        "the Newton-Schulz result ({}) has a non-finite value at ({}, {}): coefficient set '{}' "
+        "with {} steps diverges on this input",
+        shape_str(x), at->row, at->col, opts.coefficients.name, opts.steps));
+  }
 }
 
 }  // namespace distmuon::cli

@@ -32,6 +32,22 @@
 
 namespace distmuon {
 
+// Plausible bounds of a profile's figures (validate() refuses a value outside them, naming the
+// field): far beyond any device, network or host distmuon could meet, so that only a typo, a unit
+// mistake or a corrupt file is refused. Rates and bandwidths must be finite and > 0, latencies
+// finite and >= 0, counts integers.
+struct ProfileBounds {
+  static constexpr double kMinRate = 1e-6;          // TFLOP/s, GFLOP/s, GB/s, G elements/s
+  static constexpr double kMaxTflops = 1e6;         // peak_tflops.*: an exaflop per device
+  static constexpr double kMaxGflops = 1e9;         // calibration rate tables (the same exaflop)
+  static constexpr double kMaxGbps = 1e6;           // bandwidths: a petabyte per second
+  static constexpr double kMaxGelems = 1e6;         // elementwise rates
+  static constexpr double kMaxLatencyUs = 1e7;      // latencies: 10 s per ring step
+  static constexpr int kMaxDomainSize = 1 << 20;    // domain_size, calibration.group_size
+  static constexpr int kMaxBlasThreads = 1 << 12;   // calibration.blas_threads
+  static constexpr double kMaxTableSize = 1 << 24;  // calibration tables' s and l
+};
+
 // Measured rates of one NS matrix product over a grid of its two sizes: s, the Gram side, and l,
 // the other side of the matrix NS iterates on (for a product of the Gram matrix with itself,
 // l = s). gflops[i][j] is the rate at (s[i], l[j]), per rank, FLOPs counted as ns_flops counts
@@ -102,7 +118,8 @@ struct HardwareProfile {
   double bandwidth_gbps(int group_size, bool crosses_domain) const;
   // Per ring step latency (microseconds).
   double latency_us(bool crosses_domain) const;
-  // Throws distmuon::Error naming the first field that is missing, non-positive or inconsistent.
+  // Throws distmuon::Error naming the first field that is missing, non-positive, outside
+  // ProfileBounds or inconsistent.
   void validate() const;
   friend bool operator==(const HardwareProfile&, const HardwareProfile&) = default;
 };
@@ -125,8 +142,11 @@ const std::vector<HardwareProfile>& builtin_profiles();
 // "NVIDIA H100 80GB HBM3" -> h100). A query contained in exactly one name also matches ("mi300").
 std::optional<HardwareProfile> find_profile(std::string_view query);
 
-// A profile spec: "none" (or empty) gives no profile, an existing file is loaded, anything else
-// is looked up in the registry. Throws listing the built-in names when nothing matches.
+// A profile spec: "none" (or empty) gives no profile; an existing file is loaded; a spec that
+// names a file (it holds a '/' or ends in ".json") but does not exist is an error; anything else
+// must be a built-in name, exactly (case aside). Throws listing the built-in names when nothing
+// matches, and saying so when the spec is part of several names ("gb2": ambiguous) or close to
+// one ("h1000": did you mean h100?).
 std::optional<HardwareProfile> resolve_profile(std::string_view spec);
 
 }  // namespace distmuon

@@ -42,12 +42,22 @@ struct CoefficientSet {
   const NsCoefficients& at(int step) const;
   // Throws distmuon::Error when `steps` is not valid for this set.
   void validate_steps(int steps) const;
+  // Throws distmuon::Error naming the tuple when a coefficient is not finite or its magnitude
+  // exceeds kMaxCoefficientMagnitude.
+  void validate_values() const;
 };
+
+// The largest |a|, |b|, |c| a schedule may hold: about 40 times the largest of any published set
+// (cans, b = -25.1). A larger value is a typo or a corrupt file; it makes the iterate overflow to
+// Inf within a step or two. A schedule within the bound can still diverge (its values grow by
+// up to |a| + |b| + |c| per step), which the commands that print or write a result check.
+inline constexpr double kMaxCoefficientMagnitude = 1000;
 
 // Built-in sets: simple, quintic, polar_express, cans, aol, deepseekv4, cubic5.
 const CoefficientSet& coefficient_set(std::string_view name);  // throws, listing valid names
 std::vector<std::string> coefficient_set_names();
-// A user-defined schedule (cycles).
+// A user-defined schedule (cycles). Throws on an empty table and on a value refused by
+// CoefficientSet::validate_values.
 CoefficientSet custom_coefficients(std::vector<NsCoefficients> table);
 // Parses "a,b,c;a,b,c;..." into a custom schedule.
 CoefficientSet parse_custom_coefficients(std::string_view text);

@@ -15,15 +15,17 @@
 //   4. every eval_every steps and at the last step: the validation loss.
 //
 // Checkpoint directory (save_checkpoint / resume):
-//   trainer.json         format, version, step, world size, the run's config, and per rank the
-//                        model file's size and FNV-1a 64 checksum (written last, by rank 0)
+//   trainer.json         format, version, step, world size, the run's id, the run's config, and
+//                        per rank the model file's size and FNV-1a 64 checksum (written last, by
+//                        rank 0; a save first removes an earlier trainer.json of the folder, so
+//                        the folder counts as complete only once this save has finished)
 //   model/rank-NNNNN.bin this rank's parameter values, float32, in charlm_param_infos order (the
 //                        shards of the Muon weights with their padding rows, the full embedding
 //                        and head)
 //   optimizer/           Muon::save (momentum and AdamW moments, step count, auto decisions)
-// Every file is written atomically. A resume needs the same world size, model, data and seed and
-// global batch; it restores the weights and the optimizer state bit for bit, so the resumed run's
-// losses equal the uninterrupted run's exactly.
+// Every file is written atomically, and only finite weights are saved. A resume needs the same
+// world size, model, data and seed and global batch; it restores the weights and the optimizer
+// state bit for bit, so the resumed run's losses equal the uninterrupted run's exactly.
 
 #include <cstdint>
 #include <filesystem>
@@ -84,7 +86,9 @@ class Trainer {
   StepRecord step();
   // Collective. Validation loss over config.train.eval_windows windows of the validation split.
   double evaluate();
-  // Collective. Writes the checkpoint of the current step into dir (created if needed).
+  // Collective. Writes the checkpoint of the current step into dir (created if needed). Throws
+  // CollectiveError on every rank, before anything is written, when a weight on any rank holds a
+  // NaN or an infinity (naming the weight, the element and the rank).
   void save_checkpoint(const std::filesystem::path& dir);
   // Collective. Restores weights, optimizer state and step from dir, or, when dir holds no
   // trainer.json, from its newest step-NNNNNNNN folder that does (newer folders without one were
@@ -93,6 +97,9 @@ class Trainer {
   void resume(const std::filesystem::path& dir);
 
   int step_count() const;  // steps done (resumed ones included)
+  // The run's id, saved in every checkpoint: 16 random hex digits drawn (on rank 0) by a new
+  // trainer, the checkpoint's after resume() (empty for a checkpoint written before run ids).
+  const std::string& run_id() const;
   const TrainConfig& config() const;
   const Communicator& world() const;
   const TextData& data() const;
@@ -138,10 +145,13 @@ struct TrainRunOptions {
   std::filesystem::path log_jsonl;  // one JSON object per step, written by rank 0
   // Empty: no checkpoints. Each checkpoint goes into its own step-NNNNNNNN folder in it; after
   // one is complete the older ones except the previous are removed, so a save interrupted by a
-  // crash leaves the last complete checkpoint for --resume.
+  // crash leaves the last complete checkpoint for --resume. A folder holding complete checkpoints
+  // of another run (another run id) is refused before the first step, unless
+  // overwrite_checkpoints: then they are removed once this run's first checkpoint is complete.
   std::filesystem::path checkpoint_dir;
   int checkpoint_every = 0;          // > 0: every N steps; with a directory, also at the last step
   std::filesystem::path resume_dir;  // empty: start from the initial weights
+  bool overwrite_checkpoints = false;
 };
 
 // Collective. Resumes when asked, trains until config.train.steps, saves checkpoints and writes

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
 #include <map>
 
 #include "distmuon/error.h"
@@ -88,6 +89,20 @@ void CoefficientSet::validate_steps(int steps) const {
   }
 }
 
+void CoefficientSet::validate_values() const {
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const NsCoefficients& t = table[i];
+    for (const auto& [key, v] : {std::pair{"a", t.a}, std::pair{"b", t.b}, std::pair{"c", t.c}}) {
+      if (!std::isfinite(v) || std::abs(v) > kMaxCoefficientMagnitude) {
+        throw Error(fmt::format(
+            "coefficient set '{}': tuple {} ({}, {}, {}) has {} = {}: each coefficient must be "
+            "finite with a magnitude of at most {}",
+            name, i + 1, t.a, t.b, t.c, key, v, kMaxCoefficientMagnitude));
+      }
+    }
+  }
+}
+
 std::vector<std::string> coefficient_set_names() {
   std::vector<std::string> names;
   for (const auto& [name, set] : registry())
@@ -106,7 +121,9 @@ const CoefficientSet& coefficient_set(std::string_view name) {
 
 CoefficientSet custom_coefficients(std::vector<NsCoefficients> table) {
   if (table.empty()) throw Error("custom coefficient set needs at least one (a, b, c) tuple");
-  return {"custom", std::move(table), Tail::kCycle, {}};
+  CoefficientSet set{"custom", std::move(table), Tail::kCycle, {}};
+  set.validate_values();
+  return set;
 }
 
 CoefficientSet parse_custom_coefficients(std::string_view text) {
@@ -147,6 +164,7 @@ CoefficientSet parse_custom_coefficients(std::string_view text) {
 
 void NsOptions::validate() const {
   if (coefficients.table.empty()) throw Error("Newton-Schulz options: empty coefficient set");
+  coefficients.validate_values();
   coefficients.validate_steps(steps);
   if (!(eps > 0)) throw Error(fmt::format("Newton-Schulz options: eps must be > 0, got {}", eps));
   if (algorithm == NsAlgorithm::kAuto) {
@@ -155,8 +173,8 @@ void NsOptions::validate() const {
         "tp_mode=auto; a Newton-Schulz run needs standard or gram");
   }
   if (gram_restart < 0) {
-    throw Error(fmt::format("Newton-Schulz options: gram_restart must be >= 0 (0 = automatic), got {}",
-                            gram_restart));
+    throw Error(fmt::format(
+        "Newton-Schulz options: gram_restart must be >= 0 (0 = automatic), got {}", gram_restart));
   }
 }
 

@@ -29,9 +29,33 @@ T optional_field(const json& j, const char* key, T fallback) {
   return detail::json_field_or<T>(j, key, fallback, kWhat);
 }
 
-void require_positive(double v, const char* key) {
-  if (!(v > 0))
+using B = ProfileBounds;
+
+// v must lie in [lo, hi] (lo > 0: a rate, refused at 0 and below with "must be > 0").
+void require_within(double v, std::string_view key, double lo, double hi, std::string_view unit) {
+  if (lo > 0 && !(v > 0))
     throw Error(fmt::format("hardware profile: field '{}' must be > 0, got {}", key, v));
+  if (!(v >= lo && v <= hi)) {
+    throw Error(
+        fmt::format("hardware profile: field '{}' is {}, outside the plausible range [{}, "
+                    "{}] {}",
+                    key, v, lo, hi, unit));
+  }
+}
+
+void require_positive(double v, std::string_view key, double hi = B::kMaxGbps,
+                      std::string_view unit = "GB/s") {
+  require_within(v, key, B::kMinRate, hi, unit);
+}
+
+void require_latency(double v, std::string_view key) {
+  require_within(v, key, 0, B::kMaxLatencyUs, "us");
+}
+
+void require_count(int v, std::string_view key, int hi) {
+  if (v < 1 || v > hi) {
+    throw Error(fmt::format("hardware profile: field '{}' must be in [1, {}], got {}", key, hi, v));
+  }
 }
 
 // Lower case letters and digits only: "NVIDIA GB200-NVL72" -> "nvidiagb200nvl72".
@@ -64,9 +88,10 @@ std::pair<std::size_t, double> locate(const std::vector<double>& axis, double x)
 void check_axis(const std::vector<double>& axis, const std::string& key) {
   if (axis.empty()) throw Error(fmt::format("hardware profile: field '{}' is empty", key));
   for (std::size_t i = 0; i < axis.size(); ++i) {
-    if (!(axis[i] > 0) || (i > 0 && !(axis[i] > axis[i - 1]))) {
-      throw Error(fmt::format("hardware profile: field '{}' must be positive and ascending, got {}",
-                              key, json(axis).dump()));
+    if (!(axis[i] >= 1 && axis[i] <= B::kMaxTableSize) || (i > 0 && !(axis[i] > axis[i - 1]))) {
+      throw Error(
+          fmt::format("hardware profile: field '{}' must be ascending sizes in [1, {}], got {}",
+                      key, B::kMaxTableSize, json(axis).dump()));
     }
   }
 }
@@ -156,13 +181,13 @@ void RateTable::validate(const char* key) const {
   for (const auto& row : gflops) {
     ok = ok && row.size() == l.size();
     for (double v : row)
-      ok = ok && v > 0;
+      ok = ok && v >= B::kMinRate && v <= B::kMaxGflops;
   }
   if (!ok) {
     throw Error(fmt::format(
-        "hardware profile: field '{}.gflops' must hold {} rows of {} positive rates (one per s, "
-        "then per l)",
-        where, s.size(), l.size()));
+        "hardware profile: field '{}.gflops' must hold {} rows of {} rates in [{}, {}] GFLOP/s "
+        "(one per s, then per l)",
+        where, s.size(), l.size(), B::kMinRate, B::kMaxGflops));
   }
 }
 
@@ -171,28 +196,21 @@ void Calibration::validate() const {
     throw Error(fmt::format(
         "hardware profile: field 'calibration.elem_size' must be 2 or 4, got {}", elem_size));
   }
-  if (group_size < 1) {
-    throw Error(fmt::format("hardware profile: field 'calibration.group_size' must be >= 1, got {}",
-                            group_size));
-  }
-  if (blas_threads < 1) {
-    throw Error(fmt::format(
-        "hardware profile: field 'calibration.blas_threads' must be >= 1, got {}", blas_threads));
-  }
+  require_count(group_size, "calibration.group_size", B::kMaxDomainSize);
+  require_count(blas_threads, "calibration.blas_threads", B::kMaxBlasThreads);
   gram_syrk.validate("gram_syrk");
   update_gemm.validate("update_gemm");
-  require_positive(elementwise.sum_squares, "calibration.elementwise_gelems.sum_squares");
-  require_positive(elementwise.scale, "calibration.elementwise_gelems.scale");
-  require_positive(elementwise.axpby, "calibration.elementwise_gelems.axpby");
-  require_positive(elementwise.fill, "calibration.elementwise_gelems.fill");
+  for (const auto& [v, key] :
+       {std::pair{elementwise.sum_squares, "sum_squares"}, std::pair{elementwise.scale, "scale"},
+        std::pair{elementwise.axpby, "axpby"}, std::pair{elementwise.fill, "fill"}}) {
+    require_positive(v, fmt::format("calibration.elementwise_gelems.{}", key), B::kMaxGelems,
+                     "G elements/s");
+  }
   for (const auto& [fit, key] : {std::pair{&all_gather, "calibration.all_gather"},
                                  std::pair{&all_reduce, "calibration.all_reduce"}}) {
     if (!fit->has_value()) continue;
-    if (!((*fit)->latency_us >= 0)) {
-      throw Error(fmt::format("hardware profile: field '{}.latency_us' must be >= 0, got {}", key,
-                              (*fit)->latency_us));
-    }
-    require_positive((*fit)->gbps, fmt::format("{}.gbps", key).c_str());
+    require_latency((*fit)->latency_us, fmt::format("{}.latency_us", key));
+    require_positive((*fit)->gbps, fmt::format("{}.gbps", key));
   }
 }
 
@@ -218,20 +236,16 @@ double HardwareProfile::latency_us(bool crosses_domain) const {
 
 void HardwareProfile::validate() const {
   if (name.empty()) throw Error("hardware profile: field 'name' is empty");
-  require_positive(peak_tflops_bf16, "peak_tflops.bf16");
-  require_positive(peak_tflops_fp32, "peak_tflops.fp32");
+  require_positive(peak_tflops_bf16, "peak_tflops.bf16", B::kMaxTflops, "TFLOP/s");
+  require_positive(peak_tflops_fp32, "peak_tflops.fp32", B::kMaxTflops, "TFLOP/s");
   require_positive(intra_domain_gbps, "intra_domain_gbps");
   require_positive(inter_domain_gbps, "inter_domain_gbps");
-  if (intra_domain_latency_us < 0)
-    throw Error("hardware profile: field 'intra_domain_latency_us' must be >= 0");
-  if (inter_domain_latency_us < 0)
-    throw Error("hardware profile: field 'inter_domain_latency_us' must be >= 0");
-  if (domain_size < 1) {
-    throw Error(
-        fmt::format("hardware profile: field 'domain_size' must be >= 1, got {}", domain_size));
-  }
-  if (intra_domain_peer_gbps < 0)
-    throw Error("hardware profile: field 'intra_domain_peer_gbps' must be >= 0");
+  require_latency(intra_domain_latency_us, "intra_domain_latency_us");
+  require_latency(inter_domain_latency_us, "inter_domain_latency_us");
+  require_count(domain_size, "domain_size", B::kMaxDomainSize);
+  // 0: a switched fabric (the per-GPU figure holds for any group).
+  if (intra_domain_peer_gbps != 0)
+    require_positive(intra_domain_peer_gbps, "intra_domain_peer_gbps");
   if (calibration) calibration->validate();
 }
 
@@ -368,14 +382,45 @@ std::optional<HardwareProfile> find_profile(std::string_view query) {
 
 std::optional<HardwareProfile> resolve_profile(std::string_view spec) {
   if (spec.empty() || spec == "none") return std::nullopt;
+  const std::filesystem::path path(spec);
   std::error_code ec;
-  if (std::filesystem::is_regular_file(std::filesystem::path(spec), ec))
-    return load_profile(std::filesystem::path(spec));
-  if (auto p = find_profile(spec)) return p;
+  if (std::filesystem::is_regular_file(path, ec)) return load_profile(path);
+  const auto lower = [](std::string_view t) {
+    std::string out(t);
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return out;
+  };
+  if (spec.find('/') != std::string_view::npos || lower(path.extension().string()) == ".json") {
+    throw Error(fmt::format(
+        "hardware profile file '{}' does not exist{} (a built-in profile is named without a path: "
+        "{})",
+        spec, std::filesystem::exists(path, ec) ? " as a regular file" : "", builtin_names()));
+  }
+  const std::string name = lower(spec);
+  for (const auto& p : builtin_profiles())
+    if (lower(p.name) == name) return p;
+  // Not a name: say which ones it is part of, or which one it contains.
+  const std::string q = normalise(spec);
+  std::vector<std::string> containing, contained;
+  for (const auto& p : builtin_profiles()) {
+    const std::string key = normalise(p.name);
+    if (!q.empty() && key.find(q) != std::string::npos) containing.push_back(p.name);
+    if (!q.empty() && q.find(key) != std::string::npos) contained.push_back(p.name);
+  }
+  if (containing.size() > 1) {
+    throw Error(
+        fmt::format("ambiguous hardware profile name '{}': it is part of {}; give the whole name",
+                    spec, fmt::join(containing, ", ")));
+  }
+  std::string hint;
+  if (containing.size() == 1) hint = containing.front();
+  for (const std::string& c : contained)  // the longest name inside the spec ("gb200x": gb200)
+    if (c.size() > hint.size()) hint = c;
   throw Error(fmt::format(
-      "unknown hardware profile '{}': not a file, and no built-in profile matches (built-in: {}; "
-      "or 'none')",
-      spec, builtin_names()));
+      "unknown hardware profile '{}'{}: not a file, and no built-in profile has that name "
+      "(built-in: {}; or 'none')",
+      spec, hint.empty() ? "" : fmt::format(" (did you mean '{}'?)", hint), builtin_names()));
 }
 
 }  // namespace distmuon

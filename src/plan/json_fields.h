@@ -3,18 +3,37 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "distmuon/error.h"
 
 namespace distmuon::detail {
+
+// An integer field as T: a JSON integer within T's range. nlohmann's get<int>() would truncate
+// 1.5 to 1 and wrap 2147483648 to a negative number.
+template <typename T>
+T json_integer(const nlohmann::json& v, const char* key, std::string_view what) {
+  if (v.is_number_unsigned() && std::in_range<T>(v.get<std::uint64_t>()))
+    return static_cast<T>(v.get<std::uint64_t>());
+  if (v.is_number_integer() && !v.is_number_unsigned() && std::in_range<T>(v.get<std::int64_t>()))
+    return static_cast<T>(v.get<std::int64_t>());
+  throw Error(fmt::format("{}: field '{}' must be an integer in [{}, {}], got {}", what, key,
+                          std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), v.dump()));
+}
 
 // The required field key of object j as T; `what` names the kind of file in the error.
 template <typename T>
 T json_field(const nlohmann::json& j, const char* key, std::string_view what) {
   const auto it = j.find(key);
   if (it == j.end()) throw Error(fmt::format("{}: missing field '{}'", what, key));
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (it->is_number()) return json_integer<T>(*it, key, what);
+  }
   try {
     return it->get<T>();
   } catch (const nlohmann::json::exception&) {

@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/fault.h"
 #include "distmuon/agreement.h"
 #include "distmuon/checkpoint.h"
+#include "distmuon/compute.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "train/trainer_impl.h"
@@ -68,16 +71,44 @@ fs::path choose_checkpoint(const Communicator& w, const fs::path& dir) {
             steps.emplace_back(step, e.path());
         }
         std::sort(steps.rbegin(), steps.rend());
+        std::string chosen;
+        std::map<std::string, std::vector<std::string>> runs;  // run id -> its complete folders
         for (const auto& [step, path] : steps) {
-          if (fs::exists(path / kTrainerFile)) return path.string();
-          spdlog::warn("train: skipping '{}': it has no {} (interrupted while saving)",
-                       path.string(), kTrainerFile);
+          const std::optional<std::string> id = detail::checkpoint_run_id(path);
+          if (id) {
+            if (chosen.empty()) chosen = path.string();
+            runs[*id].push_back(path.filename().string());
+            continue;
+          }
+          if (chosen.empty()) {
+            spdlog::warn("train: skipping '{}': it has no {} (interrupted while saving)",
+                         path.string(), kTrainerFile);
+          }
         }
-        return std::string();
+        if (runs.size() > 1) {
+          std::vector<std::string> listed;
+          for (const auto& [id, folders] : runs)
+            listed.push_back(fmt::format("run '{}': {}", id, fmt::join(folders, ", ")));
+          throw Error(
+              fmt::format("'{}' holds the checkpoints of {} runs ({}); resume from one step folder",
+                          dir.string(), runs.size(), fmt::join(listed, "; ")));
+        }
+        return chosen;
       });
 }
 
 }  // namespace
+
+std::optional<std::string> detail::checkpoint_run_id(const fs::path& step_dir) {
+  std::error_code ec;
+  if (!fs::exists(step_dir / kTrainerFile, ec)) return std::nullopt;
+  try {
+    const json meta = read_json_file(step_dir / kTrainerFile);
+    return meta.value("run_id", std::string());
+  } catch (const std::exception&) {
+    return std::string("(unreadable trainer.json)");
+  }
+}
 
 std::string train_checkpoint_step_dir(int step) {
   return fmt::format("step-{:08d}", step);
@@ -86,7 +117,28 @@ std::string train_checkpoint_step_dir(int step) {
 void Trainer::save_checkpoint(const fs::path& dir) {
   Impl& s = *impl_;
   const Communicator& w = s.world;
+  const std::string what = fmt::format("train: saving checkpoint '{}'", dir.string());
   std::string failure;
+  // A NaN or an infinity in any rank's weights: every rank refuses before anything is written.
+  for (const ShardedParam& p : s.model->params()) {
+    if (const auto at = cpu_compute().find_non_finite(p.value.view())) {
+      failure = fmt::format(
+          "weight '{}' has a non-finite value at ({}, {}) of rank {}'s {} part; a checkpoint "
+          "holds finite weights only, nothing was written",
+          p.name, at->row, at->col, w.rank(), shape_str(p.value.view()));
+      break;
+    }
+  }
+  w.agree_or_throw(failure.empty(), what, failure);
+  // An earlier trainer.json of this folder (a save of the same step by this run or, with
+  // overwrite_checkpoints, by another) goes first, so a half-written folder never looks complete.
+  if (w.rank() == 0) {
+    std::error_code ec;
+    fs::remove(dir / kTrainerFile, ec);
+    if (ec)
+      failure = fmt::format("cannot remove '{}': {}", (dir / kTrainerFile).string(), ec.message());
+  }
+  w.agree_or_throw(failure.empty(), what, failure);
   std::uint64_t sum = 0;
   std::int64_t size = 0;
   try {
@@ -100,7 +152,6 @@ void Trainer::save_checkpoint(const fs::path& dir) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  const std::string what = fmt::format("train: saving checkpoint '{}'", dir.string());
   w.agree_or_throw(failure.empty(), what, failure);
   const std::vector<std::int64_t> sums = w.all_gather(static_cast<std::int64_t>(sum));
   const std::vector<std::int64_t> sizes = w.all_gather(size);
@@ -117,12 +168,13 @@ void Trainer::save_checkpoint(const fs::path& dir) {
                          {"bytes", sizes[i]},
                          {"fnv1a64", checksum_hex(static_cast<std::uint64_t>(sums[i]))}});
       }
-      const json meta = {{"format", kTrainCheckpointFormat},
-                         {"version", kTrainCheckpointVersion},
-                         {"step", s.step},
-                         {"world_size", w.size()},
-                         {"config", to_json(s.config)},
-                         {"model_files", files}};
+      json meta = {{"format", kTrainCheckpointFormat},
+                   {"version", kTrainCheckpointVersion},
+                   {"step", s.step},
+                   {"world_size", w.size()},
+                   {"config", to_json(s.config)},
+                   {"model_files", files}};
+      if (!s.run_id.empty()) meta["run_id"] = s.run_id;
       const std::string text = meta.dump(2) + "\n";
       write_file_atomic(dir / kTrainerFile, text.data(), text.size());
     } catch (const std::exception& e) {
@@ -138,6 +190,7 @@ void Trainer::resume(const fs::path& where) {
   const fs::path dir = choose_checkpoint(w, where);
   std::string failure;
   int step = 0;
+  std::string run_id;
   std::vector<char> bytes;
   try {
     if (dir.empty()) {
@@ -165,6 +218,7 @@ void Trainer::resume(const fs::path& where) {
                                                 run_identity(s.config));
       if (!diff.empty()) throw Error(diff);
       step = meta.at("step").get<int>();
+      run_id = meta.value("run_id", std::string());
       const json optimizer = read_json_file(dir / "optimizer" / kManifestName);
       if (optimizer.at("step").get<std::int64_t>() != step) {
         throw Error(fmt::format("the optimizer state is at step {}, the trainer's at step {}",
@@ -200,6 +254,7 @@ void Trainer::resume(const fs::path& where) {
     offset += n;
   }
   s.step = step;
+  s.run_id = run_id;
 }
 
 }  // namespace distmuon

@@ -12,10 +12,12 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "distmuon/trainer.h"
+#include "train/trainer_impl.h"
 
 namespace distmuon {
 namespace {
@@ -103,25 +105,48 @@ bool due(int step, int every) {
   return every > 0 && step % every == 0;
 }
 
-// Rank 0, after the checkpoint of step `saved` is complete: removes every older step folder
-// except the newest complete one (trainer.json written), so one good checkpoint survives any
-// single damaged one. A folder that cannot be removed is reported and kept: nothing is lost.
-void prune_checkpoints(const fs::path& dir, int saved) {
-  std::vector<std::pair<int, fs::path>> older;
+// The step folders in dir, newest first.
+std::vector<std::pair<int, fs::path>> step_folders(const fs::path& dir) {
+  std::vector<std::pair<int, fs::path>> out;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     int step = 0;
-    if (std::sscanf(name.c_str(), "step-%d", &step) == 1 &&
-        name == train_checkpoint_step_dir(step) && step < saved)
-      older.emplace_back(step, it->path());
+    if (std::sscanf(name.c_str(), "step-%d", &step) == 1 && name == train_checkpoint_step_dir(step))
+      out.emplace_back(step, it->path());
   }
-  std::sort(older.rbegin(), older.rend());
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+// Rank 0, before the first step: the complete checkpoints in dir that another run wrote (another
+// run id), as "step-00000004 (run 'abc...')".
+std::vector<std::string> other_runs_checkpoints(const fs::path& dir, const std::string& run_id) {
+  std::vector<std::string> out;
+  for (const auto& [step, path] : step_folders(dir)) {
+    const std::optional<std::string> id = detail::checkpoint_run_id(path);
+    if (id && *id != run_id)
+      out.push_back(fmt::format("{} ({})", path.filename().string(),
+                                id->empty() ? "written before run ids" : "run '" + *id + "'"));
+  }
+  return out;
+}
+
+// Rank 0, after the checkpoint of step `saved` is complete: removes every older step folder of
+// this run except the newest complete one (trainer.json written), so one good checkpoint survives
+// any single damaged one, and, with overwrite, every complete checkpoint of another run. A folder
+// that cannot be removed is reported and kept: nothing is lost.
+void prune_checkpoints(const fs::path& dir, int saved, const std::string& run_id, bool overwrite) {
   bool kept = false;
-  for (const auto& [step, path] : older) {
-    if (!kept && fs::exists(path / "trainer.json")) {
-      kept = true;
-      continue;
+  std::error_code ec;
+  for (const auto& [step, path] : step_folders(dir)) {
+    if (step == saved) continue;
+    const std::optional<std::string> id = detail::checkpoint_run_id(path);
+    if (id && *id != run_id) {
+      if (!overwrite) continue;  // not ours to remove
+    } else if (step > saved || (!kept && id)) {
+      kept = kept || step < saved;
+      continue;  // a newer incomplete folder (resume skips it), or the previous checkpoint
     }
     fs::remove_all(path, ec);
     if (ec)
@@ -161,6 +186,22 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
     if (ec) {
       failure = fmt::format("cannot create the checkpoint folder '{}': {}",
                             options.checkpoint_dir.string(), ec.message());
+    }
+  }
+  // Another run's checkpoints in the folder: refused, or replaced when asked.
+  if (w.rank() == 0 && failure.empty() && !options.checkpoint_dir.empty()) {
+    const std::vector<std::string> others =
+        other_runs_checkpoints(options.checkpoint_dir, trainer.run_id());
+    if (!others.empty() && !options.overwrite_checkpoints) {
+      failure = fmt::format(
+          "'{}' holds checkpoints of another run: {}; this run is '{}'. Resume that run from it, "
+          "write into another folder, or replace them (--overwrite-checkpoints)",
+          options.checkpoint_dir.string(), fmt::join(others, ", "), trainer.run_id());
+    } else if (!others.empty()) {
+      spdlog::warn(
+          "train: '{}' holds checkpoints of another run ({}): they are removed once this run's "
+          "first checkpoint is complete",
+          options.checkpoint_dir.string(), fmt::join(others, ", "));
     }
   }
   w.agree_or_throw(failure.empty(), "train: checkpoints", failure);
@@ -204,7 +245,10 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
         (due(r.step, options.checkpoint_every) || r.step == schedule.steps)) {
       const fs::path dir = options.checkpoint_dir / train_checkpoint_step_dir(r.step);
       trainer.save_checkpoint(dir);
-      if (w.rank() == 0) prune_checkpoints(options.checkpoint_dir, r.step);
+      if (w.rank() == 0) {
+        prune_checkpoints(options.checkpoint_dir, r.step, trainer.run_id(),
+                          options.overwrite_checkpoints);
+      }
       for (TrainObserver* o : observers)
         o->on_checkpoint(r.step, dir);
     }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 
 #include "distmuon/error.h"
 #include "train/trainer_impl.h"
@@ -15,6 +16,13 @@ namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// 64 bits from the system's entropy source as 16 hex digits: two runs never share an id.
+std::string new_run_id() {
+  std::random_device source;
+  const std::uint64_t hi = source(), lo = source();
+  return fmt::format("{:08x}{:08x}", hi & 0xffffffffu, lo & 0xffffffffu);
 }
 
 ParamRole role_of(const std::string& name) {
@@ -42,10 +50,12 @@ Trainer::Trainer(TrainConfig config, Communicator world)
     s.data.emplace(TextData::from_file(s.config.data.path, s.config.data_options()));
     s.profile = resolve_profile(s.options.profile);
     s.cost_model = parse_cost_model(s.options.cost_model);
+    if (w.rank() == 0) s.run_id = new_run_id();
   } catch (const std::exception& e) {
     failure = e.what();
   }
   w.agree_or_throw(failure.empty(), "train: setup", failure);
+  s.run_id = w.broadcast_string(s.run_id, 0);
 
   s.model = std::make_unique<ShardedCharLm>(s.config.model, s.config.train.seed, w);
   s.muon.emplace(s.options, w);
@@ -97,6 +107,9 @@ double Trainer::evaluate() {
 
 int Trainer::step_count() const {
   return impl_->step;
+}
+const std::string& Trainer::run_id() const {
+  return impl_->run_id;
 }
 const TrainConfig& Trainer::config() const {
   return impl_->config;

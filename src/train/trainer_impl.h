@@ -1,9 +1,11 @@
 #pragma once
 // The trainer's state, shared by trainer.cpp (setup, step, decisions) and train_checkpoint.cpp
-// (save, resume).
+// (save, resume), and the run id of a checkpoint folder (train_checkpoint.cpp, train_run.cpp).
 
+#include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "distmuon/trainer.h"
@@ -24,6 +26,14 @@ struct Trainer::Impl {
   CharBatch validation;                // this rank's part of the validation windows
   double entropy = 0;
   int step = 0;
+  std::string run_id;  // Trainer::run_id
 };
+
+namespace detail {
+// The run id in step_dir's trainer.json ("" when it has none: written before run ids), or nothing
+// when the folder holds no trainer.json (an incomplete save). Rank-local; an unreadable file is
+// reported as the id "(unreadable trainer.json)", which matches no run.
+std::optional<std::string> checkpoint_run_id(const std::filesystem::path& step_dir);
+}  // namespace detail
 
 }  // namespace distmuon

@@ -48,11 +48,21 @@ std::vector<json> read_log(const fs::path& p) {
   return lines;
 }
 
-// The files of a directory (relative path -> bytes), to compare two checkpoints byte for byte.
+// The files of a directory (relative path -> bytes), to compare two checkpoints byte for byte;
+// trainer.json without its run id (two runs differ in it, and only in it).
 std::map<std::string, std::string> files_of(const fs::path& dir) {
   std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_text(e.path());
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::string bytes = read_text(e.path());
+    if (e.path().filename() == "trainer.json") {
+      json meta = json::parse(bytes);
+      EXPECT_TRUE(meta.contains("run_id")) << e.path();
+      meta.erase("run_id");
+      bytes = meta.dump(2);
+    }
+    out[fs::relative(e.path(), dir).string()] = bytes;
+  }
   return out;
 }
 

@@ -1,6 +1,9 @@
 // Every built-in coefficient table equals the published values, and schedules extend as specified.
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <string>
+
 #include "distmuon/error.h"
 #include "distmuon/newton_schulz.h"
 
@@ -79,6 +82,32 @@ TEST(Coefficients, InvalidNamesAndStepsListValidValues) {
   EXPECT_NO_THROW(o.validate());
   EXPECT_THROW(parse_custom_coefficients("1,2"), Error);
   EXPECT_THROW(parse_custom_coefficients("1,2,x"), Error);
+}
+
+// Non-finite coefficients (std::from_chars reads "nan" and "inf") and absurd magnitudes make the
+// iterate NaN or Inf: refused by name, for a parsed schedule, a table and hand-made options.
+TEST(Coefficients, NonFiniteAndAbsurdValuesAreRefused) {
+  const auto error_of = [](const std::string& text) {
+    try {
+      parse_custom_coefficients(text);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(error_of("nan,1,1").find("a = nan"), std::string::npos) << error_of("nan,1,1");
+  EXPECT_NE(error_of("1,2,3;1,-inf,1").find("tuple 2"), std::string::npos)
+      << error_of("1,2,3;1,-inf,1");
+  EXPECT_NE(error_of("1,1,1e30").find("c = 1e+30"), std::string::npos) << error_of("1,1,1e30");
+  EXPECT_NE(error_of("1,-1000.5,1").find("at most 1000"), std::string::npos);
+  // The bound itself and every built-in set are accepted.
+  EXPECT_EQ(parse_custom_coefficients("1000,-1000,0").table.size(), 1u);
+  for (const auto& name : coefficient_set_names())
+    if (name != "custom") EXPECT_NO_THROW(coefficient_set(name).validate_values()) << name;
+  EXPECT_THROW(custom_coefficients({{1, 2, std::numeric_limits<double>::infinity()}}), Error);
+  NsOptions o;
+  o.coefficients.table[0].b = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW(o.validate(), Error);
 }
 
 }  // namespace

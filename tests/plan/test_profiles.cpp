@@ -134,5 +134,80 @@ TEST(Profiles, MalformedFilesNameTheField) {
   EXPECT_THROW(load_profile(temp_path("does-not-exist.json")), Error);
 }
 
+// Every numeric field within its bounds (ProfileBounds): integers that are integers and fit, rates
+// and bandwidths finite and > 0, latencies finite and >= 0, none absurdly large or small.
+TEST(Profiles, ValuesOutsideTheirBoundsAreRefused) {
+  const auto refused = [](const json& j, const std::string& needle) {
+    const std::string e = load_error(j.dump());
+    EXPECT_NE(e.find(needle), std::string::npos) << j.dump() << "\n" << e;
+  };
+  json j = valid_profile_json();
+  j["domain_size"] = 2147483648LL;  // 2^31: get<int>() wrapped it to a negative number
+  refused(j, "'domain_size' must be an integer in [-2147483648, 2147483647], got 2147483648");
+  j["domain_size"] = 1.5;  // get<int>() truncated it to 1
+  refused(j, "'domain_size' must be an integer in");
+  j["domain_size"] = (1 << 20) + 1;
+  refused(j, "'domain_size' must be in [1, 1048576], got 1048577");
+  j = valid_profile_json();
+  j["intra_domain_gbps"] = 1e-300;
+  refused(j, "'intra_domain_gbps' is 1e-300, outside the plausible range [1e-06, 1000000] GB/s");
+  j = valid_profile_json();
+  j["inter_domain_gbps"] = 1e300;
+  refused(j, "'inter_domain_gbps' is 1e+300, outside");
+  j = valid_profile_json();
+  j["peak_tflops"]["bf16"] = 2e6;
+  refused(j, "'peak_tflops.bf16' is 2000000, outside the plausible range [1e-06, 1000000] TFLOP/s");
+  j = valid_profile_json();
+  j["intra_domain_latency_us"] = -1;
+  refused(j, "'intra_domain_latency_us' is -1, outside");
+  j = valid_profile_json();
+  j["inter_domain_latency_us"] = 1e8;
+  refused(j, "'inter_domain_latency_us' is 100000000, outside");
+  j = valid_profile_json();
+  j["intra_domain_peer_gbps"] = -64;
+  refused(j, "'intra_domain_peer_gbps' must be > 0");
+  // The bounds themselves are accepted, and so is every built-in profile (loaded at start).
+  j = valid_profile_json();
+  j["domain_size"] = 1 << 20;
+  j["intra_domain_gbps"] = 1e-6;
+  j["inter_domain_latency_us"] = 1e7;
+  EXPECT_EQ(load_error(j.dump()), "(no error)");
+  EXPECT_EQ(builtin_profiles().size(), 8u);
+}
+
+// --profile SPEC: an existing file, or a path that must exist, or a built-in name matched exactly
+// (case aside); a part of several names is ambiguous, a near miss is named but not taken.
+TEST(Profiles, SpecIsAFileOrAnExactName) {
+  const auto error_of = [](const std::string& spec) {
+    try {
+      const auto p = resolve_profile(spec);
+      return "(resolved to " + (p ? p->name : std::string("none")) + ")";
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  const auto refused = [&](const std::string& spec, const std::string& needle) {
+    const std::string e = error_of(spec);
+    EXPECT_NE(e.find(needle), std::string::npos) << spec << ": " << e;
+    EXPECT_EQ(e.find("(resolved"), std::string::npos) << spec << ": " << e;
+  };
+  // A missing file whose name contains a built-in name no longer falls back to it.
+  refused("./h100-tuned.json", "hardware profile file './h100-tuned.json' does not exist");
+  refused(temp_path("missing").string(), "does not exist");
+  refused("h100.json", "does not exist");
+  refused("/tmp", "does not exist as a regular file");
+  refused("h1000", "unknown hardware profile 'h1000' (did you mean 'h100'?)");
+  refused("NVIDIA H100", "did you mean 'h100'?");
+  refused("mi300", "did you mean 'mi300x'?");
+  refused("gb2", "ambiguous hardware profile name 'gb2': it is part of gb200, gb200-cx7");
+  refused("h", "ambiguous");
+  refused("tpu-v5", "no built-in profile has that name");
+  EXPECT_EQ(error_of("h100"), "(resolved to h100)");
+  EXPECT_EQ(error_of("H100"), "(resolved to h100)");
+  EXPECT_EQ(error_of("gb200"), "(resolved to gb200)");
+  EXPECT_EQ(error_of("gb200-cx7"), "(resolved to gb200-cx7)");
+  EXPECT_EQ(error_of("none"), "(resolved to none)");
+}
+
 }  // namespace
 }  // namespace distmuon

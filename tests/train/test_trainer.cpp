@@ -15,82 +15,21 @@
 #include "distmuon/error.h"
 #include "distmuon/trainer.h"
 #include "test_util.h"
+#include "train_test_util.h"
 
 namespace distmuon {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::error_of;
+using test::SharedDir;
+using test::tiny_config;
 using test::world;
-
-// A folder every rank sees (named after rank 0's pid), removed at the end.
-class SharedDir {
- public:
-  explicit SharedDir(const std::string& name) {
-    const std::string mine =
-        (fs::temp_directory_path() / fmt_name(name, static_cast<long>(::getpid()))).string();
-    path_ = world().broadcast_string(mine, 0);
-    if (world().rank() == 0) fs::create_directories(path_);
-    world().barrier();
-  }
-  ~SharedDir() {
-    world().barrier();
-    if (world().rank() == 0) fs::remove_all(path_);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  static std::string fmt_name(const std::string& name, long pid) {
-    return "distmuon_" + name + "_" + std::to_string(pid);
-  }
-  fs::path path_;
-};
-
-// Words in a pseudo-random order (as in test_sharded_training), written by rank 0.
-fs::path write_text(const fs::path& dir) {
-  const fs::path file = dir / "text.txt";
-  if (world().rank() == 0) {
-    const std::string words[] = {"the ", "free ",   "software ", "licence ",
-                                 "of ",  "copies ", "and ",      "program\n"};
-    std::string t;
-    for (std::uint32_t i = 0; t.size() < 20000; ++i)
-      t += words[(i * 2654435761u >> 13) % 8];
-    std::ofstream(file) << t;
-  }
-  world().barrier();
-  return file;
-}
-
-// Small enough for a step in about a millisecond; at 2 and 4 ranks the cost model (FLOPs, no
-// profile) picks distributed for fc1 (128 x 16: the Gram is 16 x 16 over a quarter or half of the
-// rows) and duplicated for the input projection (16 x 64) and fc2 (16 x 128).
-TrainConfig tiny_config(const fs::path& text, int steps, const std::string& tp_mode = "auto") {
-  return parse_train_config(
-      json{{"model", {{"context", 8}, {"embed", 8}, {"hidden", 16}, {"ffn", 128}, {"layers", 2}}},
-           {"data", {{"path", text.string()}}},
-           {"train",
-            {{"seed", 11},
-             {"steps", steps},
-             {"batch", 32},
-             {"log_every", 1000},
-             {"eval_every", 4},
-             {"eval_windows", 256}}},
-           {"optimizer", {{"tp_mode", tp_mode}}}});
-}
+using test::write_text;
 
 double rel(double a, double b) {
   return std::abs(a - b) / std::max(std::abs(b), 1e-30);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CollectiveError& e) {
-    return e.what();
-  } catch (const Error& e) {
-    return std::string("(not collective) ") + e.what();
-  }
-  return "";
 }
 
 // 1e-5 relative at every step: duplicated and distributed compute the Newton-Schulz of the same

@@ -1,0 +1,182 @@
+// Training checkpoints that must not be written or mixed: weights holding a NaN or an infinity on
+// one rank (every rank refuses, nothing is written), and a checkpoint folder holding another
+// run's checkpoints (refused unless overwrite_checkpoints; resuming the same run goes on).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "distmuon/error.h"
+#include "distmuon/trainer.h"
+#include "test_util.h"
+#include "train_test_util.h"
+
+namespace distmuon {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::error_of;
+using test::SharedDir;
+using test::tiny_config;
+using test::world;
+using test::write_text;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// The files under dir (relative path -> bytes); read by rank 0 only (empty elsewhere).
+std::map<std::string, std::string> files_of(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  if (world().rank() != 0 || !fs::exists(dir)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_text(e.path());
+  return out;
+}
+
+// The step folders under dir with the run id of each ("-" when it has no trainer.json).
+std::map<std::string, std::string> runs_in(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const fs::path meta = e.path() / "trainer.json";
+    out[e.path().filename().string()] =
+        fs::exists(meta) ? json::parse(read_text(meta)).value("run_id", std::string()) : "-";
+  }
+  return out;
+}
+
+void expect_collective(const std::string& error, const std::string& needle) {
+  EXPECT_NE(error.find(needle), std::string::npos) << error;
+  EXPECT_EQ(error.find("(not collective)"), std::string::npos) << error;
+}
+
+// One NaN in one rank's shard of a Muon weight, then +Inf in a replicated AdamW weight on rank
+// 0: every rank refuses the save, naming the weight and the rank, and the folder keeps the
+// complete checkpoint it held (trainer.json included); a new folder is not even created.
+TEST(TrainCheckpoint, NonFiniteWeightsAreNeverSaved) {
+  SharedDir dir("train_ckpt_nonfinite");
+  const fs::path text = write_text(dir.path());
+  Trainer t(tiny_config(text, 4), world());
+  t.step();
+  const fs::path ckpt = dir.path() / "ckpt";
+  t.save_checkpoint(ckpt);
+  const auto saved = files_of(ckpt);
+  if (world().rank() == 0) ASSERT_TRUE(saved.contains("trainer.json"));
+
+  const int bad = world().size() - 1;
+  ShardedParam* muon_weight = nullptr;
+  ShardedParam* adamw_weight = nullptr;
+  for (ShardedParam& p : t.model().params()) {
+    if (p.sharded && !muon_weight) muon_weight = &p;
+    if (!p.sharded && !adamw_weight) adamw_weight = &p;
+  }
+  ASSERT_TRUE(muon_weight && adamw_weight);
+  const float saved_value = muon_weight->value(1, 2);
+  if (world().rank() == bad) muon_weight->value(1, 2) = std::numeric_limits<float>::quiet_NaN();
+  std::string e = error_of([&] { t.save_checkpoint(ckpt); });
+  expect_collective(e, fmt::format("weight '{}' has a non-finite value at (1, 2) of rank {}'s",
+                                   muon_weight->name, bad));
+  EXPECT_TRUE(files_of(ckpt) == saved) << "the complete checkpoint was changed";
+  e = error_of([&] { t.save_checkpoint(dir.path() / "fresh"); });
+  expect_collective(e, "non-finite");
+  world().barrier();
+  EXPECT_FALSE(fs::exists(dir.path() / "fresh"));
+
+  if (world().rank() == bad) muon_weight->value(1, 2) = saved_value;
+  if (world().rank() == 0) adamw_weight->value(0, 0) = std::numeric_limits<float>::infinity();
+  e = error_of([&] { t.save_checkpoint(ckpt); });
+  expect_collective(e, fmt::format("weight '{}' has a non-finite value at (0, 0) of rank 0's",
+                                   adamw_weight->name));
+  EXPECT_TRUE(files_of(ckpt) == saved);
+}
+
+// Run A writes steps 2 and 4 into a folder. A new run B (another seed) into the same folder is
+// refused on every rank before its first step, the folder unchanged; A resumed into its folder goes
+// on and keeps its id; B with overwrite_checkpoints replaces A's checkpoints once its own first one
+// is complete, and a resume of the folder then continues B, not A.
+TEST(TrainCheckpoint, RunsDoNotShareACheckpointFolder) {
+  SharedDir dir("train_ckpt_runs");
+  const fs::path text = write_text(dir.path());
+  const fs::path ckpt = dir.path() / "ckpt";
+  TrainRunOptions a;
+  a.checkpoint_dir = ckpt;
+  a.checkpoint_every = 2;
+  std::string id_a;
+  {
+    Trainer ta(tiny_config(text, 4), world());
+    run_training(ta, a);
+    id_a = ta.run_id();
+  }
+  ASSERT_EQ(id_a.size(), 16u);
+  EXPECT_EQ(world().broadcast_string(id_a, 0), id_a) << "the ranks disagree on the run id";
+  const auto saved = files_of(ckpt);
+
+  TrainConfig other = tiny_config(text, 2);
+  other.train.seed = 12;
+  TrainRunOptions b;
+  b.checkpoint_dir = ckpt;
+  b.checkpoint_every = 2;
+  {
+    Trainer tb(other, world());
+    EXPECT_NE(tb.run_id(), id_a);
+    expect_collective(
+        error_of([&] { run_training(tb, b); }),
+        fmt::format("holds checkpoints of another run: step-00000004 (run '{}')", id_a));
+    EXPECT_EQ(tb.step_count(), 0);
+  }
+  EXPECT_TRUE(files_of(ckpt) == saved);
+
+  {  // the same run, resumed into its own folder
+    Trainer tc(tiny_config(text, 6), world());
+    TrainRunOptions c = a;
+    c.resume_dir = ckpt;
+    EXPECT_EQ(run_training(tc, c).first_step, 4);
+    EXPECT_EQ(tc.run_id(), id_a);
+  }
+  if (world().rank() == 0) {
+    EXPECT_EQ(runs_in(ckpt), (std::map<std::string, std::string>{{"step-00000004", id_a},
+                                                                 {"step-00000006", id_a}}));
+  }
+
+  std::string id_b;
+  {
+    Trainer tb(other, world());
+    b.overwrite_checkpoints = true;
+    run_training(tb, b);
+    id_b = tb.run_id();
+  }
+  if (world().rank() == 0)
+    EXPECT_EQ(runs_in(ckpt), (std::map<std::string, std::string>{{"step-00000002", id_b}}));
+  world().barrier();
+  {
+    TrainConfig longer = other;
+    longer.train.steps = 3;
+    Trainer td(longer, world());
+    TrainRunOptions d;
+    d.resume_dir = ckpt;
+    EXPECT_EQ(run_training(td, d).first_step, 2);
+    EXPECT_EQ(td.run_id(), id_b);
+  }
+
+  // Two runs' complete checkpoints in one folder (copied there by hand): resume refuses to pick.
+  if (world().rank() == 0) {
+    fs::copy(ckpt / "step-00000002", ckpt / "step-00000009", fs::copy_options::recursive);
+    json meta = json::parse(read_text(ckpt / "step-00000009" / "trainer.json"));
+    meta["run_id"] = "0123456789abcdef";
+    std::ofstream(ckpt / "step-00000009" / "trainer.json") << meta.dump();
+  }
+  world().barrier();
+  Trainer te(other, world());
+  expect_collective(error_of([&] { te.resume(ckpt); }), "holds the checkpoints of 2 runs");
+  EXPECT_EQ(te.step_count(), 0);
+}
+
+}  // namespace
+}  // namespace distmuon
