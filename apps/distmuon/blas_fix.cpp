@@ -84,12 +84,13 @@ void fix_blas_core(char** argv) {
   }
   if (!marker.empty() || user_core != nullptr) return;  // done, failed, or the user's choice
 
-  const BlasInfo info = blas_info();
-  if (!info.dynamic_arch) return;  // OPENBLAS_CORETYPE would change nothing; the library warns
-  const auto better = recommended_blas_core(info.core, cpu_features());
+  const std::string core = blas_core();
+  const auto better = recommended_blas_core(core, cpu_features());
   if (!better) return;
+  if (!blas_info().dynamic_arch)
+    return;  // OPENBLAS_CORETYPE would change nothing; the library warns
   set_env(kCoreType, *better);
-  set_env(kBlasFixMarker, "try:" + info.core);
+  set_env(kBlasFixMarker, "try:" + core);
   ::execv(kSelf, argv);
   // Not fatal: carry on with the kernels OpenBLAS chose (the library warns at the first BLAS call).
   const int err = errno;
