@@ -184,9 +184,8 @@ std::optional<std::string> check_product(bool syrk, Trans ta, Trans tb, Index m,
       const double err = std::abs(static_cast<double>(c(i, j)) - ref);
       if (!(err <= bound)) {
         return fmt::format(
-            "{}(op(a) {}, {}{}alpha {}, beta {}): element ({}, {}) is {}, expected {} (error "
-            "{:.3g} "
-            "> bound {:.3g})",
+            "{}(op(a) {}, {}{}alpha {}, beta {}): element ({}, {}) is {}, expected {} "
+            "(error {:.3g} > bound {:.3g})",
             syrk ? "ssyrk" : "sgemm", shape_str(m, k), ta == Trans::kYes ? "a transposed, " : "",
             !syrk && tb == Trans::kYes ? "b transposed, " : "", alpha, beta, i, j, c(i, j), ref,
             err, bound);
