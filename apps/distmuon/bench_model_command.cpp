@@ -4,7 +4,9 @@
 #include <iostream>
 
 #include "bench_model_options.h"
+#include "blas_fix.h"
 #include "command_line_errors.h"
+#include "distmuon/blas_info.h"
 #include "distmuon/error.h"
 #include "distmuon/model_bench.h"
 #include "distmuon/plots.h"
@@ -83,9 +85,11 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
   ctx.world.agree_or_throw(why.empty(), "bench --plot", why);
   if (ctx.world.rank() != 0) return;
   if (common.json) {
-    std::cout << to_json(report).dump(2) << std::endl;
+    nlohmann::json j = to_json(report);
+    j["blas"] = blas_json();
+    std::cout << j.dump(2) << std::endl;
   } else {
-    std::cout << format_report(report);
+    std::cout << "BLAS: " << blas_summary() << "\n" << format_report(report);
     if (!model.plot.empty()) std::cout << "plot written to " << model.plot << "\n";
     std::cout << std::flush;
   }

@@ -6,9 +6,11 @@
 #include <iostream>
 
 #include "bench_model_options.h"
+#include "blas_fix.h"
 #include "command_line_errors.h"
 #include "commands.h"
 #include "distmuon/bench.h"
+#include "distmuon/blas_info.h"
 #include "distmuon/error.h"
 
 namespace distmuon::cli {
@@ -95,9 +97,11 @@ void add_bench_command(CLI::App& app, Context& ctx) {
     const TpBenchReport report = run_tp_bench(ctx.world, config);
     if (ctx.world.rank() != 0) return;
     if (o->json) {
-      std::cout << to_json(report).dump(2) << std::endl;
+      nlohmann::json j = to_json(report);
+      j["blas"] = blas_json();
+      std::cout << j.dump(2) << std::endl;
     } else {
-      std::cout << format_report(report) << std::flush;
+      std::cout << "BLAS: " << blas_summary() << "\n" << format_report(report) << std::flush;
     }
   });
 }

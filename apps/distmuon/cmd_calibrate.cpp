@@ -1,12 +1,14 @@
 // `distmuon calibrate --out FILE.json`: measures this machine with the ranks of the job and writes
 // a hardware profile that --profile accepts everywhere. See docs/cost-model.md.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "command_line_errors.h"
+#include "distmuon/blas_info.h"
 #include "distmuon/calibrate.h"
 #include "distmuon/error.h"
 #include "planning_commands.h"
@@ -75,9 +77,11 @@ void add_calibrate_command(CLI::App& app, Context& ctx) {
     ctx.world.agree_or_throw(why.empty(), "calibrate: writing the profile", why);
     if (ctx.world.rank() != 0) return;
     if (o->json) {
+      spdlog::info("BLAS: {}", blas_summary());  // stdout holds the profile alone
       std::cout << nlohmann::json(rep.profile).dump(2) << std::endl;
     } else {
-      std::cout << format_calibration(rep) << "written to " << out.string() << std::endl;
+      std::cout << "BLAS: " << blas_summary() << "\n"
+                << format_calibration(rep) << "written to " << out.string() << std::endl;
     }
   });
 }

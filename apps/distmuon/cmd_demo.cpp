@@ -6,6 +6,7 @@
 #include <random>
 
 #include "commands.h"
+#include "distmuon/blas_info.h"
 #include "distmuon/singular_values.h"
 
 namespace distmuon::cli {
@@ -49,9 +50,10 @@ void add_demo_command(CLI::App& app, Context& ctx) {
     check_ns_result(x.view(), opts);
     const auto sv = singular_values(x.view());
     if (ctx.world.rank() != 0) return;
-    fmt::print("Newton-Schulz of a {} Gaussian matrix: {} x {} steps, {} path, {} BLAS thread(s)\n",
+    fmt::print("Newton-Schulz of a {} Gaussian matrix: {} x {} steps, {} path\n",
                shape_str(o->m, o->n), opts.coefficients.name, opts.steps,
-               opts.use_syrk ? "syrk" : "gemm", blas_threads());
+               opts.use_syrk ? "syrk" : "gemm");
+    fmt::print("  BLAS            {}\n", blas_summary());
     fmt::print("  time            {:.2f} ms (median of {}; min {:.2f} ms)\n", sec * 1e3,
                times.size(), times.front() * 1e3);
     fmt::print("  rate            {:.1f} GFLOP/s (plain-GEMM count, {:.2f} GFLOP)\n",

@@ -5,7 +5,9 @@
 #include <memory>
 #include <optional>
 
+#include "blas_fix.h"
 #include "commands.h"
+#include "distmuon/blas_info.h"
 #include "distmuon/error.h"
 
 int main(int argc, char** argv) {
@@ -13,6 +15,7 @@ int main(int argc, char** argv) {
   std::optional<MpiRuntime> mpi;
   cli::Context ctx;
   try {
+    cli::fix_blas_core(argv);  // may re-execute this program: before MPI_Init
     if (launched_by_mpi()) {
       mpi.emplace(&argc, &argv);
       ctx.world = mpi_world();
@@ -21,6 +24,13 @@ int main(int argc, char** argv) {
                             ? "[%l] [rank " + std::to_string(ctx.world.rank()) + "] %v"
                             : "[%l] %v");
     if (ctx.world.rank() != 0) spdlog::set_level(spdlog::level::warn);
+    if (ctx.world.size() > 1) {
+      // Ranks on different CPUs may run different kernels (and round differently).
+      const std::string core = blas_core();
+      const std::string root_core = ctx.world.broadcast_string(core, 0);
+      if (core != root_core)
+        spdlog::warn("BLAS: this rank runs OpenBLAS core {}, rank 0 runs {}", core, root_core);
+    }
 
     CLI::App app{"distmuon: Muon's Newton-Schulz orthogonalisation on sharded weights"};
     app.require_subcommand(1);

@@ -8,6 +8,7 @@
 #include <map>
 #include <regex>
 
+#include "distmuon/blas_info.h"
 #include "distmuon/error.h"
 #include "plot/gnuplot.h"
 
@@ -61,6 +62,7 @@ void ConsoleReport::on_start(const Trainer& trainer, int first_step) {
       c.model.context, c.model.embed, c.model.hidden, c.model.ffn, c.model.layers,
       count_str(muon_params + adamw_params), count_str(muon_params), group_size_,
       group_size_ == 1 ? "" : "s", count_str(adamw_params)));
+  print(fmt::format("blas: {}", blas_summary()));
   const TextData& d = trainer.data();
   print(fmt::format(
       "data: {} ({} bytes): {} training / {} validation windows; unigram entropy {:.4f} nats/byte",

@@ -10,7 +10,8 @@
 
 namespace distmuon::test {
 
-CliRun run_cli(int np, const std::string& args, const std::filesystem::path& log) {
+CliRun run_cli(int np, const std::string& args, const std::filesystem::path& log,
+               const std::string& env) {
   // odls_base_sigkill_timeout 0: when ranks exit non-zero, mpirun tears the job down at once
   // instead of waiting about 2 s per failing run.
   const std::string launcher = np > 0
@@ -18,7 +19,8 @@ CliRun run_cli(int np, const std::string& args, const std::filesystem::path& log
                                                  DISTMUON_TEST_MPIEXEC, np, DISTMUON_TEST_MPI_FLAGS)
                                    : "";
   const std::string cmd =
-      fmt::format("timeout -k 5 60 {}{} {} > '{}' 2>&1", launcher, DISTMUON_CLI, args, log.string());
+      fmt::format("{}timeout -k 5 60 {}{} {} > '{}' 2>&1", env.empty() ? "" : "env " + env + " ",
+                  launcher, DISTMUON_CLI, args, log.string());
   const int status = std::system(cmd.c_str());
   CliRun r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;

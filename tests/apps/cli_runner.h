@@ -12,9 +12,11 @@ struct CliRun {
   std::string output;
 };
 
-// Runs `distmuon ARGS` (np 0: without mpirun); log is where the output is captured.
+// Runs `distmuon ARGS` (np 0: without mpirun); log is where the output is captured; env
+// ("NAME=VALUE ...", passed to env(1)) is added to the environment of the launcher and the ranks.
 // A run killed by the 60 s limit is reported as a test failure (exit code 124).
-CliRun run_cli(int np, const std::string& args, const std::filesystem::path& log);
+CliRun run_cli(int np, const std::string& args, const std::filesystem::path& log,
+               const std::string& env = "");
 
 // A fresh, empty temporary directory named after the running test.
 std::filesystem::path fresh_test_dir(const std::string& prefix);

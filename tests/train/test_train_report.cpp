@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "distmuon/blas_info.h"
 #include "distmuon/error.h"
 #include "distmuon/train_report.h"
 #include "distmuon/trainer.h"
@@ -109,6 +110,7 @@ TEST(TrainReport, ConsoleReportOfARun) {
             std::string::npos)
       << got;
   EXPECT_NE(got.find("Muon weights by shape: one rank"), std::string::npos) << got;
+  EXPECT_NE(got.find("[run] blas: " + blas_summary() + "\n"), std::string::npos) << got;
   // Logged: 3 and 6 (validation), 4 and 8 (interval; 8 is also the last and validated).
   EXPECT_EQ(count(got, "[run] step "), 4u) << got;
   EXPECT_EQ(count(got, " val "), 3u) << got;

@@ -1,6 +1,7 @@
 // CPU compute backend over CBLAS (OpenBLAS).
 #include <cblas.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "distmuon/blas_info.h"
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
 
@@ -54,6 +56,14 @@ void init_threads() {
   });
 }
 
+// Once per process, at the first product: kernels below what the CPU supports (blas_info.h).
+std::once_flag core_warning_once;
+void warn_about_core_once() {
+  std::call_once(core_warning_once, [] {
+    if (const auto warning = blas_core_warning()) spdlog::warn("{}", *warning);
+  });
+}
+
 // Copies the upper triangle of a square matrix into its lower one, in tiles so that the
 // transposed reads stay in cache (about 5x faster than a row loop at n = 1024; it matters
 // because NS mirrors two s x s matrices per step).
@@ -80,6 +90,7 @@ class CpuCompute final : public Compute {
   void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
             MatrixView c) override {
     init_threads();
+    warn_about_core_once();
     const Index m = op_rows(a, ta), k = op_cols(a, ta), n = op_cols(b, tb);
     if (op_rows(b, tb) != k || c.rows != m || c.cols != n) {
       throw Error(fmt::format("gemm: op(a) {} x op(b) {} does not fit c {}", shape_str(m, k),
@@ -101,6 +112,7 @@ class CpuCompute final : public Compute {
 
   void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
     init_threads();
+    warn_about_core_once();
     const Index n = op_rows(a, ta), k = op_cols(a, ta);
     if (c.rows != n || c.cols != n) {
       throw Error(fmt::format("syrk: op(a) {} needs a {} output, got {}", shape_str(n, k),
