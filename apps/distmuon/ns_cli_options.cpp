@@ -1,3 +1,4 @@
+#include "cli_checks.h"
 #include "commands.h"
 #include "distmuon/error.h"
 
@@ -17,10 +18,11 @@ void NsCliOptions::add_to(CLI::App& app) {
                  "only; docs/gram-newton-schulz.md)")
       ->check(CLI::IsMember({"standard", "gram"}))
       ->capture_default_str();
-  app.add_option("--gram-restart", gram_restart,
-                 "With --ns-algorithm gram: re-form the Gram matrix every N steps (0 = automatically, when "
-                 "rounding errors could have grown past kGramGrowthLimit)")
-      ->check(CLI::NonNegativeNumber)
+  app.add_option(
+         "--gram-restart", gram_restart,
+         "With --ns-algorithm gram: re-form the Gram matrix every N steps (0 = automatically, when "
+         "rounding errors could have grown past kGramGrowthLimit)")
+      ->check(at_least<int>(0))
       ->capture_default_str();
 }
 
