@@ -5,9 +5,11 @@
 
 #include "bench_model_options.h"
 #include "blas_fix.h"
+#include "cli_checks.h"
 #include "command_line_errors.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 #include "distmuon/model_bench.h"
 #include "distmuon/plots.h"
 #include "distmuon/train_config.h"
@@ -32,7 +34,7 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--max-elements", max_elements,
                  "With --model: refuse shapes whose matrix or distributed Gram matrix holds more "
                  "elements")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<Index>(1))
       ->capture_default_str();
   cmd.add_option("--plot", plot, "With --model: draw per-shape bars per mode into this PNG");
 }
@@ -72,9 +74,17 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
     c.seed = common.seed;
     return c;
   });
+  std::string why;
+  if (ctx.world.rank() == 0 && !model.plot.empty()) {
+    try {
+      check_output_file(model.plot, "--plot");
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  ctx.world.agree_or_throw(why.empty(), "bench --plot", why);
   set_blas_threads(common.threads);
   const ModelBenchReport report = run_model_bench(ctx.world, config);
-  std::string why;
   if (ctx.world.rank() == 0 && !model.plot.empty()) {
     try {
       render_model_bench_plot(report, model.plot);

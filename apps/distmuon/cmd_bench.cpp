@@ -7,6 +7,7 @@
 
 #include "bench_model_options.h"
 #include "blas_fix.h"
+#include "cli_checks.h"
 #include "command_line_errors.h"
 #include "commands.h"
 #include "distmuon/bench.h"
@@ -56,19 +57,21 @@ void add_bench_command(CLI::App& app, Context& ctx) {
       ->check(CLI::IsMember({"blockwise", "duplicated", "distributed"}))
       ->capture_default_str();
   cmd->add_option("--reps", o->reps, "Timed runs per (shape, mode)")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<int>(1))
       ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Untimed runs first")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least<int>(0))
       ->capture_default_str();
   cmd->add_option("--rate-reps", o->rate_reps,
                   "Timed runs of each sgemm and collective measurement")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<int>(1))
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "BLAS threads per rank")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<int>(1))
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the random matrices")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the random matrices")
+      ->check(at_least<std::uint64_t>(0))
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the tables");
   o->ns.add_to(*cmd);
   o->model.add_to(*cmd);

@@ -7,10 +7,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command_line_errors.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/calibrate.h"
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 #include "planning_commands.h"
 
 namespace distmuon::cli {
@@ -32,22 +34,22 @@ void add_calibrate_command(CLI::App& app, Context& ctx) {
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--min-bytes", o->c.min_bytes, "First collective payload")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<std::size_t>(1))
       ->capture_default_str();
   cmd->add_option("--max-bytes", o->c.max_bytes, "Largest collective payload")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<std::size_t>(1))
       ->capture_default_str();
   cmd->add_option("--factor", o->c.factor, "Ratio of consecutive payloads")
       ->check(CLI::Range(2, 1024))
       ->capture_default_str();
   cmd->add_option("--reps", o->reps, "Timed runs of each compute measurement")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<int>(1))
       ->capture_default_str();
   cmd->add_option("--comm-reps", o->comm_reps, "Timed runs of each collective size")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<int>(1))
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "BLAS threads per rank (as NS will run)")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<int>(1))
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print the profile as JSON instead of the tables");
   cmd->callback([o, &ctx] {
@@ -58,8 +60,15 @@ void add_calibrate_command(CLI::App& app, Context& ctx) {
     if (ctx.world.rank() == 0) {
       std::error_code ec;
       const auto dir = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
-      if (!std::filesystem::is_directory(dir, ec))
+      if (!std::filesystem::is_directory(dir, ec)) {
         why = fmt::format("--out {}: folder {} does not exist", out.string(), dir.string());
+      } else {
+        try {
+          check_output_file(out, "--out");
+        } catch (const Error& e) {
+          why = e.what();
+        }
+      }
     }
     ctx.world.agree_or_throw(why.empty(), "calibrate", why);
     set_blas_threads(o->threads);

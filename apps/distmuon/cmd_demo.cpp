@@ -5,8 +5,11 @@
 #include <chrono>
 #include <random>
 
+#include "cli_checks.h"
+#include "command_line_errors.h"
 #include "commands.h"
 #include "distmuon/blas_info.h"
+#include "distmuon/memory_check.h"
 #include "distmuon/singular_values.h"
 
 namespace distmuon::cli {
@@ -21,15 +24,27 @@ void add_demo_command(CLI::App& app, Context& ctx) {
     NsCliOptions ns;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--rows", o->m, "Rows")->capture_default_str();
-  cmd->add_option("--cols", o->n, "Columns")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
+  cmd->add_option("--rows", o->m, "Rows")->check(at_least<Index>(1))->capture_default_str();
+  cmd->add_option("--cols", o->n, "Columns")->check(at_least<Index>(1))->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Random seed")
+      ->check(at_least<unsigned>(0))
+      ->capture_default_str();
   cmd->add_option("--reps", o->reps, "Timed runs after one warm-up (the median is reported)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least<int>(1));
   o->ns.add_to(*cmd);
   cmd->callback([o, &ctx] {
     const NsOptions opts = o->ns.resolve();
+    // The input and its working copy, NS's workspace, and singular_values' float64 copy and
+    // s x s Gram matrix.
+    const double m = static_cast<double>(o->m), n = static_cast<double>(o->n);
+    const double s = std::min(m, n);
+    // Every rank runs the same demo, alone: each refuses the same sizes (no rank waits on another).
+    resolve_on_every_rank([&] {
+      check_memory_fits(2 * sizeof(float) * m * n + ns_workspace_bytes(o->m, o->n) +
+                            sizeof(double) * (m * n + s * s),
+                        fmt::format("demo of a {} matrix", shape_str(o->m, o->n)));
+    });
     Matrix g(o->m, o->n);
     std::mt19937 rng(o->seed);
     std::normal_distribution<float> dist;

@@ -11,19 +11,22 @@
 #include "command_line_errors.h"
 #include "commands.h"
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 #include "distmuon/npy.h"
 #include "distmuon/tp.h"
 
 namespace distmuon::cli {
 namespace {
 
-// Rank 0 reads the matrix and checks that it is finite; every rank learns whether that worked.
-Matrix read_on_root(const Communicator& world, const std::string& path) {
+// Rank 0 checks that the output path can take a file, reads the matrix and checks that it is
+// finite; every rank learns whether that worked.
+Matrix read_on_root(const Communicator& world, const std::string& path, const std::string& out) {
   Matrix full;
   bool ok = true;
   std::string reason;
   if (world.rank() == 0) {
     try {
+      check_output_file(out, "output");
       full = read_npy(path);
       for (float v : full.values()) {
         if (!std::isfinite(v)) throw Error(fmt::format("'{}' contains non-finite values", path));
@@ -72,7 +75,7 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
     const TpMode mode = parse_tp_mode(o->tp_mode);
     const int g = world.size(), dim = o->partition_dim;
 
-    const Matrix full = broadcast_matrix(world, read_on_root(world, o->in));
+    const Matrix full = broadcast_matrix(world, read_on_root(world, o->in, o->out));
     const Index extent = dim == 0 ? full.rows() : full.cols();
     if (extent % g != 0) {  // every rank sees the same shape: they all stop here
       throw CollectiveError(fmt::format("{} does not split into {} equal shards along dim {}",

@@ -6,7 +6,9 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 #include "distmuon/plan.h"
 #include "distmuon/plots.h"
 #include "distmuon/train_config.h"
@@ -53,6 +55,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
                   "Model preset name or JSON file (see --list-models), or train-default");
   cmd->add_flag("--list-models", o->list_models, "List the built-in model presets");
   cmd->add_option("--group-size,-G", o->group_size, "Ranks each weight is sharded over")
+      ->check(in_range<int>(1, kMaxGroupSize))
       ->capture_default_str();
   cmd->add_option("--partition-dim", o->partition_dim,
                   "Dimension the weights are split along (0 rows, 1 columns)")
@@ -109,6 +112,7 @@ void run_plan(const PlanCliOptions& opts_in) {
   }
   if (o->shapes.empty() == o->model.empty())
     throw Error("plan: give either --shape MxN (repeatable) or --model");
+  if (!o->map.empty()) check_output_file(o->map, "--map");
   PlanOptions opts;
   opts.group_size = o->group_size;
   opts.partition_dim = o->partition_dim;

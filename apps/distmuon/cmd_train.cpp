@@ -4,8 +4,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 #include "distmuon/train_report.h"
 #include "distmuon/trainer.h"
 
@@ -27,8 +29,9 @@ void add_train_command(CLI::App& app, Context& ctx) {
   cmd->add_option("--config", o->config,
                   "Training config JSON, merged over the embedded default (docs/training.md)");
   cmd->add_option("--data", o->data, "Text file to train on (default: the config's data.path)");
-  auto* seed = cmd->add_option("--seed", o->seed, "Seed of weights, data split and batches");
-  auto* steps = cmd->add_option("--steps", o->steps, "Training steps")->check(CLI::PositiveNumber);
+  auto* seed = cmd->add_option("--seed", o->seed, "Seed of weights, data split and batches")
+                   ->check(at_least<std::uint64_t>(0));
+  auto* steps = cmd->add_option("--steps", o->steps, "Training steps")->check(at_least<int>(1));
   const std::vector<std::string> mode_names{"blockwise", "duplicated", "distributed", "owner",
                                             "auto"};
   cmd->add_option("--tp-mode", o->tp_mode, "How Newton-Schulz runs on the shards: " + modes)
@@ -43,16 +46,16 @@ void add_train_command(CLI::App& app, Context& ctx) {
   cmd->add_option("--cost-model", o->cost_model, "Cost model for tp-mode auto: refined|reference")
       ->check(CLI::IsMember({"refined", "reference"}));
   auto* log_interval = cmd->add_option("--log-interval", o->log_interval, "Print every N steps")
-                           ->check(CLI::PositiveNumber);
+                           ->check(at_least<int>(1));
   auto* eval_interval =
       cmd->add_option("--eval-interval", o->eval_interval, "Validation loss every N steps")
-          ->check(CLI::PositiveNumber);
+          ->check(at_least<int>(1));
   cmd->add_option("--log", o->log, "Write one JSON object per step to this file (JSONL)");
   auto* checkpoint = cmd->add_option("--checkpoint", o->checkpoint,
                                      "Save checkpoints (weights, optimizer state, step) here");
   cmd->add_option("--checkpoint-every", o->checkpoint_every,
                   "Save every N steps (and at the last step)")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<int>(1))
       ->needs(checkpoint);
   cmd->add_flag("--overwrite-checkpoints", o->overwrite_checkpoints,
                 "Replace another run's checkpoints in the --checkpoint folder (refused without it)")
@@ -88,6 +91,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
                                 to_string(options.tp_mode)));
       }
       if (!o->plot.empty() && ctx.world.rank() == 0) check_plot_possible(o->plot);
+      if (!o->log.empty() && ctx.world.rank() == 0) check_output_file(o->log, "--log");
     } catch (const std::exception& e) {
       failure = e.what();
     }

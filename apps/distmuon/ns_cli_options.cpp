@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
@@ -24,7 +25,7 @@ void NsCliOptions::add_to(CLI::App& app) {
          "--gram-restart", gram_restart,
          "With --ns-algorithm gram: re-form the Gram matrix every N steps (0 = automatically, when "
          "rounding errors could have grown past kGramGrowthLimit)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least<int>(0))
       ->capture_default_str();
 }
 

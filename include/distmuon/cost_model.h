@@ -166,7 +166,13 @@ struct BucketPlan {
 BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,
                        CostModel model);
 
-// Throws distmuon::Error when a key cannot be estimated (non-positive sizes, steps, elem_size).
+// The largest number of ranks a weight's groups may span (group_size x second_group_size): the
+// owner estimate keeps per-rank loads, so an absurd group (-G 1000000000) would allocate gigabytes.
+// 2^20 is far beyond any job the cost model describes.
+inline constexpr int kMaxGroupSize = 1 << 20;
+
+// Throws distmuon::Error when a key cannot be estimated (non-positive sizes, steps, elem_size,
+// groups above kMaxGroupSize).
 void validate_key(const AutoKey& key);
 // "4096x1024 G=8 intra-domain" (with " dim=1" and " G2=2" when they apply).
 std::string describe(const AutoKey& key);

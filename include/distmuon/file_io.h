@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -15,8 +16,16 @@
 
 namespace distmuon {
 
+// Throws distmuon::Error "<what> '<path>': is a directory, not a regular file" (or a device
+// node, a FIFO, a socket) unless path names nothing yet or a regular file; a symbolic link is
+// judged by its target. Every command that writes a file checks its outputs with this before it
+// starts, and write_file_atomic checks again: an output must never replace a folder or a device
+// (`orthogonalize IN /dev/null` as root would rename a regular file over the device node).
+void check_output_file(const std::filesystem::path& path, std::string_view what);
+
 // Writes bytes to path atomically: path.tmp.<pid>, fsync, rename, fsync of the directory. A failed
-// write leaves the previous file (or none) and removes the temporary one.
+// write leaves the previous file (or none) and removes the temporary one. A path that is not a
+// regular file or new (check_output_file) is refused before anything is written.
 void write_file_atomic(const std::filesystem::path& path, const void* data, std::size_t size);
 
 // The whole file's bytes.

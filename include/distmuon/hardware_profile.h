@@ -129,7 +129,8 @@ void to_json(nlohmann::json& j, const HardwareProfile& p);
 void from_json(const nlohmann::json& j, HardwareProfile& p);
 
 HardwareProfile load_profile(const std::filesystem::path& file);  // errors name the file and field
-void save_profile(const HardwareProfile& p, const std::filesystem::path& file);
+void save_profile(const HardwareProfile& p,
+                  const std::filesystem::path& file);  // atomic (file_io.h)
 
 // Folder the built-in profiles are read from: the source tree's profiles/ when it exists (build
 // tree), else the installed one. Throws when neither exists.

@@ -66,8 +66,9 @@ struct LossCurve {
 };
 LossCurve loss_curve(const TrainSummary& summary, std::string label);
 
-// Throws distmuon::Error when a plot could not be written to png: gnuplot is not on PATH or the
-// folder does not exist. Lets a command fail before training rather than after.
+// Throws distmuon::Error when a plot could not be written to png: gnuplot is not on PATH, the
+// folder does not exist, or png is a folder, a device or another file that is not a regular one.
+// Lets a command fail before training rather than after.
 void check_plot_possible(const std::filesystem::path& png);
 // Draws the curves (training loss as lines, validation loss as points) and a dashed line at the
 // unigram entropy into png through gnuplot. Throws distmuon::Error with gnuplot's messages.

@@ -14,6 +14,7 @@
 #include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
 #include "distmuon/fsdp.h"
+#include "distmuon/memory_check.h"
 #include "distmuon/topology.h"
 #include "optim/owner_ns.h"
 #include "tp/sharded_ns.h"
@@ -43,7 +44,25 @@ std::vector<ModelBenchShape> distinct_shapes(const std::vector<WeightShape>& wei
   return out;
 }
 
-std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBenchShape>& shapes) {
+// Bytes one rank of a group of g allocates: per shape the full random matrix, its shard, a work
+// copy and NS's workspace; per weight (count copies per shape) auto's key and estimate and, for
+// each of up to three owner runs (on more than one rank), a shard-sized work matrix.
+double bench_memory_bytes(const std::vector<ModelBenchShape>& shapes, int g) {
+  double bytes = 0;
+  for (const ModelBenchShape& s : shapes) {
+    const double full = static_cast<double>(s.m) * static_cast<double>(s.n);
+    const double shard = full / g + static_cast<double>(s.n);  // rows rounded up
+    const double count = static_cast<double>(s.count);
+    bytes += sizeof(float) * (full + 2 * shard) + ns_workspace_bytes(s.m, s.n);
+    const double owner_runs = g > 1 ? 3 : 0;  // owner is measured on more than one rank only
+    bytes += count * (sizeof(AutoKey) + sizeof(CostEstimate) + sizeof(AutoChoice) +
+                      owner_runs * (sizeof(Matrix) + sizeof(float) * shard + 64));
+  }
+  return bytes;
+}
+
+std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBenchShape>& shapes,
+                         int group_size) {
   if (shapes.empty()) return "the model has no Muon weights";
   if (!has_mode(c.modes, TpMode::kDuplicated) || !has_mode(c.modes, TpMode::kDistributed))
     return "the modes must include duplicated and distributed (auto is chosen between them)";
@@ -71,6 +90,12 @@ std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBench
         "model {} has shapes too large for this benchmark (limit {} elements): {}; raise "
         "--max-elements if the machine has the memory and time, or pick a smaller model",
         c.model, c.max_elements, fmt::join(big, "; "));
+  }
+  try {
+    check_memory_fits(bench_memory_bytes(shapes, group_size),
+                      fmt::format("bench --model {} (per rank)", c.model));
+  } catch (const Error& e) {
+    return e.what();
   }
   return {};
 }
@@ -173,7 +198,7 @@ double ModelBenchShape::median_s(TpMode mode, NsAlgorithm algorithm) const {
 ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConfig& config,
                                  Compute& compute) {
   std::vector<ModelBenchShape> shapes = distinct_shapes(config.weights);
-  std::string why = check_config(config, shapes);
+  std::string why = check_config(config, shapes, group.size());
   std::optional<AutoModeResolver> resolver;
   if (why.empty()) {
     try {

@@ -7,6 +7,7 @@
 
 #include "distmuon/bench.h"
 #include "distmuon/error.h"
+#include "distmuon/memory_check.h"
 
 namespace distmuon {
 namespace {
@@ -34,8 +35,7 @@ std::vector<Message> messages(Index m, Index n, int g, int dim, TpMode mode, con
   }
   if (t.all_reduce_calls > 0) {
     // Gram matrices (fp32; steps of them, or one per Gram-algorithm run) and one double.
-    const std::size_t gram =
-        (t.all_reduce_bytes - sizeof(double)) / (t.all_reduce_calls - 1);
+    const std::size_t gram = (t.all_reduce_bytes - sizeof(double)) / (t.all_reduce_calls - 1);
     out.push_back({CollectiveKind::kAllReduce, DType::kF32, gram, t.all_reduce_calls - 1});
     out.push_back({CollectiveKind::kAllReduce, DType::kF64, sizeof(double), 1});
   }
@@ -64,6 +64,19 @@ void validate(const Communicator& group, const TpBenchConfig& c) {
     c.ns.validate();
   } catch (const Error& e) {
     why = e.what();
+  }
+  // Per shape, one at a time: the full random matrix, the shard and its work copy, and NS's
+  // workspace of the full matrix (duplicated mode gathers it).
+  for (const auto& [m, n] : c.shapes) {
+    if (!why.empty()) break;
+    const double full = static_cast<double>(m) * static_cast<double>(n);
+    try {
+      check_memory_fits(
+          sizeof(float) * (2 * full + 2 * full / group.size()) + ns_workspace_bytes(m, n),
+          fmt::format("bench of a {} matrix (per rank)", shape_str(m, n)));
+    } catch (const Error& e) {
+      why = e.what();
+    }
   }
   group.agree_or_throw(why.empty(), "tp bench configuration", why);
 }
@@ -184,7 +197,8 @@ std::string format_report(const TpBenchReport& report) {
       "distmuon bench: {} rank(s), {} BLAS thread(s) per rank, {} x {} steps, {}, {} NS; {} timed "
       "run(s) after {} warm-up; a run's time is the slowest rank's\n",
       report.group_size, report.blas_threads, report.coefficients, report.steps,
-      report.use_syrk ? "syrk" : "gemm", to_string(report.algorithm), report.timing.reps, report.timing.warmup);
+      report.use_syrk ? "syrk" : "gemm", to_string(report.algorithm), report.timing.reps,
+      report.timing.warmup);
   out +=
       "bound = GFLOP/rank at the sgemm rate + bytes at the collective bandwidth, both measured "
       "(all ranks at once) right before each case\n\n";

@@ -15,7 +15,37 @@
 
 namespace distmuon {
 
+void check_output_file(const std::filesystem::path& path, std::string_view what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found || st.type() == fs::file_type::regular) return;
+  const char* kind = "not a regular file";
+  switch (st.type()) {
+    case fs::file_type::directory:
+      kind = "is a directory";
+      break;
+    case fs::file_type::character:
+    case fs::file_type::block:
+      kind = "is a device";
+      break;
+    case fs::file_type::fifo:
+      kind = "is a FIFO";
+      break;
+    case fs::file_type::socket:
+      kind = "is a socket";
+      break;
+    default:
+      if (ec)
+        throw Error(fmt::format("{} '{}': cannot stat: {}", what, path.string(), ec.message()));
+      break;
+  }
+  throw Error(fmt::format("{} '{}': {}, not a regular file; give the path of a file to write", what,
+                          path.string(), kind));
+}
+
 void write_file_atomic(const std::filesystem::path& path, const void* data, std::size_t size) {
+  check_output_file(path, "write");
   const std::filesystem::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)

@@ -1,18 +1,20 @@
 #include "distmuon/npy.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <regex>
 #include <string>
 #include <vector>
 
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "io/npy_header.h"
 
 namespace distmuon {
 namespace {
@@ -30,15 +32,10 @@ std::string errno_str() {
   return std::strerror(errno);
 }
 
-// Extracts the value of 'key' from the header dict text.
-std::string header_field(const std::filesystem::path& path, const std::string& header,
-                         const std::string& key, const std::string& value_regex) {
-  const std::regex re("['\"]" + key + "['\"]\\s*:\\s*(" + value_regex + ")");
-  std::smatch m;
-  if (!std::regex_search(header, m, re))
-    bad(path, fmt::format("header has no valid '{}' field: {}", key, header));
-  return m[1].str();
-}
+// An empty matrix (a zero dimension) holds no data, so the file's size bounds nothing: its other
+// dimension is refused above this (a header claiming 999999999999 x 0 is corrupt, and the
+// per-row work downstream would run out of memory).
+constexpr Index kMaxEmptyExtent = Index{1} << 24;
 
 }  // namespace
 
@@ -70,29 +67,32 @@ Matrix read_npy(const std::filesystem::path& path) {
   if (!in.read(header.data(), static_cast<std::streamsize>(header_len)))
     bad(path, "truncated header");
 
-  const std::string descr = header_field(path, header, "descr", "'[^']*'|\"[^\"]*\"");
-  const std::string dtype = descr.substr(1, descr.size() - 2);
+  detail::NpyHeader h;
+  try {
+    h = detail::parse_npy_header(header);
+  } catch (const Error& e) {
+    bad(path, e.what());
+  }
+  const std::string& dtype = h.descr;
   if (dtype != "<f4" && dtype != "=f4" && dtype != "f4") {
     bad(path,
         fmt::format("dtype '{}' is not float32 ('<f4'); convert with arr.astype(numpy.float32)",
                     dtype));
   }
-  if (header_field(path, header, "fortran_order", "True|False") != "False") {
+  if (h.fortran_order) {
     bad(path, "Fortran-ordered arrays are not supported; save numpy.ascontiguousarray(arr)");
   }
-  const std::string shape_text = header_field(path, header, "shape", "\\([^)]*\\)");
-  std::vector<Index> dims;
-  const std::regex num("\\d+");
-  for (auto it = std::sregex_iterator(shape_text.begin(), shape_text.end(), num);
-       it != std::sregex_iterator(); ++it) {
-    const std::string digits = it->str();
-    if (digits.size() > 12)
-      bad(path, fmt::format("dimension {} in shape {} is implausible", digits, shape_text));
-    dims.push_back(std::stoll(digits));
-  }
+  const std::vector<Index>& dims = h.shape;
+  const std::string shape_text =
+      fmt::format("({}{})", fmt::join(dims, ", "), dims.size() == 1 ? "," : "");
   if (dims.size() != 2)
     bad(path, fmt::format("array has rank {} (shape {}); a 2-D matrix is required", dims.size(),
                           shape_text));
+  if ((dims[0] == 0 || dims[1] == 0) && std::max(dims[0], dims[1]) > kMaxEmptyExtent) {
+    bad(path, fmt::format("an empty matrix of shape {} is implausible: with a zero dimension the "
+                          "other may be at most {}",
+                          shape_text, kMaxEmptyExtent));
+  }
 
   // Compare with the file size before allocating, so that a corrupt shape cannot ask for an
   // absurd allocation and a short or long file is reported as such.

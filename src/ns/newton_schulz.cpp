@@ -88,4 +88,9 @@ double ns_gemm_flops(Index m, Index n, int steps) {
   return steps * (4.0 * s * s * l + 2.0 * s * s * s);
 }
 
+double ns_workspace_bytes(Index m, Index n) {
+  const double s = static_cast<double>(std::min(m, n));
+  return sizeof(float) * (5.0 * s * s + static_cast<double>(m) * static_cast<double>(n));
+}
+
 }  // namespace distmuon

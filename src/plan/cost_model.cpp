@@ -209,6 +209,9 @@ void validate_key(const AutoKey& key) {
   };
   if (key.m < 1 || key.n < 1) bad("the shape must be positive");
   if (key.group_size < 1 || key.second_group_size < 1) bad("group sizes must be >= 1");
+  if (static_cast<std::int64_t>(key.group_size) * key.second_group_size > kMaxGroupSize)
+    bad(fmt::format("groups of {} x {} ranks exceed the maximum of {}", key.group_size,
+                    key.second_group_size, kMaxGroupSize));
   if (key.partition_dim != 0 && key.partition_dim != 1) bad("partition_dim must be 0 or 1");
   if (key.steps < 1) bad(fmt::format("steps must be >= 1, got {}", key.steps));
   if (key.elem_size < 1) bad(fmt::format("elem_size must be >= 1, got {}", key.elem_size));

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 #include "plan/json_fields.h"
 
 namespace distmuon {
@@ -329,10 +330,8 @@ HardwareProfile load_profile(const std::filesystem::path& file) {
 
 void save_profile(const HardwareProfile& p, const std::filesystem::path& file) {
   p.validate();
-  std::ofstream out(file);
-  out << json(p).dump(2) << '\n';
-  out.close();
-  if (!out) throw Error(fmt::format("cannot write hardware profile '{}'", file.string()));
+  const std::string text = json(p).dump(2) + '\n';
+  write_file_atomic(file, text.data(), text.size());
 }
 
 std::filesystem::path profiles_dir() {

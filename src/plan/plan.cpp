@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "distmuon/error.h"
+#include "distmuon/memory_check.h"
 
 namespace distmuon {
 namespace {
@@ -54,6 +55,19 @@ std::string PlanOptions::describe() const {
 
 Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts) {
   if (weights.empty()) throw Error("plan: no weights (give --shape or --model)");
+  if (opts.group_size < 1 || opts.group_size > kMaxGroupSize) {
+    throw Error(
+        fmt::format("plan: group size {} is outside [1, {}]", opts.group_size, kMaxGroupSize));
+  }
+  // Auto's bucket holds a key and an estimate per weight (count copies per shape), and the owner
+  // estimate a few numbers per weight and per rank: refuse a model that cannot fit.
+  double instances = 0;
+  for (const auto& w : weights)
+    instances += static_cast<double>(std::max<Index>(w.count, 0));
+  check_memory_fits(instances * (sizeof(AutoKey) + sizeof(CostEstimate) + sizeof(AutoChoice) +
+                                 5 * sizeof(double)) +
+                        4.0 * sizeof(double) * opts.group_size,
+                    fmt::format("plan: {} Muon weights", instances));
   Plan plan;
   plan.options = opts;
   std::map<std::pair<Index, Index>, std::size_t> row_of;

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 
 extern char** environ;
 
@@ -118,6 +119,7 @@ std::string GnuplotJob::data(const std::string& name, const std::string& text) {
 }
 
 void GnuplotJob::run(const std::string& script, const fs::path& png) {
+  check_output_file(png, what_);
   data("plot.gp", script);
   std::error_code ec;
   fs::remove(png, ec);  // so that a stale file cannot pass for gnuplot's output

@@ -10,6 +10,7 @@
 
 #include "distmuon/blas_info.h"
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 #include "plot/gnuplot.h"
 
 namespace distmuon {
@@ -247,6 +248,7 @@ LossCurve loss_curve(const TrainSummary& summary, std::string label) {
 }
 
 void check_plot_possible(const std::filesystem::path& png) {
+  check_output_file(png, "--plot");
   const std::filesystem::path folder =
       png.has_parent_path() ? png.parent_path() : std::filesystem::path(".");
   if (!std::filesystem::is_directory(folder)) {

@@ -34,6 +34,7 @@ class JsonlLog {
  public:
   // Truncates the file, or (resume) keeps its lines of steps <= keep_through and appends.
   void open(const fs::path& path, int keep_through) {
+    check_output_file(path, "train log");
     path_ = path;
     if (keep_through > 0 && fs::exists(path)) {
       std::ifstream in(path);

@@ -4,7 +4,11 @@
 // holds it, unchanged).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +16,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "cli_runner.h"
 #include "distmuon/npy.h"
@@ -48,17 +53,18 @@ class CliBadInputs : public ::testing::Test {
     std::ofstream(dir_ / name, std::ios::binary) << bytes;
   }
 
-  // Runs `distmuon ARGS` on 2 ranks; expects a non-zero exit naming `needle`, every rank ended
-  // by agreement (no MPI_ABORT: the ranks agreed on the error) unless `abort_ok`, and no file
-  // `out` left behind.
-  void expect_refused(const std::string& args, const std::string& needle,
-                      const std::string& out = {}) {
-    const test::CliRun r = test::run_cli(2, args, dir_ / "log.txt");
+  // Runs `distmuon ARGS` on 2 ranks (np 0: one process without mpirun); expects a non-zero exit
+  // naming `needle`, every rank ended by agreement (no MPI_ABORT: the ranks agreed on the error),
+  // and no file `out` left behind. Returns the run.
+  test::CliRun expect_refused(const std::string& args, const std::string& needle,
+                              const std::string& out = {}, int np = 2) {
+    const test::CliRun r = test::run_cli(np, args, dir_ / "log.txt");
     EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
     EXPECT_NE(r.exit_code, 124) << "hung: " << args;
     EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
     EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << "aborted: " << r.output;
     if (!out.empty()) EXPECT_FALSE(fs::exists(out)) << "partial output: " << out;
+    return r;
   }
 
   // orthogonalize IN OUT with the input's bytes
@@ -99,6 +105,106 @@ TEST_F(CliBadInputs, HugeNpyShape) {
   const std::string huge = "(4000000000, 4000000000)";
   good.replace(good.find(shape), shape.size(), huge);
   expect_npy_refused(good, "truncated data");
+}
+
+// A header of 999999999999 x 0 (no data to bound it) used to pass and run out of memory.
+TEST_F(CliBadInputs, EmptyNpyWithAHugeDimension) {
+  std::string good = read_text(dir_ / "in.npy");
+  const std::string shape = "(16, 8)";
+  good.replace(good.find(shape), shape.size(), "(999999999999, 0)");
+  expect_npy_refused(good, "an empty matrix of shape (999999999999, 0) is implausible");
+}
+
+// A negative dimension used to be read as positive by the header's regex.
+TEST_F(CliBadInputs, NegativeNpyShape) {
+  std::string good = read_text(dir_ / "in.npy");
+  const std::string shape = "(16, 8)";
+  good.replace(good.find(shape), shape.size(), "(16, -8)");
+  expect_npy_refused(good, "negative dimension -8");
+}
+
+// ---- output paths that are not files ---------------------------------------------------------
+
+// A folder, a FIFO or a device node given as an output is refused and left as it was (they used
+// to be replaced by a regular file: renamed over, or removed before gnuplot wrote the PNG).
+TEST_F(CliBadInputs, OutputThatIsAFolderOrAFifo) {
+  fs::create_directories(dir_ / "folder");
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
+  const std::string in = path("in.npy");
+  for (const std::string out : {"folder", "fifo"}) {
+    SCOPED_TRACE(out);
+    const std::string kind = out == "folder" ? "is a directory" : "is a FIFO";
+    expect_refused(fmt::format("orthogonalize {} {}", in, path(out)), kind);
+    expect_refused(fmt::format("plan --shape 64x64 -G 2 --map {}", path(out)), kind);
+    EXPECT_TRUE(fs::is_directory(dir_ / "folder"));
+    EXPECT_TRUE(fs::is_fifo(dir_ / "fifo"));
+  }
+}
+
+// A character device (a copy of /dev/null made with mknod, so that the real one is never at risk):
+// as root, `orthogonalize IN /dev/null` used to rename the result over the device node.
+TEST_F(CliBadInputs, OutputThatIsADevice) {
+  const fs::path null = dir_ / "null";
+  if (::mknod(null.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) != 0)
+    GTEST_SKIP() << "mknod of a character device needs root";
+  expect_refused(fmt::format("orthogonalize {} {}", path("in.npy"), null.string()), "is a device");
+  expect_refused(fmt::format("plan --shape 64x64 -G 2 --map {}", null.string()), "is a device");
+  EXPECT_TRUE(fs::is_character_file(null));
+}
+
+// ---- option values out of range -------------------------------------------------------------
+
+// Each option names its real range (CLI::PositiveNumber said "0 not in range 0.000000 to
+// 1.797e308"; a uint64 seed beyond 2^64 - 1 was silently read as 2^64 - 1; demo --rows 0
+// segfaulted; plan -G 0 and -G -4 were planned, -G 1000000000 ran out of memory).
+TEST_F(CliBadInputs, OptionValuesOutOfRange) {
+  const std::string int_max = std::to_string(std::numeric_limits<int>::max());
+  const std::string index_max = std::to_string(std::numeric_limits<Index>::max());
+  const std::string u64_max = std::to_string(std::numeric_limits<std::uint64_t>::max());
+  const std::pair<std::string, std::string> cases[] = {
+      {"demo --rows 0", "--rows: 0 is not an integer from 1 to " + index_max},
+      {"demo --cols 0", "--cols: 0 is not an integer from 1 to " + index_max},
+      {"demo --rows -3", "--rows: -3 is not an integer from 1 to " + index_max},
+      {"demo --seed 4294967296", "--seed: 4294967296 is not an integer from 0 to 4294967295"},
+      {"train --steps 0", "--steps: 0 is not an integer from 1 to " + int_max},
+      {"train --seed 99999999999999999999",
+       "--seed: 99999999999999999999 is not an integer from 0 to " + u64_max},
+      {"bench --seed 18446744073709551616",
+       "--seed: 18446744073709551616 is not an integer from 0 to " + u64_max},
+      {"bench --reps 0", "--reps: 0 is not an integer from 1 to " + int_max},
+      {"plan --shape 64x64 -G 0", "--group-size: 0 is not an integer from 1 to 1048576"},
+      {"plan --shape 64x64 -G -4", "--group-size: -4 is not an integer from 1 to 1048576"},
+      {"plan --shape 64x64 -G 1000000000",
+       "--group-size: 1000000000 is not an integer from 1 to 1048576"},
+  };
+  // Every rank parses the same command line: one process shows the message (2 ranks: the first).
+  int np = 2;
+  for (const auto& [args, needle] : cases) {
+    SCOPED_TRACE(args);
+    expect_refused(args, needle, {}, np);
+    np = 0;
+  }
+}
+
+// Sizes that cannot fit are refused at once with the estimate (they ended in a bare
+// std::bad_alloc after seconds of allocation, or in swapping).
+TEST_F(CliBadInputs, SizesThatCannotFitInMemory) {
+  json deep = {{"name", "deep"}, {"hidden", 256},     {"ffn", 1024},   {"heads", 4},
+               {"kv_heads", 2},  {"layers", 1 << 24}, {"vocab", 1000}, {"gated_ffn", false}};
+  write("deep.json", deep.dump());
+  const std::pair<std::string, std::string> cases[] = {
+      {"demo --rows 200000 --cols 200000", "demo of a 200000x200000 matrix needs about"},
+      {"bench --shape 100000x100000", "bench of a 100000x100000 matrix (per rank) needs about"},
+      {"plan -G 2 --model " + path("deep.json"), "plan: 67108864 Muon weights needs about"},
+      {"bench --model " + path("deep.json"), "needs about"},
+  };
+  for (const auto& [args, needle] : cases) {
+    SCOPED_TRACE(args);
+    const auto t0 = std::chrono::steady_clock::now();
+    const test::CliRun r = expect_refused(args, needle);
+    EXPECT_NE(r.output.find("GiB of memory, more than the"), std::string::npos) << r.output;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30);
+  }
 }
 
 // ---- hardware profiles (plan --profile FILE) --------------------------------------------------
@@ -218,6 +324,17 @@ TEST_F(CliBadTrainConfig, AbsurdSize) {
 TEST_F(CliBadTrainConfig, NotJson) {
   write("config.json", config_.dump().substr(0, 30));
   expect_refused("train --config " + path("config.json"), "not valid JSON");
+}
+
+// A folder given as --plot or --log is refused before training and left as it was.
+TEST_F(CliBadTrainConfig, PlotOrLogThatIsAFolder) {
+  write("config.json", config_.dump());
+  fs::create_directories(dir_ / "folder");
+  const std::string train = "train --config " + path("config.json");
+  expect_refused(train + " --plot " + path("folder"), "is a directory");
+  expect_refused(train + " --log " + path("folder"), "is a directory");
+  EXPECT_TRUE(fs::is_directory(dir_ / "folder"));
+  EXPECT_TRUE(fs::is_empty(dir_ / "folder"));
 }
 
 // ---- checkpoints ------------------------------------------------------------------------------

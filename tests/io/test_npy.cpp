@@ -1,6 +1,8 @@
 // .npy reading and writing: round trips, every malformation the reader rejects, and atomic writes.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -155,6 +157,86 @@ TEST_F(Npy, RejectsEachMalformation) {
   expect_read_error(dir_ / "missing.npy", "cannot open");
 }
 
+// Headers NumPy reads (checked with numpy.load of NumPy 1.24) are read with their shape: any key
+// order, double quotes, no trailing comma, line breaks and tabs, a trailing comma in the shape,
+// explicit signs, version 3.0.
+TEST_F(Npy, ParsesTheHeaderLiteralAsNumpyDoes) {
+  const std::vector<std::string> dicts = {
+      "{'shape': (2, 3), 'fortran_order': False, 'descr': '<f4'}",
+      "{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2, 3)}",
+      "{'descr':'<f4','fortran_order':False,'shape':(2,3,),}",
+      "{\n  'descr': '<f4',\n\t'fortran_order': False,\n  'shape': ( 2 , +3 )\n}",
+      "{'descr': 'f4', 'fortran_order': False, 'shape': (2, 3)}"};
+  for (std::size_t i = 0; i < dicts.size(); ++i) {
+    SCOPED_TRACE(dicts[i]);
+    for (int major : {1, 3}) {
+      const fs::path p = dir_ / fmt::format("ok{}_v{}.npy", i, major);
+      write_raw(p, npy_bytes(dicts[i], 24, major));
+      const Matrix m = read_npy(p);
+      EXPECT_EQ(m.rows(), 2);
+      EXPECT_EQ(m.cols(), 3);
+    }
+  }
+}
+
+// Headers numpy.load (NumPy 1.24) refuses, each refused here with what is wrong; the old regex
+// reader took -3 as 3 and (2.0, 3) as (2, 0, 3). Refused here although NumPy reads them (no .npy
+// writer produces them): a duplicated key (Python keeps the last one, so the old reader and
+// NumPy read different shapes), a hexadecimal dimension, a structured dtype.
+TEST_F(Npy, RefusesHeadersNumpyRefuses) {
+  const auto check = [&](const std::string& name, const std::string& dict,
+                         const std::string& what) {
+    SCOPED_TRACE(name);
+    const fs::path p = dir_ / (name + ".npy");
+    write_raw(p, npy_bytes(dict, 24));
+    expect_read_error(p, what);
+  };
+  check("negative", f4_dict("(-2, -3)"), "negative dimension -2");
+  check("negative_one", f4_dict("(2, -3)"), "negative dimension -3");
+  check("float", f4_dict("(2.0, 3)"), "'shape' has 2.0, not an integer");
+  check("exponent", f4_dict("(2, 3e0)"), "'shape' has 3e0, not an integer");
+  check("hex", f4_dict("(0x2, 3)"), "not an integer");
+  check("leading_zero", f4_dict("(02, 3)"), "not an integer");
+  check("bool_dim", f4_dict("(True, 3)"), "not an integer");
+  check("not_tuple", f4_dict("[2, 3]"), "'shape' is not a tuple");
+  check("int_shape", f4_dict("(6)"), "a 1-tuple needs a comma");
+  check("dup_shape", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'shape': (3, 2)}",
+        "key 'shape' appears twice");
+  check("dup_descr", "{'descr': '<f8', 'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}",
+        "key 'descr' appears twice");
+  check("extra_key", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}",
+        "unexpected key 'x'");
+  check("no_descr", "{'fortran_order': False, 'shape': (2, 3)}", "no 'descr' field");
+  check("no_order", "{'descr': '<f4', 'shape': (2, 3)}", "no 'fortran_order' field");
+  check("order_string", f4_dict("(2, 3)", "<f4", "'False'"), "not True or False");
+  check("order_int", f4_dict("(2, 3)", "<f4", "0"), "not True or False");
+  check("structured", "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2, 3)}",
+        "not a dtype string");
+  check("not_dict", "('<f4', False, (2, 3))", "expected '{'");
+  check("unclosed", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)", "expected ','");
+  check("after", f4_dict("(2, 3)") + " x", "unexpected text after the dict");
+  check("misquoted", "{'descr: '<f4', 'fortran_order': False, 'shape': (2, 3)}", "unexpected key");
+  check("unterminated", "{'descr': '<f4", "unterminated string");
+  check("no_colon", "{'descr' '<f4', 'fortran_order': False, 'shape': (2, 3)}", "expected ':'");
+  check("missing_comma", "{'descr': '<f4' 'fortran_order': False, 'shape': (2, 3)}",
+        "expected ',' or '}'");
+}
+
+// A zero dimension leaves no data to bound the other one: 999999999999 x 0 used to pass the size
+// check and run out of memory downstream. The other dimension may be at most 2^24.
+TEST_F(Npy, EmptyMatrixWithAHugeDimensionIsRefused) {
+  for (const std::string shape : {"(999999999999, 0)", "(0, 999999999999)", "(16777217, 0)"}) {
+    const fs::path p = dir_ / "empty.npy";
+    write_raw(p, npy_bytes(f4_dict(shape), 0));
+    expect_read_error(p, "an empty matrix of shape " + shape + " is implausible");
+  }
+  const fs::path p = dir_ / "edge.npy";
+  write_raw(p, npy_bytes(f4_dict("(0, 16777216)"), 0));
+  const Matrix m = read_npy(p);
+  EXPECT_EQ(m.rows(), 0);
+  EXPECT_EQ(m.cols(), 16777216);
+}
+
 TEST_F(Npy, AtomicWriteReplacesTheFileWhole) {
   const fs::path p = dir_ / "out.npy";
   write_npy(p, test::random_matrix(2, 2, 1).view());
@@ -168,16 +250,47 @@ TEST_F(Npy, FailedWriteLeavesNoFile) {
   const Matrix a = test::random_matrix(4, 4, 1);
   // Into a directory that does not exist: nothing can be created.
   EXPECT_THROW(write_npy(dir_ / "no_such_dir" / "out.npy", a.view()), Error);
-  // Onto an existing directory: the temporary is written, the rename fails, the temporary goes.
+  // Onto an existing directory: refused before a temporary is written.
   fs::create_directories(dir_ / "target.npy");
   try {
     write_npy(dir_ / "target.npy", a.view());
     ADD_FAILURE() << "writing over a directory succeeded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rename"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
   }
   EXPECT_EQ(files_in(dir_), std::vector<fs::path>{"target.npy"});
   EXPECT_TRUE(fs::is_directory(dir_ / "target.npy"));
+}
+
+// An output that exists and is not a regular file (a FIFO, a device node) is refused and left as
+// it was: before the check, the atomic rename replaced it with a regular file.
+TEST_F(Npy, WriteRefusesWhatIsNotARegularFile) {
+  const Matrix a = test::random_matrix(4, 4, 1);
+  const fs::path fifo = dir_ / "fifo.npy";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  try {
+    write_npy(fifo, a.view());
+    ADD_FAILURE() << "writing over a FIFO succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a FIFO"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  // A regular file and a new path are still written.
+  write_npy(dir_ / "new.npy", a.view());
+  write_npy(dir_ / "new.npy", a.view());
+  EXPECT_EQ(read_npy(dir_ / "new.npy").rows(), 4);
+  // A character device like /dev/null (mknod needs root; a copy, so the real one is never at risk).
+  const fs::path null = dir_ / "null";
+  if (::mknod(null.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) != 0) {
+    GTEST_SKIP() << "mknod of a character device needs root";
+  }
+  try {
+    write_npy(null, a.view());
+    ADD_FAILURE() << "writing over a device succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a device"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_character_file(null));
 }
 
 }  // namespace
