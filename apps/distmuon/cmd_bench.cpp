@@ -68,7 +68,9 @@ void add_bench_command(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random matrices")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the tables");
-  o->ns.add_to(*cmd);
+  o->ns.add_to(*cmd,
+               "with --model: auto (measure both and let auto pick per weight; the default "
+               "measures standard, as the optimizer runs by default)");
   o->model.add_to(*cmd);
   cmd->callback([o, cmd, &ctx] {
     if (o->model.active()) {
