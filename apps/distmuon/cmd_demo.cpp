@@ -5,6 +5,7 @@
 #include <chrono>
 #include <random>
 
+#include "command_line_errors.h"
 #include "commands.h"
 #include "distmuon/singular_values.h"
 
@@ -28,7 +29,7 @@ void add_demo_command(CLI::App& app, Context& ctx) {
       ->check(CLI::PositiveNumber);
   o->ns.add_to(*cmd);
   cmd->callback([o, &ctx] {
-    const NsOptions opts = o->ns.resolve();
+    const NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
     Matrix g(o->m, o->n);
     std::mt19937 rng(o->seed);
     std::normal_distribution<float> dist;

@@ -51,6 +51,8 @@ std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBench
   if (has_mode(c.modes, TpMode::kOwner))
     return "mode owner is measured over the whole model on its own: leave it out of the modes";
   if (c.max_elements < 1) return fmt::format("max elements {} must be >= 1", c.max_elements);
+  if (c.cost_model == "reference" && c.algorithm == NsAlgorithm::kGram)
+    return "the reference model prices standard NS only: gram needs the refined model";
   try {
     c.ns.validate();
   } catch (const Error& e) {

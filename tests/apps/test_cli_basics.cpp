@@ -38,6 +38,11 @@ TEST(CliBasics, AnErrorOfEveryRankIsPrintedOnce) {
   EXPECT_EQ(count(r.output, "distmuon: error"), 1u) << r.output;
   EXPECT_NE(r.output.find("missing.npy"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
+  // Options every rank finds wrong alike: one message, no abort.
+  const test::CliRun demo = test::run_cli(2, "demo --coefficients custom", dir / "log.txt");
+  EXPECT_NE(demo.exit_code, 0) << demo.output;
+  EXPECT_EQ(count(demo.output, "distmuon: error"), 1u) << demo.output;
+  EXPECT_EQ(demo.output.find("MPI_ABORT"), std::string::npos) << demo.output;
   // A mistake on the command line: one message too.
   const test::CliRun bad = test::run_cli(2, "train --tp-mode fastest", dir / "log.txt");
   EXPECT_NE(bad.exit_code, 0) << bad.output;

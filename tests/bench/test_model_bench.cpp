@@ -157,6 +157,10 @@ TEST(ModelBench, Refusals) {
   c = tiny_config();
   c.weights.clear();
   EXPECT_THROW(run_model_bench(w, c), CollectiveError);
+  c = tiny_config();  // auto would plan standard NS, which gram alone does not measure
+  c.cost_model = "reference";
+  c.algorithm = NsAlgorithm::kGram;
+  EXPECT_THROW(run_model_bench(w, c), CollectiveError);
 }
 
 TEST(ModelBench, PlotIsWritten) {
