@@ -12,6 +12,7 @@
 #include "distmuon/file_io.h"
 #include "distmuon/model_bench.h"
 #include "distmuon/plots.h"
+#include "distmuon/progress.h"
 #include "distmuon/train_config.h"
 #include "planning_commands.h"
 
@@ -63,10 +64,12 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
       for (const auto& m : common.modes)
         c.modes.push_back(parse_tp_mode(m));
     }
-    c.ns = common.ns.resolve();
-    // Both algorithms unless --ns-algorithm pins one.
-    c.algorithm = cmd.count("--ns-algorithm") > 0 ? c.ns.algorithm : NsAlgorithm::kAuto;
-    c.ns.algorithm = NsAlgorithm::kStandard;
+    // The algorithms measured and offered to auto: standard (the optimizer's default), gram,
+    // or auto (both).
+    c.algorithm = parse_ns_algorithm(common.ns.algorithm);
+    NsCliOptions ns = common.ns;
+    ns.algorithm = "standard";
+    c.ns = ns.resolve();
     c.timing = {common.warmup, common.reps};
     c.profile = model.profile;
     c.cost_model = model.cost_model;
@@ -84,7 +87,12 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
   }
   ctx.world.agree_or_throw(why.empty(), "bench --plot", why);
   set_blas_threads(common.threads);
-  const ModelBenchReport report = run_model_bench(ctx.world, config);
+  ProgressLine progress(stdout, ctx.world.rank() == 0 && !common.json);
+  ModelBenchConfig run = config;
+  if (progress.active()) run.progress = [&](const std::string& what) { progress.update(what); };
+  const ModelBenchReport report = run_model_bench(ctx.world, run);
+  progress.clear();
+  std::string why;
   if (ctx.world.rank() == 0 && !model.plot.empty()) {
     try {
       render_model_bench_plot(report, model.plot);

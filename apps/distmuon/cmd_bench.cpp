@@ -73,7 +73,9 @@ void add_bench_command(CLI::App& app, Context& ctx) {
       ->check(at_least<std::uint64_t>(0))
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the tables");
-  o->ns.add_to(*cmd);
+  o->ns.add_to(*cmd,
+               "with --model: auto (measure both and let auto pick per weight; the default "
+               "measures standard, as the optimizer runs by default)");
   o->model.add_to(*cmd);
   cmd->callback([o, cmd, &ctx] {
     if (o->model.active()) {

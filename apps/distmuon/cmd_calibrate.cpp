@@ -13,6 +13,7 @@
 #include "distmuon/calibrate.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "distmuon/progress.h"
 #include "planning_commands.h"
 
 namespace distmuon::cli {
@@ -75,7 +76,10 @@ void add_calibrate_command(CLI::App& app, Context& ctx) {
     CalibrateOptions c = o->c;
     c.compute_timing = {1, o->reps};
     c.comm_timing = {5, o->comm_reps};
+    ProgressLine progress(stdout, ctx.world.rank() == 0 && !o->json);
+    if (progress.active()) c.progress = [&](const std::string& what) { progress.update(what); };
     const CalibrationReport rep = calibrate(ctx.world, c);
+    progress.clear();
     if (ctx.world.rank() == 0) {
       try {
         save_profile(rep.profile, out);

@@ -34,7 +34,7 @@ void add_demo_command(CLI::App& app, Context& ctx) {
       ->check(at_least<int>(1));
   o->ns.add_to(*cmd);
   cmd->callback([o, &ctx] {
-    const NsOptions opts = o->ns.resolve();
+    const NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
     // The input and its working copy, NS's workspace, and singular_values' float64 copy and
     // s x s Gram matrix.
     const double m = static_cast<double>(o->m), n = static_cast<double>(o->n);

@@ -3,7 +3,6 @@
 // --tp-mode on its shard, and the result is gathered back: rank 0 reads and writes the files,
 // and a failure there (unreadable input, unwritable output) becomes an error on every rank.
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cmath>
@@ -110,8 +109,14 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
       }
     }
     world.agree_or_throw(ok, "writing the output", reason);
-    spdlog::debug("orthogonalized {} ({} over {} rank(s), partition dim {}) in {:.1f} ms -> {}",
-                  shape_str(full.view()), to_string(mode), g, dim, sec * 1e3, o->out);
+    if (world.rank() == 0) {
+      fmt::print("orthogonalized {} -> {}: {} x {} steps, {} NS, {} in {:.1f} ms\n",
+                 shape_str(full.view()), o->out, o->ns.coefficients, opts.steps,
+                 to_string(opts.algorithm),
+                 g > 1 ? fmt::format("{} over {} ranks (dim {})", to_string(mode), g, dim)
+                       : std::string("one process"),
+                 sec * 1e3);
+    }
   });
 }
 

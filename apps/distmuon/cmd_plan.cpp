@@ -35,7 +35,7 @@ WeightShape parse_shape(const std::string& text) {
 
 struct PlanCliOptions {
   std::vector<std::string> shapes;
-  std::string model, profile = "none", cost_model = "refined", map, algorithm = "auto";
+  std::string model, profile = "none", cost_model = "refined", map, algorithm = "standard";
   int group_size = 8, partition_dim = 0, steps = 5, elem_size = 2;
   bool syrk = true, crosses = false, json = false, list_models = false;
 };
@@ -64,8 +64,8 @@ void add_plan_command(CLI::App& app, Context& ctx) {
   cmd->add_option("--steps", o->steps, "Newton-Schulz steps")->capture_default_str();
   cmd->add_flag("--syrk,!--no-syrk", o->syrk, "Symmetric products with syrk (default) or gemm");
   cmd->add_option("--ns-algorithm", o->algorithm,
-                  "Newton-Schulz algorithms auto may pick: auto (standard or gram), standard, "
-                  "gram")
+                  "Newton-Schulz algorithms auto may pick: standard (the optimizer's default), "
+                  "auto (standard or gram, refined model only), gram")
       ->check(CLI::IsMember({"auto", "standard", "gram"}))
       ->capture_default_str();
   cmd->add_option("--elem-size", o->elem_size, "Bytes per element NS runs in (2 bf16, 4 fp32)")

@@ -21,7 +21,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
         ns_algorithm;
     std::uint64_t seed = 0;
     int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
-    double progress = 10.0;
+    double progress = 1.0;
     bool overwrite_checkpoints = false;
   };
   auto o = std::make_shared<Opts>();
@@ -37,8 +37,9 @@ void add_train_command(CLI::App& app, Context& ctx) {
   cmd->add_option("--tp-mode", o->tp_mode, "How Newton-Schulz runs on the shards: " + modes)
       ->check(CLI::IsMember(mode_names));
   cmd->add_option("--ns-algorithm", o->ns_algorithm,
-                  "Newton-Schulz algorithm: auto (tp-mode auto picks standard or gram per weight; "
-                  "standard with a fixed tp-mode), standard or gram")
+                  "Newton-Schulz algorithm (default: the config's, standard: every tp-mode gives "
+                  "duplicated's result); auto: tp-mode auto picks standard or gram per weight, "
+                  "faster within Gram NS's error (docs/training.md); gram")
       ->check(CLI::IsMember({"auto", "standard", "gram"}));
   cmd->add_option("--profile", o->profile,
                   "Hardware profile for tp-mode auto: none, a built-in name (distmuon profiles) or "
@@ -67,7 +68,8 @@ void add_train_command(CLI::App& app, Context& ctx) {
          "Then train again with this tp-mode from the same start and compare (" + modes + ")")
       ->check(CLI::IsMember(mode_names));
   cmd->add_option("--progress", o->progress,
-                  "Seconds between progress lines when no step is logged (0: none)")
+                  "On a terminal without --log: a progress line updated at most every S seconds "
+                  "between logged steps (0: none)")
       ->capture_default_str();
   cmd->callback([o, &ctx, seed, steps, log_interval, eval_interval] {
     // Every rank checks the options; one message (from rank 0) when they fail.
@@ -103,7 +105,8 @@ void add_train_command(CLI::App& app, Context& ctx) {
                         .resume_dir = o->resume,
                         .overwrite_checkpoints = o->overwrite_checkpoints};
     const bool root = ctx.world.rank() == 0;
-    ConsoleReport report(stdout, o->progress);
+    const double progress = o->log.empty() ? o->progress : 0.0;  // quiet beside a log
+    ConsoleReport report(stdout, progress);
     std::vector<TrainObserver*> observers;
     if (root) observers.push_back(&report);
     const std::string label = to_string(options.tp_mode);
@@ -117,7 +120,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
     if (!o->compare.empty()) {
       TrainConfig second = config;
       second.optimizer["tp_mode"] = o->compare;
-      ConsoleReport compare_report(stdout, o->progress, o->compare);
+      ConsoleReport compare_report(stdout, progress, o->compare);
       std::vector<TrainObserver*> compare_observers;
       if (root) {
         compare_observers.push_back(&compare_report);

@@ -20,9 +20,11 @@ struct NsCliOptions {
   std::string custom;  // "a,b,c;a,b,c" when coefficients == "custom"
   int steps = 5;
   bool syrk = true;
-  std::string algorithm = "standard";  // --ns-algorithm standard|gram
+  std::string algorithm = "standard";  // --ns-algorithm standard|gram (|auto: see add_to)
   int gram_restart = 0;
-  void add_to(CLI::App& app);
+  // auto_help: also accept --ns-algorithm auto, described by this text (the caller handles it;
+  // resolve() refuses it).
+  void add_to(CLI::App& app, const std::string& auto_help = "");
   NsOptions resolve() const;
 };
 

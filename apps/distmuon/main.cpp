@@ -1,14 +1,27 @@
 // distmuon command-line tool. Runs as one process or under mpirun.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <iostream>
+#include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "blas_fix.h"
 #include "commands.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/error.h"
+
+namespace {
+
+// One write per message, so that the lines of ranks failing at once do not interleave.
+void print_error(const std::string& message) {
+  const std::string line = fmt::format("distmuon: error{}\n", message);
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace distmuon;
@@ -34,6 +47,7 @@ int main(int argc, char** argv) {
 
     CLI::App app{"distmuon: Muon's Newton-Schulz orthogonalisation on sharded weights"};
     app.require_subcommand(1);
+    app.set_version_flag("--version", "distmuon " DISTMUON_VERSION);
     std::string log_level = "info";
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
         ->capture_default_str();
@@ -53,12 +67,14 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const CollectiveError& e) {
-    if (ctx.world.rank() == 0) std::cerr << "distmuon: error: " << e.what() << std::endl;
+    // Thrown identically on every rank (agreed on): said once, by rank 0.
+    if (ctx.world.rank() == 0) print_error(fmt::format(": {}", e.what()));
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "distmuon: error"
-              << (ctx.world.size() > 1 ? " on rank " + std::to_string(ctx.world.rank()) : "")
-              << ": " << e.what() << std::endl;
+    // This rank's own failure: said by it, with its rank.
+    print_error(fmt::format(
+        "{}: {}", ctx.world.size() > 1 ? fmt::format(" on rank {}", ctx.world.rank()) : "",
+        e.what()));
     // Rank-local failures would leave the other ranks waiting in a collective; errors that every
     // rank agreed on (Communicator::agree_or_throw) end each rank on its own.
     if (ctx.world.size() > 1) ctx.world.abort(1);

@@ -7,7 +7,7 @@
 
 namespace distmuon::cli {
 
-void NsCliOptions::add_to(CLI::App& app) {
+void NsCliOptions::add_to(CLI::App& app, const std::string& auto_help) {
   app.add_option("--coefficients", coefficients,
                  "Coefficient set: simple, quintic, polar_express, cans, aol, "
                  "deepseekv4, cubic5, custom")
@@ -16,10 +16,13 @@ void NsCliOptions::add_to(CLI::App& app) {
   app.add_option("--steps", steps, "Newton-Schulz steps (>= 1)")->capture_default_str();
   app.add_flag("--syrk,!--no-syrk", syrk, "Symmetric products with BLAS syrk (default) or gemm")
       ->capture_default_str();
+  std::vector<std::string> algorithms{"standard", "gram"};
+  if (!auto_help.empty()) algorithms.push_back("auto");
   app.add_option("--ns-algorithm", algorithm,
                  "Newton-Schulz algorithm: standard, or gram (the iteration on s x s matrices "
-                 "only; docs/gram-newton-schulz.md)")
-      ->check(CLI::IsMember({"standard", "gram"}))
+                 "only, faster within its fp32 error; docs/gram-newton-schulz.md)" +
+                     (auto_help.empty() ? std::string() : "; " + auto_help))
+      ->check(CLI::IsMember(algorithms))
       ->capture_default_str();
   app.add_option(
          "--gram-restart", gram_restart,
@@ -43,6 +46,8 @@ NsOptions NsCliOptions::resolve() const {
   o.steps = steps;
   o.use_syrk = syrk;
   o.algorithm = parse_ns_algorithm(algorithm);
+  if (o.algorithm == NsAlgorithm::kAuto)
+    throw Error("--ns-algorithm auto applies to tp-mode auto (bench --model, train) only");
   o.gram_restart = gram_restart;
   o.validate();
   return o;

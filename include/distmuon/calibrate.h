@@ -16,13 +16,14 @@
 //    into the ring terms the cost model uses (latency per ring step, bus bandwidth).
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "distmuon/timing.h"
 #include "distmuon/comm.h"
 #include "distmuon/compute.h"
 #include "distmuon/hardware_profile.h"
+#include "distmuon/timing.h"
 
 namespace distmuon {
 
@@ -35,6 +36,9 @@ struct CalibrateOptions {
   Index elementwise_elements = 1 << 20;  // elements of the elementwise buffers (4 MiB of f32)
   TimingOptions compute_timing{1, 5};
   TimingOptions comm_timing{5, 20};
+  // Called (where set) before each measurement with what it measures, e.g. "syrk 512x1024
+  // (14/36)"; the CLI sets it on rank 0 for its progress line.
+  std::function<void(const std::string&)> progress;
   void validate() const;  // throws distmuon::Error naming the option
 };
 

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,14 +43,18 @@ struct ModelBenchConfig {
   // Must hold duplicated and distributed; blockwise is optional (reference); auto is refused.
   std::vector<TpMode> modes = {TpMode::kDuplicated, TpMode::kDistributed, TpMode::kBlockwise};
   NsOptions ns;  // ns.algorithm is ignored: see algorithm
-  // The algorithms measured and offered to auto: kAuto (standard and gram), or one of them.
-  NsAlgorithm algorithm = NsAlgorithm::kAuto;
+  // The algorithms measured and offered to auto: standard (the optimizer's default), gram, or
+  // kAuto (both).
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
   TimingOptions timing{1, 5};    // warm-up rounds and timed rounds
   std::string profile = "none";  // auto's profile spec (name, file or none)
   std::string cost_model = "refined";
   // Shapes whose matrix (m n) or distributed Gram matrix (n^2) holds more elements are refused.
   Index max_elements = Index{1} << 24;
   std::uint64_t seed = 0;
+  // Called (where set) before each timed round with what is being measured, e.g. "round 2 of 6";
+  // the CLI sets it on rank 0 for its progress line.
+  std::function<void(const std::string&)> progress;
 };
 
 struct ModelBenchMode {

@@ -68,9 +68,11 @@ struct MuonOptions {
   std::string custom_coefficients;       // "a,b,c;a,b,c;..." when coefficients == "custom"
   int steps = 5;                         // Newton-Schulz steps
   bool use_syrk = true;
-  // JSON "ns_algorithm": standard, gram, or auto (the default): with tp_mode auto the cost model
-  // picks standard or gram per weight; with a fixed tp_mode auto runs standard.
-  NsAlgorithm ns_algorithm = NsAlgorithm::kAuto;
+  // JSON "ns_algorithm": standard (the default: every tp_mode, auto included, gives duplicated's
+  // result; owner mode bit for bit), gram, or auto (opt-in speed-up: with tp_mode auto the cost
+  // model picks standard or gram per weight, within Gram NS's fp32 error; with a fixed tp_mode
+  // auto runs standard). gram and auto need cost_model refined when tp_mode is auto.
+  NsAlgorithm ns_algorithm = NsAlgorithm::kStandard;
   int gram_restart = 0;  // gram: re-form the Gram matrix every N steps (0 = automatically)
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;

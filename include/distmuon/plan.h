@@ -25,7 +25,9 @@ struct PlanOptions {
   bool use_syrk = true;
   int elem_size = 2;  // NS in bf16, as Muon runs it on GPUs
   bool crosses_domain = false;
-  NsAlgorithm algorithm = NsAlgorithm::kAuto;  // the algorithms auto may pick (refined model)
+  // The algorithms auto may pick: standard (the optimizer's default), gram, or auto (either;
+  // refined model). The reference model prices standard only (gram is refused).
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
   CostModel model = CostModel::kRefined;
   std::optional<HardwareProfile> profile;
 

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "distmuon/progress.h"
 #include "distmuon/trainer.h"
 
 namespace distmuon {
@@ -19,13 +20,14 @@ namespace distmuon {
 //  - every log_every steps and at the last step: step, training loss, validation loss when
 //    measured, tokens/s (predicted bytes per second over the interval, all ranks), step time and
 //    the optimizer's time split into NS compute and communication (means over the interval);
-//  - between those, a progress line when progress_seconds have passed since the last line;
+//  - between those, on a terminal only, a progress line rewritten in place (ProgressLine, at
+//    most every progress_seconds; 0: none);
 //  - checkpoints, and at the end the time and the final validation loss against the unigram
 //    entropy.
 // label (e.g. "duplicated") prefixes every line when not empty.
 class ConsoleReport : public TrainObserver {
  public:
-  explicit ConsoleReport(std::FILE* out = stdout, double progress_seconds = 10.0,
+  explicit ConsoleReport(std::FILE* out = stdout, double progress_seconds = 1.0,
                          std::string label = {});
 
   void on_start(const Trainer& trainer, int first_step) override;
@@ -38,11 +40,11 @@ class ConsoleReport : public TrainObserver {
   void print(const std::string& text);  // one line, prefixed, flushed
 
   std::FILE* out_;
-  double progress_seconds_;
+  ProgressLine progress_;
   std::string prefix_;
   int steps_ = 0, log_every_ = 1, group_size_ = 1;
   Index batch_ = 0;
-  std::chrono::steady_clock::time_point started_, last_line_;
+  std::chrono::steady_clock::time_point started_;
   // Sums over the current log interval.
   int interval_steps_ = 0;
   double interval_step_ms_ = 0, interval_opt_ms_ = 0, interval_comm_ms_ = 0;

@@ -194,12 +194,16 @@ CalibrationReport calibrate(const Communicator& group, const CalibrateOptions& o
   for (std::size_t i = 0; i < k; ++i) {
     for (std::size_t j = 0; j < k; ++j) {
       const Index s = options.sizes[i], l = options.sizes[j];
+      if (options.progress)
+        options.progress(
+            fmt::format("calibrate: syrk and gemm, s {} l {} ({}/{})", s, l, i * k + j + 1, k * k));
       rep.gram_syrk.push_back(measure_ssyrk(group, s, l, options.compute_timing, compute));
       rep.update_gemm.push_back(measure_sgemm(group, l, s, s, options.compute_timing, compute));
       cal.gram_syrk.gflops[i][j] = rep.gram_syrk.back().flops_per_s * 1e-9;
       cal.update_gemm.gflops[i][j] = rep.update_gemm.back().flops_per_s * 1e-9;
     }
   }
+  if (options.progress) options.progress("calibrate: element-wise passes");
   const ElementwiseTimes e =
       measure_elementwise(group, options.elementwise_elements, options.compute_timing, compute);
   rep.sum_squares = e.sum_squares;
@@ -216,6 +220,8 @@ CalibrationReport calibrate(const Communicator& group, const CalibrateOptions& o
       sweep.kind = kind;
       const std::size_t unit = kind == CollectiveKind::kAllGather ? 4 * g : 4;
       for (std::size_t bytes : payloads(options, unit)) {
+        if (options.progress)
+          options.progress(fmt::format("calibrate: {} of {} bytes", to_string(kind), bytes));
         sweep.points.push_back(
             measure_collective(group, kind, DType::kF32, bytes, options.comm_timing));
       }

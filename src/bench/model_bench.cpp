@@ -71,6 +71,8 @@ std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBench
   if (has_mode(c.modes, TpMode::kOwner))
     return "mode owner is measured over the whole model on its own: leave it out of the modes";
   if (c.max_elements < 1) return fmt::format("max elements {} must be >= 1", c.max_elements);
+  if (c.cost_model == "reference" && c.algorithm == NsAlgorithm::kGram)
+    return "the reference model prices standard NS only: gram needs the refined model";
   try {
     c.ns.validate();
   } catch (const Error& e) {
@@ -147,10 +149,15 @@ struct Task {
 
 // Warm-up rounds, then timed rounds; each round runs every task once, the order rotating from
 // round to round, so that a slow spell of a shared machine hits every candidate alike.
-void measure(const Communicator& group, const TimingOptions& timing, std::vector<Task>& tasks) {
+void measure(const Communicator& group, const TimingOptions& timing, std::vector<Task>& tasks,
+             const std::function<void(const std::string&)>& progress) {
   const int rounds = timing.warmup + timing.reps;
   for (int round = 0; round < rounds; ++round) {
     for (std::size_t j = 0; j < tasks.size(); ++j) {
+      if (progress) {
+        progress(fmt::format("bench --model: round {}/{} ({}), run {}/{}", round + 1, rounds,
+                             round < timing.warmup ? "warm-up" : "timed", j + 1, tasks.size()));
+      }
       Task& task = tasks[(j + static_cast<std::size_t>(round)) % tasks.size()];
       const TimingSummary t = time_on_group(group, {0, 1}, task.run, task.reset);
       if (round >= timing.warmup) task.samples->push_back(t.median_s);
@@ -299,7 +306,7 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
          },
          &o.samples});
   }
-  measure(group, config.timing, tasks);
+  measure(group, config.timing, tasks, config.progress);
 
   ModelBenchTotals& t = rep.totals;
   for (std::size_t i = 0, w = 0; i < shapes.size();

@@ -90,6 +90,11 @@ void MuonOptions::validate() const {
         fmt::format("{}", extra_scale_factor), "a finite number > 0");
   check(cost_model == "refined" || cost_model == "reference", "cost_model", cost_model,
         "refined, reference");
+  // The reference model prices standard NS only: auto would run standard where gram was asked.
+  check(!(tp_mode == TpMode::kAuto && cost_model == "reference" &&
+          ns_algorithm == NsAlgorithm::kGram),
+        "ns_algorithm", "gram with tp_mode auto and cost_model reference",
+        "standard or auto (the reference model prices standard NS only), or cost_model refined");
   check(!profile.empty(), "profile", "''", "none, a built-in profile name or a JSON file");
   check(gram_restart >= 0, "gram_restart", fmt::format("{}", gram_restart),
         "an integer >= 0 (0 = automatic)");

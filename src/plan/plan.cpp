@@ -49,7 +49,8 @@ std::string PlanOptions::describe() const {
   return fmt::format(
       "G={} (dim {}), profile {}, {} model, {} steps, {}, NS {}, {}, {}", group_size, partition_dim,
       profile ? fmt::format("{} ({})", profile->name, profile->device) : "none (FLOPs)",
-      to_string(model), steps, use_syrk ? "syrk" : "gemm", to_string(algorithm), precision,
+      to_string(model), steps, use_syrk ? "syrk" : "gemm",
+      model == CostModel::kReference ? "standard" : to_string(algorithm), precision,
       crosses_domain ? "cross-domain" : "intra-domain");
 }
 
@@ -68,6 +69,10 @@ Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts)
                                  5 * sizeof(double)) +
                         4.0 * sizeof(double) * opts.group_size,
                     fmt::format("plan: {} Muon weights", instances));
+  if (opts.model == CostModel::kReference && opts.algorithm == NsAlgorithm::kGram)
+    throw Error(
+        "plan: the reference model prices standard NS only; use --model-cost refined for "
+        "--ns-algorithm gram");
   Plan plan;
   plan.options = opts;
   std::map<std::pair<Index, Index>, std::size_t> row_of;

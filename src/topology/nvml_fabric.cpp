@@ -41,13 +41,16 @@ F symbol(void* lib, const char* name) {
 
 }  // namespace
 
-std::string nvml_fabric_domain(const std::string& library, int gpu_index, std::string* reason) {
+std::string nvml_fabric_domain(const std::string& library, int gpu_index, std::string* reason,
+                               bool* no_library) {
+  if (no_library != nullptr) *no_library = false;
   const auto fail = [&](std::string why) {
     if (reason != nullptr) *reason = std::move(why);
     return std::string();
   };
   std::unique_ptr<void, LibraryCloser> lib(dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL));
   if (!lib) {
+    if (no_library != nullptr) *no_library = true;
     const char* err = dlerror();
     return fail(
         fmt::format("cannot open {} ({})", library, err != nullptr ? err : "unknown error"));

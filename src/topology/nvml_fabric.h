@@ -7,7 +7,9 @@
 namespace distmuon::detail {
 
 // "nvml:<cluster uuid hex>:<clique id>" for GPU gpu_index, or empty with why in *reason when the
-// library, the driver or a completed fabric registration is not there.
-std::string nvml_fabric_domain(const std::string& library, int gpu_index, std::string* reason);
+// library, the driver or a completed fabric registration is not there. *no_library (when given)
+// says whether the library itself could not be opened (a machine without an NVIDIA driver).
+std::string nvml_fabric_domain(const std::string& library, int gpu_index, std::string* reason,
+                               bool* no_library = nullptr);
 
 }  // namespace distmuon::detail

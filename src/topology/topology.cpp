@@ -86,13 +86,17 @@ DomainInfo probe_domain(int world_rank, const TopologyProbeOptions& opts) {
     return {domain_from_file(file, world_rank), "file"};
   std::string reason;
   const int gpu = opts.gpu_index >= 0 ? opts.gpu_index : node_local_rank();
-  std::string id = detail::nvml_fabric_domain(opts.nvml_library, gpu, &reason);
+  bool no_driver = false;
+  std::string id = detail::nvml_fabric_domain(opts.nvml_library, gpu, &reason, &no_driver);
   if (!id.empty()) return {std::move(id), "nvml"};
   DomainInfo out{host_name(), "hostname"};
   static std::once_flag logged;
   std::call_once(logged, [&] {
-    spdlog::info("topology: no NVML fabric information ({}); NVLink domain = host name '{}'",
-                 reason, out.id);
+    // Without an NVIDIA driver (no NVML library) the host name is the only possible answer:
+    // worth a line only at debug level. With a driver, say why its fabric was not used.
+    spdlog::log(no_driver ? spdlog::level::debug : spdlog::level::info,
+                "topology: no NVML fabric information ({}); NVLink domain = host name '{}'", reason,
+                out.id);
   });
   return out;
 }

@@ -34,13 +34,13 @@ std::string count_str(double n) {
 
 ConsoleReport::ConsoleReport(std::FILE* out, double progress_seconds, std::string label)
     : out_(out),
-      progress_seconds_(progress_seconds),
+      progress_(out, progress_seconds > 0, progress_seconds),
       prefix_(label.empty() ? std::string() : "[" + label + "] ") {}
 
 void ConsoleReport::print(const std::string& text) {
+  progress_.clear();
   fmt::print(out_, "{}{}\n", prefix_, text);
   std::fflush(out_);
-  last_line_ = std::chrono::steady_clock::now();
 }
 
 void ConsoleReport::on_start(const Trainer& trainer, int first_step) {
@@ -70,10 +70,10 @@ void ConsoleReport::on_start(const Trainer& trainer, int first_step) {
       c.data.path, d.bytes().size(), d.windows(Split::kTrain), d.windows(Split::kValidation),
       trainer.unigram_entropy()));
   print(fmt::format(
-      "optimizer: Muon lr {}, momentum {}{}, weight decay {}, {} x {} NS steps, tp_mode {} (cost "
-      "model {}, profile {}); AdamW lr {} for the embedding and the head",
+      "optimizer: Muon lr {}, momentum {}{}, weight decay {}, {} x {} NS steps ({}), tp_mode {} "
+      "(cost model {}, profile {}); AdamW lr {} for the embedding and the head",
       o.lr, o.momentum, o.nesterov ? " (Nesterov)" : "", o.weight_decay, o.coefficients, o.steps,
-      to_string(o.tp_mode), o.cost_model, o.profile, o.adamw.lr));
+      to_string(o.ns_algorithm), to_string(o.tp_mode), o.cost_model, o.profile, o.adamw.lr));
   print(fmt::format("validation: every {} steps and at the last, on {} windows", c.train.eval_every,
                     std::min<Index>(c.train.eval_windows, d.windows(Split::kValidation))));
   if (first_step > 0) print(fmt::format("resumed at step {}", first_step));
@@ -108,11 +108,9 @@ void ConsoleReport::on_step(const StepRecord& r) {
         interval_comm_ms_ / n));
     interval_steps_ = 0;
     interval_step_ms_ = interval_opt_ms_ = interval_comm_ms_ = 0;
-  } else if (progress_seconds_ > 0 && since(last_line_) >= progress_seconds_) {
-    const double elapsed = since(started_);
-    const double done = double(r.step);
-    print(fmt::format("... step {}/{} ({:.0f}%), {:.1f} s elapsed", r.step, steps_,
-                      100.0 * done / steps_, elapsed));
+  } else if (progress_.active()) {
+    progress_.update(fmt::format("{}... step {}/{} ({:.0f}%), {:.1f} s elapsed", prefix_, r.step,
+                                 steps_, 100.0 * double(r.step) / steps_, since(started_)));
   }
 }
 

@@ -65,7 +65,7 @@ TEST(CliBenchModel, TrainDefaultOnATinyConfigGivesJsonTotalsAndAPlot) {
   const test::CliRun r = test::run_cli(
       2,
       fmt::format("--log-level warn bench --model train-default --config {} --profile {} --reps 1 "
-                  "--warmup 0 --json --plot {}",
+                  "--warmup 0 --ns-algorithm auto --json --plot {}",
                   config.string(), profile.string(), png.string()),
       dir / "log.txt");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -145,7 +145,8 @@ TEST(CliBenchModel, RefusalsFailOnEveryRankWithoutAbort) {
       {"--model llama3-8b --config x.json", "train-default only"},
       {"--model train-default --shape 64x64", "--shape"},
       {"--model no-such-model", "unknown model"},
-      {"--model train-default --profile no-such-gpu", "unknown hardware profile"}};
+      {"--model train-default --profile no-such-gpu", "unknown hardware profile"},
+      {"--shape 64x64 --ns-algorithm auto", "--ns-algorithm auto applies to"}};
   for (const auto& [args, message] : cases) {
     const test::CliRun r = test::run_cli(2, "bench --reps 1 " + args, dir / "log.txt");
     EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;

@@ -51,6 +51,12 @@ NsOptions options(const std::string& set, bool syrk) {
 TEST_F(CliTpOrthogonalize, SingleProcessIsTheLocalNs) {
   const RunResult r = run(0, fmt::format("{} {}", in(), out()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // One summary line: shape, output, coefficients, steps, algorithm, where and how long.
+  EXPECT_NE(r.output.find(fmt::format("orthogonalized {}x{} -> {}: quintic x 5 steps, standard NS, "
+                                      "one process in ",
+                                      input_.rows(), input_.cols(), out())),
+            std::string::npos)
+      << r.output;
   const Matrix got = read_npy(out());
   const Matrix ref = newton_schulz(input_.view(), options("quintic", true));
   EXPECT_EQ(relative_error(got.view(), ref.view()), 0.0);  // the same code on the same data

@@ -25,6 +25,7 @@ ModelBenchConfig tiny_config() {
   c.weights = {{"a", 48, 32, 2, false}, {"b", 33, 16, 1, false}, {"c", 48, 32, 1, false}};
   c.timing = {0, 2};
   c.profile = "h100";
+  c.algorithm = NsAlgorithm::kAuto;  // both algorithms measured, either offered to auto
   return c;
 }
 
@@ -156,6 +157,10 @@ TEST(ModelBench, Refusals) {
   c = tiny_config();
   c.weights.clear();
   EXPECT_THROW(run_model_bench(w, c), CollectiveError);
+  c = tiny_config();  // auto would plan standard NS, which gram alone does not measure
+  c.cost_model = "reference";
+  c.algorithm = NsAlgorithm::kGram;
+  EXPECT_THROW(run_model_bench(w, c), CollectiveError);
 }
 
 TEST(ModelBench, PlotIsWritten) {
@@ -163,7 +168,14 @@ TEST(ModelBench, PlotIsWritten) {
   ModelBenchConfig c = tiny_config();
   c.timing = {0, 1};
   c.modes = {TpMode::kDuplicated, TpMode::kDistributed};
+  c.algorithm = ModelBenchConfig{}.algorithm;  // the default: standard only, as Muon's default
   const ModelBenchReport r = run_model_bench(w, c);
+  for (const ModelBenchShape& s : r.shapes) {
+    ASSERT_EQ(s.modes.size(), 2u);
+    for (const ModelBenchMode& m : s.modes)
+      EXPECT_EQ(m.algorithm, NsAlgorithm::kStandard);
+    EXPECT_EQ(s.auto_choice.algorithm, NsAlgorithm::kStandard);
+  }
   if (w.rank() != 0) return;
   const auto png = std::filesystem::temp_directory_path() /
                    fmt::format("distmuon-test-model-bench-{}.png", ::getpid());

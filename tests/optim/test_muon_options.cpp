@@ -50,8 +50,26 @@ TEST(MuonOptions, InvalidValuesListTheValidOnes) {
   EXPECT_NE(invalid([](MuonOptions& o) { o.extra_scale_factor = 0; }).find("extra_scale_factor"),
             std::string::npos);
   EXPECT_NE(invalid([](MuonOptions& o) { o.adamw.beta2 = 1; }).find("beta2"), std::string::npos);
+  // The reference model prices standard NS only: auto would silently run standard.
+  EXPECT_NE(invalid([](MuonOptions& o) {
+              o.cost_model = "reference";
+              o.ns_algorithm = NsAlgorithm::kGram;
+            }).find("ns_algorithm"),
+            std::string::npos);
+  EXPECT_EQ(invalid([](MuonOptions& o) {
+              o.cost_model = "reference";
+              o.ns_algorithm = NsAlgorithm::kGram;
+              o.tp_mode = TpMode::kDuplicated;
+            }),
+            "");
   EXPECT_THROW(Muon(MuonOptions{.momentum = -0.1}), Error);
   EXPECT_EQ(invalid([](MuonOptions&) {}), "");
+}
+
+// The default keeps the mathematics of duplicated: standard NS, whatever auto picks.
+TEST(MuonOptions, DefaultNsAlgorithmIsStandard) {
+  EXPECT_EQ(MuonOptions{}.ns_algorithm, NsAlgorithm::kStandard);
+  EXPECT_EQ(MuonOptions{}.ns_options().algorithm, NsAlgorithm::kStandard);
 }
 
 TEST(MuonOptions, JsonRoundTrip) {

@@ -53,6 +53,7 @@ TEST(Plan, GroupsByShapeAndSumsTotals) {
 
 TEST(Plan, JsonFollowsTheSchema) {
   PlanOptions o;
+  o.algorithm = NsAlgorithm::kAuto;  // either algorithm: both are chosen somewhere
   o.group_size = 4;
   o.profile = *find_profile("gb200");
   const json j = make_plan(kWeights, o);
@@ -74,6 +75,21 @@ TEST(Plan, JsonFollowsTheSchema) {
   }
   EXPECT_EQ(j["units"], "seconds");
   EXPECT_GE(j["totals"]["speedup_vs_duplicated"].get<double>(), 1.0);
+}
+
+// The default plans what Muon runs by default (standard NS); the reference model prices only
+// standard NS, so it says so and refuses gram instead of printing it.
+TEST(Plan, AlgorithmsFollowTheOptions) {
+  PlanOptions o;
+  o.profile = *find_profile("h100");
+  for (const PlanRow& r : make_plan(kWeights, o).rows)
+    EXPECT_EQ(r.estimate.algorithm, NsAlgorithm::kStandard);
+  EXPECT_NE(o.describe().find("NS standard"), std::string::npos) << o.describe();
+  o.model = CostModel::kReference;
+  o.algorithm = NsAlgorithm::kAuto;
+  EXPECT_NE(o.describe().find("NS standard"), std::string::npos) << o.describe();
+  o.algorithm = NsAlgorithm::kGram;
+  EXPECT_THROW(make_plan(kWeights, o), Error);
 }
 
 TEST(Plan, WithoutProfileCostsAreFlops) {

@@ -103,6 +103,9 @@ TEST(TrainConfig, OptimizerSectionUsesMuonOptionNames) {
   EXPECT_EQ(o.momentum, file["momentum"].get<double>());
   EXPECT_EQ(o.adamw.lr, file["adamw"]["lr"].get<double>());
   EXPECT_EQ(o.tp_mode, TpMode::kAuto);
+  // Auto chooses how to parallelise, not the mathematics: standard NS unless asked otherwise.
+  EXPECT_EQ(file["ns_algorithm"], "standard");
+  EXPECT_EQ(o.ns_algorithm, NsAlgorithm::kStandard);
   EXPECT_EQ(o.profile, "none");
   // A partial section keeps MuonOptions' defaults for the rest.
   const MuonOptions p = optimizer_options(parse_train_config(

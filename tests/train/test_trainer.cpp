@@ -40,32 +40,41 @@ TEST(Trainer, AutoMatchesDuplicatedLossesAtEveryStep) {
   SharedDir dir("trainer_parity");
   const fs::path text = write_text(dir.path());
   constexpr int kSteps = 30;
-  auto losses = [&](const std::string& mode, std::vector<ShapeDecision>* decisions) {
-    Trainer t(tiny_config(text, kSteps, mode), world());
+  auto losses = [&](const std::string& mode, const std::string& ns_algorithm,
+                    std::vector<ShapeDecision>* decisions) {
+    Trainer t(tiny_config(text, kSteps, mode, ns_algorithm), world());
     const TrainSummary s = run_training(t, {});
     if (decisions != nullptr) *decisions = t.decisions();
     return s;
   };
-  std::vector<ShapeDecision> decisions;
-  const TrainSummary a = losses("auto", &decisions);
-  const TrainSummary d = losses("duplicated", nullptr);
+  // The default (standard NS): auto plans owner mode, which runs duplicated's NS on the same
+  // bits, so the losses are equal, not merely close.
+  std::vector<ShapeDecision> decisions, gram_decisions;
+  const TrainSummary a = losses("auto", "standard", &decisions);
+  const TrainSummary d = losses("duplicated", "standard", nullptr);
+  // Opt-in (ns_algorithm auto): the cost model may pick Gram NS, within its fp32 error.
+  const TrainSummary g = losses("auto", "auto", &gram_decisions);
   ASSERT_EQ(a.records.size(), static_cast<std::size_t>(kSteps));
   ASSERT_EQ(d.records.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_EQ(g.records.size(), static_cast<std::size_t>(kSteps));
   double worst = 0;
   for (int i = 0; i < kSteps; ++i) {
     const StepRecord& x = a.records[static_cast<std::size_t>(i)];
     const StepRecord& y = d.records[static_cast<std::size_t>(i)];
+    const StepRecord& z = g.records[static_cast<std::size_t>(i)];
     EXPECT_EQ(x.step, i + 1);
-    EXPECT_LE(rel(x.loss, y.loss), 1e-5) << "step " << x.step;
-    EXPECT_EQ(x.val_loss.has_value(), y.val_loss.has_value());
-    if (x.val_loss && y.val_loss) EXPECT_LE(rel(*x.val_loss, *y.val_loss), 1e-5);
-    worst = std::max(worst, rel(x.loss, y.loss));
+    EXPECT_EQ(x.loss, y.loss) << "step " << x.step;
+    EXPECT_EQ(x.val_loss, y.val_loss) << "step " << x.step;
+    EXPECT_LE(rel(z.loss, y.loss), 1e-5) << "step " << z.step;
+    EXPECT_EQ(z.val_loss.has_value(), y.val_loss.has_value());
+    if (z.val_loss && y.val_loss) EXPECT_LE(rel(*z.val_loss, *y.val_loss), 1e-5);
+    worst = std::max(worst, rel(z.loss, y.loss));
   }
   // Learning: well below the first loss after 30 steps.
   EXPECT_LT(a.final_val_loss, a.records.front().loss - 0.5);
 
   // The comparison is not vacuous: with sharded weights (and no profile: FLOPs) auto plans owner
-  // mode for the bucket of every Muon weight, each weight with its cheaper NS algorithm.
+  // mode for the bucket of every Muon weight; with ns_algorithm auto, Gram NS for some of them.
   ASSERT_EQ(decisions.size(), 3u);
   const auto fc1 = std::find_if(decisions.begin(), decisions.end(),
                                 [](const ShapeDecision& s) { return s.m == 128 && s.n == 16; });
@@ -73,9 +82,14 @@ TEST(Trainer, AutoMatchesDuplicatedLossesAtEveryStep) {
   EXPECT_EQ(fc1->names, (std::vector<std::string>{"blocks.0.fc1", "blocks.1.fc1"}));
   if (world().size() > 1) {
     EXPECT_TRUE(fc1->sharded);
-    for (const ShapeDecision& s : decisions)
+    for (const ShapeDecision& s : decisions) {
       EXPECT_EQ(s.mode, TpMode::kOwner) << s.m << "x" << s.n;
-    const TrainSummary b = losses("blockwise", nullptr);
+      EXPECT_EQ(s.algorithm, NsAlgorithm::kStandard) << s.m << "x" << s.n;
+    }
+    EXPECT_TRUE(
+        std::any_of(gram_decisions.begin(), gram_decisions.end(),
+                    [](const ShapeDecision& s) { return s.algorithm == NsAlgorithm::kGram; }));
+    const TrainSummary b = losses("blockwise", "standard", nullptr);
     double blockwise = 0;
     for (std::size_t i = 0; i < b.records.size(); ++i)
       blockwise = std::max(blockwise, rel(b.records[i].loss, d.records[i].loss));
@@ -85,7 +99,8 @@ TEST(Trainer, AutoMatchesDuplicatedLossesAtEveryStep) {
   }
   if (world().rank() == 0) {
     std::printf(
-        "ranks %d: auto vs duplicated, largest relative loss difference %.2g over %d steps\n",
+        "ranks %d: auto (ns_algorithm auto) vs duplicated, largest relative loss difference %.2g "
+        "over %d steps\n",
         world().size(), worst, kSteps);
   }
 }

@@ -43,7 +43,8 @@ fs::path write_text(const fs::path& dir) {
   return file;
 }
 
-TrainConfig tiny_config(const fs::path& text, int steps, const std::string& tp_mode) {
+TrainConfig tiny_config(const fs::path& text, int steps, const std::string& tp_mode,
+                        const std::string& ns_algorithm) {
   return parse_train_config(
       json{{"model", {{"context", 8}, {"embed", 8}, {"hidden", 16}, {"ffn", 128}, {"layers", 2}}},
            {"data", {{"path", text.string()}}},
@@ -54,7 +55,7 @@ TrainConfig tiny_config(const fs::path& text, int steps, const std::string& tp_m
              {"log_every", 1000},
              {"eval_every", 4},
              {"eval_windows", 256}}},
-           {"optimizer", {{"tp_mode", tp_mode}}}});
+           {"optimizer", {{"tp_mode", tp_mode}, {"ns_algorithm", ns_algorithm}}}});
 }
 
 std::string error_of(const std::function<void()>& f) {

@@ -31,7 +31,8 @@ std::filesystem::path write_text(const std::filesystem::path& dir);
 // profile) picks distributed for fc1 (128 x 16: the Gram is 16 x 16 over a quarter or half of the
 // rows) and duplicated for the input projection (16 x 64) and fc2 (16 x 128).
 TrainConfig tiny_config(const std::filesystem::path& text, int steps,
-                        const std::string& tp_mode = "auto");
+                        const std::string& tp_mode = "auto",
+                        const std::string& ns_algorithm = "standard");
 
 // The message of the CollectiveError f throws ("(not collective) ..." for another Error, "" when
 // it throws nothing).
