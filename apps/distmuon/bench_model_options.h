@@ -15,6 +15,7 @@ namespace distmuon::cli {
 struct BenchModelOptions {
   std::string model;  // empty: the shape benchmark
   std::string profile = "none", cost_model = "refined", plot, config;
+  std::string plan = "estimate", wisdom;
   Index max_elements = Index{1} << 24;
 
   void add_to(CLI::App& cmd);

@@ -79,5 +79,7 @@ Compute& cpu_compute();
 // since ranks share the cores.
 void set_blas_threads(int threads);
 int blas_threads();
+// The BLAS kernel set in use (OpenBLAS's core name, e.g. "SkylakeX"; wisdom.h keys on it).
+std::string blas_core_name();
 
 }  // namespace distmuon

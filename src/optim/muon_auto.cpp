@@ -101,6 +101,10 @@ void plan_auto_modes(Muon::Impl& s) {
     keys[j].crosses_domain = crosses[j] != 0;
     text += describe(keys[j]) + ";";
   }
+  if (s.options.plan == PlanMode::kMeasure) {
+    plan_auto_modes_by_measuring(s, todo, keys, buckets_of(s, todo));
+    return;
+  }
   // World rank 0 plans every bucket and shares the codes (first: a status, then the hash of the
   // keys it planned, then one code per parameter).
   std::vector<std::int64_t> msg(todo.size() + 2, 0);

@@ -264,4 +264,10 @@ int blas_threads() {
   return openblas_get_num_threads();
 }
 
+std::string blas_core_name() {
+  init_threads();
+  const char* name = openblas_get_corename();
+  return name != nullptr ? std::string(name) : std::string("unknown");
+}
+
 }  // namespace distmuon
