@@ -39,6 +39,11 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--wisdom", wisdom,
                  "With --plan measure: read and write measured times in this JSON file");
+  cmd.add_option("--plan-reps", plan_reps,
+                 "With --plan measure: timed rounds of the planner's candidates (after one "
+                 "warm-up)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd.add_option("--plot", plot, "With --model: draw per-shape bars per mode into this PNG");
 }
 
@@ -75,6 +80,7 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
     c.cost_model = model.cost_model;
     c.plan = parse_plan_mode(model.plan);
     c.measure.wisdom = model.wisdom;
+    c.measure.reps = model.plan_reps;
     if (!model.wisdom.empty() && c.plan != PlanMode::kMeasure)
       throw Error("bench: --wisdom applies to --plan measure");
     c.max_elements = model.max_elements;

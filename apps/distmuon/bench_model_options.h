@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "distmuon/matrix.h"
+#include "distmuon/measure_plan.h"
 
 namespace distmuon::cli {
 
@@ -17,6 +18,7 @@ struct BenchModelOptions {
   std::string profile = "none", cost_model = "refined", plot, config;
   std::string plan = "estimate", wisdom;
   Index max_elements = Index{1} << 24;
+  int plan_reps = MeasurePlanOptions{}.reps;
 
   void add_to(CLI::App& cmd);
   bool active() const { return !model.empty(); }

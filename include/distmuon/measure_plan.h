@@ -42,7 +42,7 @@ const char* to_string(PlanMode mode);
 
 struct MeasurePlanOptions {
   int warmup = 1;         // untimed rounds
-  int reps = 3;           // timed rounds (the median counts)
+  int reps = 5;           // timed rounds (the median counts)
   int top = 3;            // per-weight candidates timed per key, at most
   double within = 3.0;    // ... whose estimate is at most this factor of the best estimate
   std::string wisdom;     // wisdom file (read before, written after); empty: none
