@@ -6,8 +6,8 @@
 #include <random>
 
 #include "distmuon/fsdp.h"
+#include "distmuon/layout.h"
 #include "optim/owner_ns.h"
-#include "optim/sharded_ns.h"
 
 namespace distmuon::detail {
 namespace {
