@@ -37,6 +37,18 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
                  "elements")
       ->check(at_least<Index>(1))
       ->capture_default_str();
+  cmd.add_option("--plan", plan,
+                 "With --model: how auto plans, estimate (the cost model) or measure (time the "
+                 "model's leading candidates first, as the optimizer does with plan measure)")
+      ->check(CLI::IsMember({"estimate", "measure"}))
+      ->capture_default_str();
+  cmd.add_option("--wisdom", wisdom,
+                 "With --plan measure: read and write measured times in this JSON file");
+  cmd.add_option("--plan-reps", plan_reps,
+                 "With --plan measure: timed rounds of the planner's candidates (after one "
+                 "warm-up)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd.add_option("--plot", plot, "With --model: draw per-shape bars per mode into this PNG");
 }
 
@@ -73,6 +85,11 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
     c.timing = {common.warmup, common.reps};
     c.profile = model.profile;
     c.cost_model = model.cost_model;
+    c.plan = parse_plan_mode(model.plan);
+    c.measure.wisdom = model.wisdom;
+    c.measure.reps = model.plan_reps;
+    if (!model.wisdom.empty() && c.plan != PlanMode::kMeasure)
+      throw Error("bench: --wisdom applies to --plan measure");
     c.max_elements = model.max_elements;
     c.seed = common.seed;
     return c;

@@ -9,13 +9,16 @@
 
 #include "commands.h"
 #include "distmuon/matrix.h"
+#include "distmuon/measure_plan.h"
 
 namespace distmuon::cli {
 
 struct BenchModelOptions {
   std::string model;  // empty: the shape benchmark
   std::string profile = "none", cost_model = "refined", plot, config;
+  std::string plan = "estimate", wisdom;
   Index max_elements = Index{1} << 24;
+  int plan_reps = MeasurePlanOptions{}.reps;
 
   void add_to(CLI::App& cmd);
   bool active() const { return !model.empty(); }

@@ -17,8 +17,8 @@ void add_train_command(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand(
       "train", "Train the character-level model with Muon on weights sharded over the ranks");
   struct Opts {
-    std::string config, data, tp_mode, profile, cost_model, log, checkpoint, resume, plot, compare,
-        ns_algorithm;
+    std::string config, data, tp_mode, profile, cost_model, plan, wisdom, log, checkpoint, resume,
+        plot, compare, ns_algorithm;
     std::uint64_t seed = 0;
     int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
     double progress = 1.0;
@@ -46,6 +46,12 @@ void add_train_command(CLI::App& app, Context& ctx) {
                   "a JSON file (distmuon calibrate)");
   cmd->add_option("--cost-model", o->cost_model, "Cost model for tp-mode auto: refined|reference")
       ->check(CLI::IsMember({"refined", "reference"}));
+  cmd->add_option("--plan", o->plan,
+                  "How tp-mode auto plans: estimate (the cost model) or measure (time the model's "
+                  "leading candidates before the first step)")
+      ->check(CLI::IsMember({"estimate", "measure"}));
+  cmd->add_option("--wisdom", o->wisdom,
+                  "With --plan measure: read and write measured times in this JSON file");
   auto* log_interval = cmd->add_option("--log-interval", o->log_interval, "Print every N steps")
                            ->check(at_least<int>(1));
   auto* eval_interval =
@@ -87,6 +93,8 @@ void add_train_command(CLI::App& app, Context& ctx) {
       if (!o->ns_algorithm.empty()) config.optimizer["ns_algorithm"] = o->ns_algorithm;
       if (!o->profile.empty()) config.optimizer["profile"] = o->profile;
       if (!o->cost_model.empty()) config.optimizer["cost_model"] = o->cost_model;
+      if (!o->plan.empty()) config.optimizer["plan"] = o->plan;
+      if (!o->wisdom.empty()) config.optimizer["wisdom"] = o->wisdom;
       options = optimizer_options(config);
       if (!o->compare.empty() && parse_tp_mode(o->compare) == options.tp_mode) {
         throw Error(fmt::format("--compare {}: the run itself already uses tp-mode {}", o->compare,

@@ -11,7 +11,8 @@
 // of a shared machine hits every candidate alike. Auto's plan comes from AutoModeResolver::plan
 // with the given profile and cost model over every weight of the model (one bucket: they share
 // the group), on the keys the optimizer builds (partition_dim 0, the group's size,
-// crosses_domain of the group, fp32), planned on rank 0 and shared.
+// crosses_domain of the group, fp32), planned on rank 0 and shared; with plan measure, from
+// plan_by_measuring on those keys (its timed runs come before the benchmark's own).
 //
 // Totals are per optimizer step, count-weighted medians: always-duplicated and always-distributed
 // (standard NS: the modes before owner and Gram existed), each owner run, auto (owner's measured
@@ -31,6 +32,7 @@
 #include "distmuon/comm.h"
 #include "distmuon/compute.h"
 #include "distmuon/cost_model.h"
+#include "distmuon/measure_plan.h"
 #include "distmuon/model_preset.h"
 #include "distmuon/newton_schulz.h"
 #include "distmuon/tp.h"
@@ -49,6 +51,10 @@ struct ModelBenchConfig {
   TimingOptions timing{1, 5};    // warm-up rounds and timed rounds
   std::string profile = "none";  // auto's profile spec (name, file or none)
   std::string cost_model = "refined";
+  // How auto plans: by the model's estimate, or by timing its leading candidates first
+  // (measure_plan.h: measure.wisdom, measure.reps, ...) on this benchmark's sharding.
+  PlanMode plan = PlanMode::kEstimate;
+  MeasurePlanOptions measure;
   // Shapes whose matrix (m n) or distributed Gram matrix (n^2) holds more elements are refused.
   Index max_elements = Index{1} << 24;
   std::uint64_t seed = 0;
@@ -73,6 +79,8 @@ struct ModelBenchShape {
   AutoChoice auto_choice;             // auto's plan (owner: for the whole model)
   AutoChoice fastest;                 // the fastest exact per-weight candidate, by median
   double regret = 0;  // per-weight plans: auto's median / fastest's median - 1 (owner: 0)
+  // plan measure: the planner's times of the candidates it measured (or read from wisdom).
+  std::vector<MeasuredCandidate> planned;
 
   // Throws when the candidate was not measured.
   double median_s(TpMode mode, NsAlgorithm algorithm = NsAlgorithm::kStandard) const;
@@ -84,12 +92,14 @@ struct ModelBenchOwner {
   std::vector<NsAlgorithm> algorithms;  // per weight, shapes in order, count copies each
   TimingSummary time;
   double predicted_s = 0;  // estimate_owner_bucket's cost with a profile (else 0)
+  double planned_s = 0;    // plan measure: the planner's time of this run, when it timed it
 };
 
 struct ModelBenchTotals {
   double duplicated_s = 0, distributed_s = 0, auto_s = 0, oracle_s = 0;
   double per_weight_oracle_s = 0;  // every shape in its fastest per-weight candidate
-  // The cost model's predictions of the same totals (seconds; zero without a profile).
+  // The predictions of the same totals (seconds): the cost model's (zero without a profile);
+  // auto's is the planner's measured time with plan measure.
   double predicted_duplicated_s = 0, predicted_distributed_s = 0, predicted_auto_s = 0;
   double best_fixed_s() const {
     return duplicated_s < distributed_s ? duplicated_s : distributed_s;
@@ -104,6 +114,8 @@ struct ModelBenchReport {
   std::string profile;  // the profile's name, or "none"
   bool has_profile = false;
   std::string cost_model;
+  PlanMode plan = PlanMode::kEstimate;
+  std::size_t plan_timed_runs = 0;  // plan measure: runs the planner timed (0: all from wisdom)
   std::string coefficients;
   int steps = 0;
   bool use_syrk = true;

@@ -43,6 +43,7 @@
 #include "distmuon/comm.h"
 #include "distmuon/cost_model.h"
 #include "distmuon/matrix.h"
+#include "distmuon/measure_plan.h"
 #include "distmuon/newton_schulz.h"
 #include "distmuon/tp.h"
 
@@ -79,7 +80,11 @@ struct MuonOptions {
   TpMode tp_mode = TpMode::kAuto;
   std::string cost_model = "refined";  // auto: "refined" or "reference"
   std::string profile = "none";        // auto: "none", a built-in profile name or a JSON file
-  AdamWOptions adamw;                  // for the parameters that do not use Muon
+  // auto: plan by the cost model's estimate, or measure its leading candidates before the first
+  // step (measure_plan.h); wisdom: the file measure mode reads and writes (empty: none).
+  PlanMode plan = PlanMode::kEstimate;
+  std::string wisdom;
+  AdamWOptions adamw;  // for the parameters that do not use Muon
 
   // Throws distmuon::Error naming the field and listing its valid values.
   void validate() const;
@@ -163,6 +168,9 @@ class Muon {
   // tp_mode auto: the decisions of the cost model so far, per key.
   std::map<AutoKey, AutoChoice> auto_decisions() const;
   MuonStepStats last_step_stats() const;
+  // plan measure: candidate runs timed by this rank so far (warm-up included; 0 when every time
+  // came from the wisdom file).
+  std::size_t plan_timed_runs() const;
 
   struct Impl;
 

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "distmuon/agreement.h"
+#include "bench/model_bench_measure.h"
 #include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
 #include "distmuon/fsdp.h"
@@ -240,7 +241,11 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     s.estimate = estimate(s.key, profile, resolver->cost_model());
     keys.insert(keys.end(), static_cast<std::size_t>(s.count), s.key);
   }
-  const std::vector<AutoChoice> plan = plan_on_rank0(group, *resolver, keys);
+  std::optional<MeasuredPlan> measured;
+  if (config.plan == PlanMode::kMeasure)
+    measured = detail::measure_model_plan(group, config, shapes, keys, *resolver, compute);
+  const std::vector<AutoChoice> plan =
+      measured ? measured->choices : plan_on_rank0(group, *resolver, keys);
   rep.auto_owner = !plan.empty() && plan.front().mode == TpMode::kOwner;
   std::vector<NsAlgorithm> auto_algorithms;
   for (const AutoChoice& c : plan)
@@ -361,6 +366,7 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     }
     rep.owner.push_back(std::move(o));
   }
+  if (measured) detail::add_measured_plan(rep, shapes, *measured);
   rep.shapes = std::move(shapes);
   return rep;
 }

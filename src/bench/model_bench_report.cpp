@@ -50,6 +50,7 @@ json to_json(const ModelBenchReport& r) {
             {"crosses_domain", r.crosses_domain},
             {"profile", r.profile},
             {"cost_model", r.cost_model},
+            {"plan", to_string(r.plan)},
             {"coefficients", r.coefficients},
             {"steps", r.steps},
             {"syrk", r.use_syrk},
@@ -80,6 +81,12 @@ json to_json(const ModelBenchReport& r) {
                            {"fastest", to_string(s.fastest)},
                            {"fastest_ms", s.median_s(s.fastest.mode, s.fastest.algorithm) * 1e3},
                            {"regret", s.regret}});
+    if (r.plan == PlanMode::kMeasure) {
+      json planned = json::object();
+      for (const MeasuredCandidate& c : s.planned)
+        planned[to_string(c.choice)] = c.seconds * 1e3;
+      j["shapes"].back()["planned_ms"] = planned;
+    }
     if (!r.auto_owner)
       j["shapes"].back()["auto_ms"] = s.median_s(s.auto_choice.mode, s.auto_choice.algorithm) * 1e3;
   }
@@ -92,6 +99,7 @@ json to_json(const ModelBenchReport& r) {
                           {"algorithms", algorithms},
                           {"measured", timing_json(o.time)},
                           {"predicted_ms", o.predicted_s * 1e3}});
+    if (o.planned_s > 0) j["owner"].back()["planned_ms"] = o.planned_s * 1e3;
   }
   j["auto_owner"] = r.auto_owner;
   const ModelBenchTotals& t = r.totals;
@@ -104,7 +112,8 @@ json to_json(const ModelBenchReport& r) {
                  {"auto_over_oracle", ratio(t.auto_s, t.oracle_s) - 1},
                  {"auto_speedup_vs_duplicated", ratio(t.duplicated_s, t.auto_s)},
                  {"auto_speedup_vs_distributed", ratio(t.distributed_s, t.auto_s)}};
-  if (r.has_profile) {
+  if (r.plan == PlanMode::kMeasure) j["plan_timed_runs"] = r.plan_timed_runs;
+  if (r.has_profile || r.plan == PlanMode::kMeasure) {
     j["totals"]["predicted"] = {{"duplicated_ms", t.predicted_duplicated_s * 1e3},
                                 {"distributed_ms", t.predicted_distributed_s * 1e3},
                                 {"auto_ms", t.predicted_auto_s * 1e3}};
@@ -117,9 +126,12 @@ std::string format_report(const ModelBenchReport& r) {
       "distmuon bench --model {}: {} rank(s), weights row-sharded over G = {} as in training, {} "
       "BLAS thread(s) per rank, {} x {} steps, {}; {} timed round(s) after {} warm-up, candidates "
       "interleaved; a run's time is the slowest rank's\n"
-      "auto: profile {}, {} model, {}\n\n",
+      "auto: profile {}, {} model, plan {}, {}\n\n",
       r.model, r.group_size, r.group_size, r.blas_threads, r.coefficients, r.steps,
       r.use_syrk ? "syrk" : "gemm", r.timing.reps, r.timing.warmup, r.profile, r.cost_model,
+      r.plan == PlanMode::kMeasure
+          ? fmt::format("measure ({} run(s) timed before the benchmark)", r.plan_timed_runs)
+          : std::string("estimate"),
       r.crosses_domain ? "group crosses domains" : "group inside one domain");
   out += "median ms per NS run of one weight";
   out += r.has_profile ? " (the model's prediction in brackets)\n" : "\n";
@@ -153,13 +165,30 @@ std::string format_report(const ModelBenchReport& r) {
       out += "\n";
     }
   }
+  if (r.plan == PlanMode::kMeasure) {
+    out += "\nplan measure: the planner's times (its predictions) against this benchmark's:\n";
+    const auto row = [&](const std::string& what, double planned, double measured) {
+      out += fmt::format("  {:<40} planned {:>9.2f} ms   measured {:>9.2f} ms   {:+.1f}%\n", what,
+                         planned * 1e3, measured * 1e3, (ratio(planned, measured) - 1) * 100);
+    };
+    for (const ModelBenchShape& s : r.shapes) {
+      for (const MeasuredCandidate& c : s.planned) {
+        row(fmt::format("{} {} {}", fmt::join(s.names, ","), shape_str(s.m, s.n),
+                        to_string(c.choice)),
+            c.seconds, s.median_s(c.choice.mode, c.choice.algorithm));
+      }
+    }
+    for (const ModelBenchOwner& o : r.owner)
+      if (o.planned_s > 0) row(o.label + " (every weight)", o.planned_s, o.time.median_s);
+  }
   const ModelBenchTotals& t = r.totals;
   out += "\ntotals per optimizer step (count x median" +
-         std::string(r.has_profile ? "; predicted by the model" : "") + "):\n";
+         std::string(r.has_profile ? "; predicted by the model" : "") +
+         std::string(r.plan == PlanMode::kMeasure ? "; auto's predicted by the planner" : "") +
+         "):\n";
   const auto line = [&](const char* name, double measured, double predicted, std::string note) {
     out += fmt::format("  {:<24} {:>10.2f} ms", name, measured * 1e3);
-    if (r.has_profile && predicted > 0)
-      out += fmt::format("   (predicted {:.4g} ms)", predicted * 1e3);
+    if (predicted > 0) out += fmt::format("   (predicted {:.4g} ms)", predicted * 1e3);
     out += note.empty() ? "\n" : "   " + note + "\n";
   };
   line("always duplicated", t.duplicated_s, t.predicted_duplicated_s,

@@ -104,12 +104,16 @@ void plan_auto_modes(Muon::Impl& s) {
     keys[j].crosses_domain = crosses[j] != 0;
     text += describe(keys[j]) + ";";
   }
-  // Every rank plans the same keys; world rank 0 plans every bucket and shares one code per
-  // parameter.
+  // Every rank plans the same keys; world rank 0 plans every bucket (from the cost model, or by
+  // timing the leading candidates with plan = measure) and shares one code per parameter.
   agree_on(s.world, text, "tp_mode=auto: the weights to plan",
            [&](std::string_view root, std::string_view mine) {
              return fmt::format("rank {} plans {}, rank 0 plans {}", s.world.rank(), mine, root);
            });
+  if (s.options.plan == PlanMode::kMeasure) {
+    plan_auto_modes_by_measuring(s, todo, keys, buckets_of(s, todo));
+    return;
+  }
   const auto codes = decide_on_root<std::vector<std::int64_t>>(
       s.world, 0, "tp_mode=auto: planning the modes", [&] {
         std::vector<std::int64_t> out(todo.size(), 0);

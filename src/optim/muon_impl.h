@@ -51,6 +51,7 @@ struct Muon::Impl {
   std::unique_ptr<AutoState, void (*)(AutoState*)> auto_state{nullptr, nullptr};
   std::shared_ptr<detail::OwnerStep> owner;  // tp_mode owner, created on the first step
   NsOptions ns_gram;                         // ns with the Gram algorithm
+  std::size_t plan_timed_runs = 0;           // plan measure: candidate runs timed
 
   Impl(MuonOptions o, Communicator w, Compute& c);
   // The rank-independent configuration: options and every parameter's global metadata.
@@ -79,6 +80,11 @@ std::unique_ptr<AutoState, void (*)(AutoState*)> make_auto_state(const MuonOptio
 // Plans the mode and algorithm of every Muon parameter without one (collective over the world:
 // world rank 0 plans each bucket of parameters sharing their groups, and shares the result).
 void plan_auto_modes(Muon::Impl& impl);
+// plan_auto_modes with plan=measure (muon_measure.cpp): keys per todo parameter (crossing agreed),
+// buckets of parameter indices sharing their groups. Collective over the world.
+void plan_auto_modes_by_measuring(Muon::Impl& impl, std::span<const std::size_t> todo,
+                                  std::span<const AutoKey> keys,
+                                  std::span<const std::vector<std::size_t>> buckets);
 // Restores a saved decision into the resolver's cache (checkpoint load).
 void restore_auto_decision(Muon::Impl& impl, const AutoKey& key, const AutoChoice& choice);
 

@@ -96,6 +96,8 @@ void MuonOptions::validate() const {
         "ns_algorithm", "gram with tp_mode auto and cost_model reference",
         "standard or auto (the reference model prices standard NS only), or cost_model refined");
   check(!profile.empty(), "profile", "''", "none, a built-in profile name or a JSON file");
+  check(wisdom.empty() || plan == PlanMode::kMeasure, "wisdom", wisdom,
+        "empty unless plan = measure (the wisdom file holds measured times)");
   check(gram_restart >= 0, "gram_restart", fmt::format("{}", gram_restart),
         "an integer >= 0 (0 = automatic)");
   ns_options().validate();  // coefficient set name, custom table, steps
@@ -136,6 +138,8 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"tp_mode", to_string(o.tp_mode)},
                      {"cost_model", o.cost_model},
                      {"profile", o.profile},
+                     {"plan", to_string(o.plan)},
+                     {"wisdom", o.wisdom},
                      {"adamw",
                       {{"lr", o.adamw.lr},
                        {"beta1", o.adamw.beta1},
@@ -163,6 +167,9 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   o.tp_mode = parse_tp_mode(j.at("tp_mode").get<std::string>());
   j.at("cost_model").get_to(o.cost_model);
   j.at("profile").get_to(o.profile);
+  // Absent in options written before measure mode: plan by the estimate.
+  if (j.contains("plan")) o.plan = parse_plan_mode(j.at("plan").get<std::string>());
+  if (j.contains("wisdom")) j.at("wisdom").get_to(o.wisdom);
   const auto& a = j.at("adamw");
   a.at("lr").get_to(o.adamw.lr);
   a.at("beta1").get_to(o.adamw.beta1);

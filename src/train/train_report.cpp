@@ -71,9 +71,13 @@ void ConsoleReport::on_start(const Trainer& trainer, int first_step) {
       trainer.unigram_entropy()));
   print(fmt::format(
       "optimizer: Muon lr {}, momentum {}{}, weight decay {}, {} x {} NS steps ({}), tp_mode {} "
-      "(cost model {}, profile {}); AdamW lr {} for the embedding and the head",
+      "(cost model {}, profile {}{}); AdamW lr {} for the embedding and the head",
       o.lr, o.momentum, o.nesterov ? " (Nesterov)" : "", o.weight_decay, o.coefficients, o.steps,
-      to_string(o.ns_algorithm), to_string(o.tp_mode), o.cost_model, o.profile, o.adamw.lr));
+      to_string(o.ns_algorithm), to_string(o.tp_mode), o.cost_model, o.profile,
+      o.plan == PlanMode::kMeasure
+          ? fmt::format(", plan measure{}", o.wisdom.empty() ? "" : ", wisdom " + o.wisdom)
+          : "",
+      o.adamw.lr));
   print(fmt::format("validation: every {} steps and at the last, on {} windows", c.train.eval_every,
                     std::min<Index>(c.train.eval_windows, d.windows(Split::kValidation))));
   if (first_step > 0) print(fmt::format("resumed at step {}", first_step));

@@ -138,6 +138,42 @@ TEST(CliBenchModel, TrainDefaultOnATinyConfigGivesJsonTotalsAndAPlot) {
   fs::remove_all(dir);
 }
 
+// --plan measure: the first run times the planner's candidates and writes the wisdom file, the
+// second reads every time from it and times nothing; a damaged file stops both ranks cleanly.
+TEST(CliBenchModel, PlanMeasureWritesWisdomThenReusesIt) {
+  const auto dir = test::fresh_test_dir("distmuon_bench_measure");
+  const fs::path config = dir / "tiny.json";
+  std::ofstream(config)
+      << json{{"model", {{"context", 4}, {"embed", 8}, {"hidden", 32}, {"ffn", 64}, {"layers", 2}}}}
+             .dump();
+  const fs::path wisdom = dir / "wisdom.json";
+  const std::string args = fmt::format(
+      "--log-level warn bench --model train-default --config {} --modes duplicated,distributed "
+      "--reps 1 --warmup 0 --plan measure --plan-reps 1 --wisdom {} --json",
+      config.string(), wisdom.string());
+  std::vector<std::size_t> timed;
+  for (int run = 0; run < 2; ++run) {
+    const test::CliRun r = test::run_cli(2, args, dir / "log.txt");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    json j;
+    ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
+    EXPECT_EQ(j.at("plan"), "measure");
+    EXPECT_FALSE(j.at("shapes")[0].at("planned_ms").empty());
+    EXPECT_GT(j.at("totals").at("predicted").at("auto_ms").get<double>(), 0.0);
+    timed.push_back(j.at("plan_timed_runs").get<std::size_t>());
+    ASSERT_TRUE(fs::exists(wisdom));
+  }
+  EXPECT_GT(timed[0], 0u);
+  EXPECT_EQ(timed[1], 0u);
+
+  std::ofstream(wisdom) << "{\"format\": ";
+  const test::CliRun bad = test::run_cli(2, args, dir / "log.txt");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("not valid JSON"), std::string::npos) << bad.output;
+  EXPECT_EQ(bad.output.find("MPI_ABORT"), std::string::npos) << bad.output;
+  fs::remove_all(dir);
+}
+
 TEST(CliBenchModel, RefusalsFailOnEveryRankWithoutAbort) {
   const auto dir = test::fresh_test_dir("distmuon_bench_model");
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -146,7 +182,8 @@ TEST(CliBenchModel, RefusalsFailOnEveryRankWithoutAbort) {
       {"--model train-default --shape 64x64", "--shape"},
       {"--model no-such-model", "unknown model"},
       {"--model train-default --profile no-such-gpu", "unknown hardware profile"},
-      {"--shape 64x64 --ns-algorithm auto", "--ns-algorithm auto applies to"}};
+      {"--shape 64x64 --ns-algorithm auto", "--ns-algorithm auto applies to"},
+      {"--model train-default --wisdom w.json", "--wisdom applies to --plan measure"}};
   for (const auto& [args, message] : cases) {
     const test::CliRun r = test::run_cli(2, "bench --reps 1 " + args, dir / "log.txt");
     EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;

@@ -138,6 +138,41 @@ TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
   EXPECT_NE(format_report(r).find("oracle"), std::string::npos);
 }
 
+// plan measure: auto's plan is the fastest of the planner's own times (each shape its fastest
+// candidate, or owner when its run beats their count-weighted sum), and its predicted total is
+// the planner's time of that plan.
+TEST(ModelBench, MeasuredPlanFollowsThePlannersTimes) {
+  const Communicator& w = world();
+  ModelBenchConfig c = tiny_config();
+  c.modes = {TpMode::kDuplicated, TpMode::kDistributed};
+  c.plan = PlanMode::kMeasure;
+  c.measure.reps = 1;
+  const ModelBenchReport r = run_model_bench(w, c);
+  EXPECT_EQ(r.plan, PlanMode::kMeasure);
+  EXPECT_GT(r.plan_timed_runs, 0u);
+  double per_weight = 0;
+  for (const ModelBenchShape& s : r.shapes) {
+    SCOPED_TRACE(shape_str(s.m, s.n));
+    ASSERT_FALSE(s.planned.empty());
+    for (std::size_t i = 1; i < s.planned.size(); ++i)
+      EXPECT_LE(s.planned[i - 1].seconds, s.planned[i].seconds);
+    per_weight += static_cast<double>(s.count) * s.planned.front().seconds;
+    if (!r.auto_owner) EXPECT_EQ(s.auto_choice, s.planned.front().choice);
+  }
+  if (r.auto_owner) {
+    const auto it = std::find_if(r.owner.begin(), r.owner.end(),
+                                 [](const ModelBenchOwner& o) { return o.planned_s > 0; });
+    ASSERT_NE(it, r.owner.end());
+    EXPECT_LT(r.totals.predicted_auto_s, per_weight);
+  } else {
+    expect_sum(r.totals.predicted_auto_s, per_weight);
+  }
+  const nlohmann::json j = to_json(r);
+  EXPECT_EQ(j.at("plan"), "measure");
+  EXPECT_TRUE(j.at("shapes")[0].contains("planned_ms"));
+  EXPECT_NE(format_report(r).find("planned"), std::string::npos);
+}
+
 TEST(ModelBench, Refusals) {
   const Communicator& w = world();
   ModelBenchConfig c = tiny_config();

@@ -1,0 +1,114 @@
+// `distmuon bench --model --plan measure`: the planner's candidates on the benchmark's sharding
+// (rows over the whole group, as training shards them), through the optimizer's dispatcher.
+#include "bench/model_bench_measure.h"
+
+#include <memory>
+#include <random>
+
+#include "distmuon/fsdp.h"
+#include "distmuon/layout.h"
+#include "optim/owner_ns.h"
+
+namespace distmuon::detail {
+namespace {
+
+// One weight's shard (fixed random values), its copy NS runs on, and its layout.
+struct Weight {
+  Matrix source, work;
+  ShardLayout layout;
+};
+
+const ScaleFn kUnitScale = [](Index, Index) { return 1.0; };
+
+class BenchTarget final : public MeasureTarget {
+ public:
+  BenchTarget(const Communicator& group, const ModelBenchConfig& config,
+              std::span<const ModelBenchShape> shapes, Compute& compute)
+      : group_(group), config_(config), compute_(compute) {
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const ModelBenchShape& s = shapes[i];
+      const RowSharding sharding = RowSharding::make(s.m, s.n, group.size());
+      Matrix full(s.m, s.n);
+      std::mt19937_64 rng(config.seed + 1000 + i);
+      std::normal_distribution<float> dist;
+      for (float& v : full.values())
+        v = dist(rng);
+      for (Index c = 0; c < s.count; ++c) {
+        auto w = std::make_shared<Weight>();
+        w->source = row_shard(full.view(), sharding, group.rank());
+        w->work = Matrix(w->source.rows(), w->source.cols());
+        w->layout.m = s.m;
+        w->layout.n = s.n;
+        w->layout.gtp_size = group.size();
+        w->layout.gtp_rank = group.rank();
+        w->layout.pad = sharding.pad_length;
+        weights_.push_back(std::move(w));
+      }
+    }
+  }
+
+  MeasureTask weight_task(std::size_t weight, const AutoChoice& choice) override {
+    std::shared_ptr<Weight> w = weights_.at(weight);
+    NsOptions ns = config_.ns;
+    ns.algorithm = choice.algorithm;
+    return {[this, w, ns, mode = choice.mode] {
+              orthogonalize_shard(w->work.view(), w->layout, tp_, group_, mode, ns, kUnitScale,
+                                  compute_);
+            },
+            [this, w] { compute_.copy(w->source.view(), w->work.view()); }};
+  }
+
+  MeasureTask owner_task(std::size_t, std::span<const NsAlgorithm> algorithms) override {
+    struct Run {
+      std::vector<OwnerOrthogonalizer::Weight> weights;
+      std::unique_ptr<OwnerOrthogonalizer> orth;
+    };
+    auto r = std::make_shared<Run>();
+    for (std::size_t i = 0; i < weights_.size(); ++i) {
+      r->weights.push_back(
+          {weights_[i]->work.view(), &weights_[i]->layout, &tp_, &group_, algorithms[i]});
+    }
+    r->orth = std::make_unique<OwnerOrthogonalizer>(ns_flops_cost(config_.ns));
+    return {[this, r] { r->orth->run(r->weights, config_.ns, kUnitScale, compute_); },
+            [this] {
+              for (const auto& w : weights_)
+                compute_.copy(w->source.view(), w->work.view());
+            }};
+  }
+
+ private:
+  const Communicator& group_;
+  const Communicator tp_ = local_communicator();
+  const ModelBenchConfig& config_;
+  Compute& compute_;
+  std::vector<std::shared_ptr<Weight>> weights_;
+};
+
+}  // namespace
+
+MeasuredPlan measure_model_plan(const Communicator& group, const ModelBenchConfig& config,
+                                std::span<const ModelBenchShape> shapes,
+                                std::span<const AutoKey> keys, const AutoModeResolver& resolver,
+                                Compute& compute) {
+  BenchTarget target(group, config, shapes, compute);
+  std::vector<std::vector<std::size_t>> bucket(1);
+  for (std::size_t w = 0; w < keys.size(); ++w)
+    bucket[0].push_back(w);
+  return plan_by_measuring(group, keys, bucket, target, resolver, config.measure);
+}
+
+void add_measured_plan(ModelBenchReport& report, std::span<ModelBenchShape> shapes,
+                       const MeasuredPlan& plan) {
+  report.plan = PlanMode::kMeasure;
+  report.plan_timed_runs = plan.timed_runs;
+  for (std::size_t i = 0, w = 0; i < shapes.size();
+       w += static_cast<std::size_t>(shapes[i].count), ++i)
+    shapes[i].planned = plan.candidates.at(w);
+  for (ModelBenchOwner& o : report.owner) {
+    for (const MeasuredOwner& m : plan.owner.at(0))
+      if (m.algorithms == o.algorithms) o.planned_s = m.seconds;
+  }
+  report.totals.predicted_auto_s = plan.bucket_seconds.at(0);
+}
+
+}  // namespace distmuon::detail

@@ -1,0 +1,113 @@
+// tp_mode=auto with plan=measure in the optimizer: the candidates of measure_plan.h run on the
+// parameters' own layouts and groups, through the same dispatcher Muon::step calls, on scratch
+// copies (the weights are not touched).
+#include <algorithm>
+#include <random>
+
+#include "distmuon/auto_mode.h"
+#include "distmuon/measure_plan.h"
+#include "optim/muon_impl.h"
+#include "optim/owner_ns.h"
+
+namespace distmuon {
+namespace {
+
+// A scratch shard of p's shape with fixed random values (NS time does not depend on them), and
+// the copy NS runs on.
+struct Scratch {
+  Matrix source, work;
+};
+
+std::shared_ptr<Scratch> scratch_of(const ParamState& p, std::uint64_t seed) {
+  const MatrixView w = p.spec.local;
+  auto s = std::make_shared<Scratch>(Scratch{Matrix(w.rows, w.cols), Matrix(w.rows, w.cols)});
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist;
+  for (float& v : s->source.values())
+    v = dist(rng);
+  return s;
+}
+
+const ScaleFn kUnitScale = [](Index, Index) { return 1.0; };
+
+class MuonTarget final : public MeasureTarget {
+ public:
+  MuonTarget(Muon::Impl& s, std::span<const std::size_t> params,
+             std::span<const std::vector<std::size_t>> buckets)
+      : s_(s), params_(params), buckets_(buckets) {}
+
+  MeasureTask weight_task(std::size_t weight, const AutoChoice& choice) override {
+    ParamState& p = s_.params[params_[weight]];
+    auto d = scratch_of(p, weight);
+    const NsOptions& ns = choice.algorithm == NsAlgorithm::kGram ? s_.ns_gram : s_.ns;
+    return {[this, d, &p, &ns, mode = choice.mode] {
+              orthogonalize_shard(d->work.view(), p.layout, p.tp, p.gtp, mode, ns, kUnitScale,
+                                  *s_.compute, &s_.workspaces);
+            },
+            [this, d] { s_.compute->copy(d->source.view(), d->work.view()); }};
+  }
+
+  MeasureTask owner_task(std::size_t bucket, std::span<const NsAlgorithm> algorithms) override {
+    struct Run {
+      std::vector<std::shared_ptr<Scratch>> data;
+      std::vector<detail::OwnerOrthogonalizer::Weight> weights;
+      std::unique_ptr<detail::OwnerOrthogonalizer> orth;
+    };
+    auto r = std::make_shared<Run>();
+    const std::vector<std::size_t>& b = buckets_[bucket];
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      ParamState& p = s_.params[params_[b[i]]];
+      r->data.push_back(scratch_of(p, b[i]));
+      r->weights.push_back({r->data.back()->work.view(), &p.layout, &p.tp, &p.gtp, algorithms[i]});
+    }
+    r->orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(s_.ns));
+    return {[this, r] { r->orth->run(r->weights, s_.ns, kUnitScale, *s_.compute, &s_.workspaces); },
+            [this, r] {
+              for (const auto& d : r->data)
+                s_.compute->copy(d->source.view(), d->work.view());
+            }};
+  }
+
+ private:
+  Muon::Impl& s_;
+  std::span<const std::size_t> params_;
+  std::span<const std::vector<std::size_t>> buckets_;
+};
+
+}  // namespace
+
+void plan_auto_modes_by_measuring(Muon::Impl& s, std::span<const std::size_t> todo,
+                                  std::span<const AutoKey> keys,
+                                  std::span<const std::vector<std::size_t>> buckets) {
+  // Buckets as positions in todo (the planner's weights).
+  std::vector<std::vector<std::size_t>> at;
+  for (const std::vector<std::size_t>& b : buckets) {
+    at.emplace_back();
+    for (const std::size_t i : b)
+      at.back().push_back(
+          static_cast<std::size_t>(std::find(todo.begin(), todo.end(), i) - todo.begin()));
+  }
+  MuonTarget target(s, todo, at);
+  MeasurePlanOptions options;
+  options.wisdom = s.options.wisdom;
+  // The timed runs' collectives are not the step's: keep them out of its statistics.
+  const double comm = *s.comm_seconds;
+  const MeasuredPlan plan =
+      plan_by_measuring(s.world, keys, at, target,
+                        AutoModeResolver(s.options.profile, s.options.cost_model), options);
+  *s.comm_seconds = comm;
+  s.plan_timed_runs += plan.timed_runs;
+  for (std::size_t j = 0; j < todo.size(); ++j) {
+    ParamState& p = s.params[todo[j]];
+    p.mode = plan.choices[j].mode;
+    p.algorithm = plan.choices[j].algorithm;
+    p.auto_key = keys[j];
+    restore_auto_decision(s, keys[j], plan.choices[j]);
+  }
+}
+
+std::size_t Muon::plan_timed_runs() const {
+  return impl_->plan_timed_runs;
+}
+
+}  // namespace distmuon

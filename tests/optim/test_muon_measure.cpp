@@ -1,0 +1,198 @@
+// tp_mode=auto with plan=measure: the plan is the same on every rank and follows the measured
+// times (each weight its fastest candidate, owner for a bucket only when its run beats the sum of
+// those); the times go to the wisdom file, a second run reuses them without timing anything and
+// steps to the same weights bit for bit; wisdom of another host is ignored; a damaged file stops
+// every rank with its name.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "distmuon/error.h"
+#include "distmuon/wisdom.h"
+#include "optim_test_util.h"
+
+namespace distmuon {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TestLayout;
+
+// Two buckets: four small weights split by rows over the world, one split by columns.
+std::vector<TestLayout> layouts(int w) {
+  std::vector<TestLayout> out;
+  for (int i = 0; i < 4; ++i)
+    out.push_back({.label = "small " + std::to_string(i), .m = 64, .n = 32, .gtp = w});
+  out.push_back({.label = "wide", .m = 48, .n = 128, .tp_dim = 1, .tp = w});
+  return out;
+}
+
+MuonOptions options(const std::string& wisdom) {
+  MuonOptions o;
+  o.lr = 0.5;
+  o.tp_mode = TpMode::kAuto;
+  o.ns_algorithm = NsAlgorithm::kAuto;
+  o.plan = PlanMode::kMeasure;
+  o.wisdom = wisdom;
+  return o;
+}
+
+struct Outcome {
+  std::vector<Matrix> params;
+  std::vector<ParamInfo> info;
+  std::map<AutoKey, AutoChoice> decisions;
+  std::size_t timed = 0;
+};
+
+// One Muon step over the layouts from fixed weights and gradients.
+Outcome run_once(const MuonOptions& o) {
+  const Communicator& world = test::world();
+  const std::vector<TestLayout> ls = layouts(world.size());
+  const ProcessGroups gtp = make_process_groups(world, 1, world.size());
+  const ProcessGroups tp = make_process_groups(world, world.size(), 1);
+  Muon opt(o, world);
+  Outcome r;
+  std::vector<Matrix> grads;
+  std::vector<ConstMatrixView> views;
+  for (std::size_t i = 0; i < ls.size(); ++i) {
+    const ProcessGroups& g = ls[i].tp > 1 ? tp : gtp;
+    r.params.push_back(test::shard_for(test::random_matrix(ls[i].m, ls[i].n, i).view(), ls[i],
+                                       g.tp.rank(), g.gtp.rank()));
+    grads.push_back(test::shard_for(test::random_matrix(ls[i].m, ls[i].n, 100 + i).view(), ls[i],
+                                    g.tp.rank(), g.gtp.rank()));
+  }
+  for (std::size_t i = 0; i < ls.size(); ++i) {
+    opt.add_parameter(
+        test::layout_spec(ls[i], ls[i].tp > 1 ? tp : gtp, r.params[i].view(), ls[i].label));
+    views.push_back(grads[i].view());
+  }
+  opt.step(views);
+  r.info = opt.parameters();
+  r.decisions = opt.auto_decisions();
+  r.timed = opt.plan_timed_runs();
+  return r;
+}
+
+std::int64_t code(const ParamInfo& p) {
+  return to_code(AutoChoice{*p.mode, p.algorithm});
+}
+
+// A wisdom path shared by the ranks (rank 0's temporary directory), removed at the end.
+struct SharedFile {
+  SharedFile() {
+    const Communicator& world = test::world();
+    std::string dir;
+    if (world.rank() == 0) {
+      dir = (fs::temp_directory_path() / ("distmuon-measure-" + std::to_string(getpid()))).string();
+      fs::create_directories(dir);
+    }
+    path = fs::path(world.broadcast_string(dir, 0)) / "wisdom.json";
+  }
+  ~SharedFile() {
+    test::world().barrier();
+    if (test::world().rank() == 0) fs::remove_all(path.parent_path());
+  }
+  fs::path path;
+};
+
+TEST(MuonMeasure, SamePlanEverywhereFollowsTheTimesAndReusesWisdom) {
+  const Communicator& world = test::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs sharded weights (2 or more ranks)";
+  SharedFile file;
+  const Outcome first = run_once(options(file.path.string()));
+  EXPECT_GT(first.timed, 0u);
+
+  // The plan is the same on every rank.
+  for (const ParamInfo& p : first.info) {
+    ASSERT_TRUE(p.mode.has_value()) << p.name;
+    const std::vector<std::int64_t> all = world.all_gather(code(p));
+    for (std::int64_t c : all)
+      EXPECT_EQ(c, all[0]) << p.name;
+  }
+
+  // It follows the recorded times: owner for a bucket only when its fastest owner run beats the
+  // sum of its weights' fastest candidates, else each weight's fastest candidate.
+  if (world.rank() == 0) {
+    const Wisdom w = Wisdom::load(file.path, {this_host(), "none", "refined"});
+    const std::vector<TestLayout> ls = layouts(world.size());
+    const std::vector<std::vector<std::size_t>> buckets = {{0, 1, 2, 3}, {4}};
+    for (const auto& b : buckets) {
+      std::vector<AutoKey> keys;
+      double per_weight = 0;
+      for (const std::size_t i : b) {
+        const auto it = std::find_if(first.decisions.begin(), first.decisions.end(), [&](auto& d) {
+          return d.first.m == ls[i].m && d.first.n == ls[i].n;
+        });
+        ASSERT_NE(it, first.decisions.end()) << ls[i].label;
+        keys.push_back(it->first);
+        const auto* timed = w.find(it->first);
+        ASSERT_NE(timed, nullptr) << describe(it->first);
+        per_weight += timed->front().seconds;
+        if (first.info[i].mode != TpMode::kOwner) {
+          EXPECT_EQ(to_code(AutoChoice{*first.info[i].mode, first.info[i].algorithm}),
+                    to_code(timed->front().choice))
+              << ls[i].label;
+        }
+      }
+      const auto* owner = w.find_owner(keys);
+      ASSERT_NE(owner, nullptr);
+      const bool chose_owner = first.info[b[0]].mode == TpMode::kOwner;
+      EXPECT_EQ(chose_owner, owner->front().seconds < per_weight);
+      for (const std::size_t i : b)
+        EXPECT_EQ(first.info[i].mode == TpMode::kOwner, chose_owner) << ls[i].label;
+    }
+  }
+
+  // A second run reads every time from the wisdom file: nothing is timed, the plan and the
+  // stepped weights are the same (the timed runs of the first left the weights alone).
+  const Outcome second = run_once(options(file.path.string()));
+  EXPECT_EQ(second.timed, 0u);
+  for (std::size_t i = 0; i < first.info.size(); ++i) {
+    EXPECT_EQ(code(second.info[i]), code(first.info[i])) << first.info[i].name;
+    const auto a = second.params[i].values(), b = first.params[i].values();
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end())) << first.info[i].name;
+  }
+}
+
+TEST(MuonMeasure, WisdomOfAnotherHostIsIgnored) {
+  const Communicator& world = test::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs sharded weights (2 or more ranks)";
+  SharedFile file;
+  run_once(options(file.path.string()));
+  if (world.rank() == 0) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(file.path));
+    for (auto& e : j["entries"])
+      e["host"]["hostname"] = "elsewhere";
+    std::ofstream(file.path) << j.dump();
+  }
+  world.barrier();
+  EXPECT_GT(run_once(options(file.path.string())).timed, 0u);
+}
+
+TEST(MuonMeasure, DamagedWisdomStopsEveryRank) {
+  const Communicator& world = test::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs sharded weights (2 or more ranks)";
+  SharedFile file;
+  if (world.rank() == 0) std::ofstream(file.path) << "{\"format\": ";
+  world.barrier();
+  try {
+    run_once(options(file.path.string()));
+    ADD_FAILURE() << "a damaged wisdom file was accepted";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find(file.path.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MuonMeasure, WisdomNeedsPlanMeasure) {
+  MuonOptions o = options("w.json");
+  o.plan = PlanMode::kEstimate;
+  EXPECT_THROW(o.validate(), Error);
+}
+
+}  // namespace
+}  // namespace distmuon
