@@ -103,13 +103,13 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
     }
   }
   ctx.world.agree_or_throw(why.empty(), "bench --plot", why);
+  why.clear();
   set_blas_threads(common.threads);
   ProgressLine progress(stdout, ctx.world.rank() == 0 && !common.json);
   ModelBenchConfig run = config;
   if (progress.active()) run.progress = [&](const std::string& what) { progress.update(what); };
   const ModelBenchReport report = run_model_bench(ctx.world, run);
   progress.clear();
-  std::string why;
   if (ctx.world.rank() == 0 && !model.plot.empty()) {
     try {
       render_model_bench_plot(report, model.plot);
