@@ -136,14 +136,16 @@ class Muon:
         self._core.step(arrays)
 
     def set_learning_rates(self, lr, adamw_lr=None):
-        opts = self.options
-        self._core.set_learning_rates(lr, opts["adamw"]["lr"] if adamw_lr is None else adamw_lr)
+        """New learning rates for the next steps (adamw_lr None: unchanged)."""
+        if adamw_lr is None:
+            adamw_lr = self.options["adamw"]["lr"]
+        self._core.set_learning_rates(lr, adamw_lr)
 
     def set_weight_decays(self, weight_decay, adamw_weight_decay=None):
-        opts = self.options
-        self._core.set_weight_decays(
-            weight_decay,
-            opts["adamw"]["weight_decay"] if adamw_weight_decay is None else adamw_weight_decay)
+        """New weight decays for the next steps (adamw_weight_decay None: unchanged)."""
+        if adamw_weight_decay is None:
+            adamw_weight_decay = self.options["adamw"]["weight_decay"]
+        self._core.set_weight_decays(weight_decay, adamw_weight_decay)
 
     @property
     def options(self):

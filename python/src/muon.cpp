@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
@@ -79,19 +80,35 @@ class PyMuon {
     spec.qkv_split = std::move(qkv_split);
     const std::size_t i = muon_.add_parameter(std::move(spec));
     shards_.push_back(shard);
+    names_.push_back(name);
     return i;
   }
 
   void step(const std::vector<py::array>& grads) {
     std::vector<ConstMatrixView> views;
     for (std::size_t i = 0; i < grads.size(); ++i) {
-      const std::string what = i < shards_.size()
-                                   ? fmt::format("gradient of '{}'", muon_.parameters()[i].name)
-                                   : fmt::format("gradient {}", i);
-      views.push_back(const_view(grads[i], what));
+      views.push_back(const_view(grads[i], i < names_.size()
+                                               ? fmt::format("gradient of '{}'", names_[i])
+                                               : fmt::format("gradient {}", i)));
     }
     py::gil_scoped_release release;
     muon_.step(views);
+  }
+
+  // Seconds of each of `count` steps run back to back in C++ on the same gradients (the
+  // overhead benchmark's C++ side: no Python between or inside the steps).
+  std::vector<double> time_steps(const std::vector<py::array>& grads, int count) {
+    std::vector<ConstMatrixView> views;
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      views.push_back(const_view(grads[i], fmt::format("gradient {}", i)));
+    std::vector<double> out;
+    py::gil_scoped_release release;
+    for (int k = 0; k < count; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      muon_.step(views);
+      out.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return out;
   }
 
   // Parameter i's state tensors as arrays over the optimizer's memory (no copy).
@@ -107,6 +124,7 @@ class PyMuon {
  private:
   Muon muon_;
   std::vector<py::array> shards_;
+  std::vector<std::string> names_;
 };
 
 py::dict param_info(const ParamInfo& p) {
@@ -133,6 +151,7 @@ void init_muon(py::module_& m) {
            py::arg("tp_dim"), py::arg("tp_group"), py::arg("gtp_group"), py::arg("pad"),
            py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"))
       .def("step", &PyMuon::step, py::arg("grads"))
+      .def("time_steps", &PyMuon::time_steps, py::arg("grads"), py::arg("count"))
       .def("save",
            [](PyMuon& s, const std::string& dir) {
              py::gil_scoped_release release;
