@@ -41,3 +41,12 @@ def test_profiles_and_errors(cli):
         distmuon.plan([(8, 8)], profile="nope")
     with pytest.raises(distmuon.Error, match="either shapes or a model"):
         distmuon.plan()
+
+
+def test_calibrate_writes_a_profile_that_plan_accepts(tmp_path):
+    out = tmp_path / "calibrated.json"
+    profile, report = distmuon.calibrate(None, name="here", sizes=(32, 64), out=out)
+    assert profile["name"] == "here" and out.exists()
+    assert "GFLOP/s" in report or "gflop" in report.lower()
+    p = distmuon.plan([(256, 64)], group_size=1, profile=str(out))
+    assert p.units == "seconds" and p.totals["duplicated"] > 0
