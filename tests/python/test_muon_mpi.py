@@ -160,3 +160,23 @@ def test_state_tensors_are_views():
     assert np.abs(mom).sum() > 0
     sd["params"][0]["state"][0][:] = 0  # a copy: the optimizer keeps its state
     assert np.abs(opt.state_tensors(0)[0]).sum() > 0
+
+
+def test_mpi4py_split_as_tp_group():
+    # Pairs of ranks (or the one rank) from mpi4py's own Split, each pair holding one weight.
+    pair = COMM.Split(R // 2, R)
+    try:
+        t, r = pair.Get_size(), pair.Get_rank()
+        m, n = 8 * 2, 12
+        f = full_weight(m, n, 5)
+        s = shard(f, 0, t, r)
+        opt = distmuon.Muon(COMM, tp_mode="duplicated", lr=0.05)
+        opt.add_parameter(s, "w", m, n, tp_dim=0, tp_group=pair)
+        opt.step([shard(full_grad(m, n, 5, 1), 0, t, r)])
+        assert opt.parameters()[0]["tp_size"] == t
+        ref = distmuon.Muon(None, tp_mode="duplicated", lr=0.05)
+        ref.add_parameter(f, "w")
+        ref.step([full_grad(m, n, 5, 1)])
+        assert np.array_equal(s, shard(f, 0, t, r))
+    finally:
+        pair.Free()

@@ -45,8 +45,10 @@ def _worker(rank, world, store, mode, out):
     # fc1 column-parallel: its rows (outputs) split; fc2 row-parallel: its columns split.
     p1 = torch.nn.Parameter(w1.chunk(world, 0)[rank].contiguous())
     p2 = torch.nn.Parameter(w2.chunk(world, 1)[rank].contiguous())
-    layouts = [dmt.Layout(rows=H, cols=D, tp_dim=0, tp_group="world", name="fc1"),
-               dmt.Layout(rows=O, cols=H, tp_dim=1, tp_group="world", name="fc2")]
+    # The TP group: the optimizer's world ("world"), or a torch process group of the same ranks.
+    tp = "world" if mode == "duplicated" else dist.new_group([0, 1])
+    layouts = [dmt.Layout(rows=H, cols=D, tp_dim=0, tp_group=tp, name="fc1"),
+               dmt.Layout(rows=O, cols=H, tp_dim=1, tp_group=tp, name="fc2")]
     opt = dmt.Muon([{"params": [p1, p2], "layouts": layouts}], lr=0.02, tp_mode=mode)
     addresses = [p1.data_ptr(), p2.data_ptr()]
     x, y = _data()
