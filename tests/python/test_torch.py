@@ -80,10 +80,10 @@ def train(model, opt, steps, lr_at=None):
 @pytest.mark.parametrize("coefficients,table", [("simple", PUBLISHED),
                                                 ("quintic", QUINTIC_SCHEDULE)])
 def test_matches_reference_muon_20_steps(coefficients, table):
-    sched = lambda s: 0.02 / (1 + 0.1 * s)  # noqa: E731  a schedule through param_groups
+    sched = lambda s: 0.01 / (1 + 0.1 * s)  # noqa: E731  a schedule through param_groups
     model = make_model()
     ref_model = copy.deepcopy(model)
-    opt = dmt.Muon(model.parameters(), lr=0.02, weight_decay=0.01, coefficients=coefficients)
+    opt = dmt.Muon(model.parameters(), lr=0.01, weight_decay=0.01, coefficients=coefficients)
     lr_sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + 0.1 * s))
     x, y = data()
     losses = []
@@ -94,12 +94,13 @@ def test_matches_reference_muon_20_steps(coefficients, table):
         loss.backward()
         opt.step()
         lr_sched.step()
-    ref = ReferenceMuon(ref_model.parameters(), lr=0.02, table=table, weight_decay=0.01)
+    ref = ReferenceMuon(ref_model.parameters(), lr=0.01, table=table, weight_decay=0.01)
     ref_losses = train(ref_model, ref, 20, lr_at=sched)
     assert losses[-1] < 0.8 * losses[0]  # it trains
     # fp32 rounding only (OpenBLAS vs torch GEMMs, norm in double in both): 1e-5 relative.
-    for a, b in zip(losses, ref_losses):
-        assert abs(a - b) <= 1e-5 * abs(b), (losses, ref_losses)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    print(f"{coefficients}: max relative loss difference {worst:.2e} over 20 steps")
+    assert worst <= 1e-5, (losses, ref_losses)
     assert [p["mode"] for p in opt.plan()] == ["duplicated"] * 3  # one process: plain NS
 
 
