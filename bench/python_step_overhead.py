@@ -18,7 +18,6 @@ import time
 import numpy as np
 import torch
 
-import distmuon
 import distmuon.torch as dmt
 
 

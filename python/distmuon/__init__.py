@@ -12,7 +12,7 @@ is released while it runs, and its errors arrive as distmuon.Error with the same
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 
@@ -106,6 +106,16 @@ class Muon:
         self.world = communicator(comm)
         self._core = _core.MuonCore(json.dumps(options), self.world)
         self._shards = []
+        # One Communicator per group object: parameters passed the same group share it (owner
+        # mode buckets weights by their groups), and an mpi4py group is duplicated once.
+        self._groups = {id(comm): (comm, self.world)} if comm is not None else {}
+
+    def _group(self, obj):
+        if obj is None or isinstance(obj, Communicator):
+            return obj
+        if id(obj) not in self._groups:
+            self._groups[id(obj)] = (obj, communicator(obj))  # obj kept: its id stays unique
+        return self._groups[id(obj)][1]
 
     def add_parameter(self, shard, name, rows=None, cols=None, *, role="hidden", use_muon=True,
                       tp_dim=None, tp_group=None, gtp_group=None, pad=0, expert=False,
@@ -113,7 +123,8 @@ class Muon:
         """Registers this rank's shard (updated in place by step()). rows x cols is the full
         unpadded weight (default: the shard's shape); tp_dim 0/1 with tp_group splits it over
         TP, gtp_group splits the (padded by `pad` rows) TP-local tensor by rows over GTP.
-        A 1-D shard is registered as a k x 1 column. Returns its index."""
+        A group is a Communicator or anything communicator() accepts (converted once per
+        object). A 1-D shard is registered as a k x 1 column. Returns its index."""
         arr = as_array(shard, f"Muon parameter '{name}'")
         if arr.ndim == 1:
             arr = arr.reshape(-1, 1)
@@ -121,8 +132,7 @@ class Muon:
         cols = arr.shape[1] if cols is None and arr.ndim == 2 else cols
         i = self._core.add_parameter(
             arr, name, rows, cols, role, use_muon, tp_dim,
-            None if tp_group is None else communicator(tp_group),
-            None if gtp_group is None else communicator(gtp_group), pad, expert, expert_rank,
+            self._group(tp_group), self._group(gtp_group), pad, expert, expert_rank,
             list(qkv_split))
         self._shards.append(arr)
         return i

@@ -7,7 +7,6 @@ an all_reduce of a copy, of which this rank keeps its slice.
 
 import os
 
-import numpy as np
 import torch
 import torch.distributed as dist
 

@@ -10,12 +10,13 @@ weight_decay (Muon), adamw_lr, adamw_weight_decay. Every other option (momentum,
 tp_mode, ns_algorithm, coefficients, steps, profile, ...) is fixed at construction.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 
-from . import Error, Muon as _CoreMuon, communicator, process_groups  # noqa: F401
+from . import Communicator, Error, Muon as _CoreMuon, communicator
+from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the same helper)
 
 _GROUP_KEYS = ("lr", "weight_decay", "adamw_lr", "adamw_weight_decay")
 
@@ -68,6 +69,8 @@ class Muon(torch.optim.Optimizer):
                 torch.distributed.is_initialized():
             process_group = "torch"
         self._world = communicator(process_group)
+        self._group_comms = {} if process_group is None else {
+            id(process_group): (process_group, self._world)}
         self._options = dict(options, tp_mode=tp_mode)
         self._cores = []  # one C++ optimizer per param group
         defaults = dict(lr=lr, weight_decay=weight_decay, adamw_lr=adamw_lr,
@@ -79,11 +82,15 @@ class Muon(torch.optim.Optimizer):
         return self._world
 
     def _group_comm(self, g):
-        if g is None:
-            return None
+        """The Communicator of a layout's group, made once per group object (weights sharing a
+        group share its communicator: owner mode buckets them by it)."""
+        if g is None or isinstance(g, Communicator):
+            return g
         if isinstance(g, str) and g == "world":
             return self._world
-        return communicator(g)
+        if id(g) not in self._group_comms:
+            self._group_comms[id(g)] = (g, communicator(g))
+        return self._group_comms[id(g)][1]
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)

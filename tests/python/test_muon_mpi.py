@@ -180,3 +180,13 @@ def test_mpi4py_split_as_tp_group():
         assert np.array_equal(s, shard(f, 0, t, r))
     finally:
         pair.Free()
+
+
+def test_owner_mode_equals_duplicated():
+    # Owner mode over the weights sharing the world as TP group (one bucket: the same mpi4py
+    # communicator object is converted once), standard NS: bit-equal to duplicated.
+    opt, owner = sharded_run("owner", 3)
+    _, dup = sharded_run("duplicated", 3)
+    assert [p["mode"] for p in opt.parameters()] == ["owner"] * len(WEIGHTS)
+    for a, b in zip(owner, dup):
+        assert np.array_equal(a, b)
