@@ -5,6 +5,7 @@ their memory, so nothing is copied on the way in or out. gloo has no reduce_scat
 an all_reduce of a copy, of which this rank keeps its slice.
 """
 
+import atexit
 import os
 
 import torch
@@ -25,10 +26,25 @@ def _group_ranks(group):
     return sorted(ranks, key=lambda g: ranks[g])
 
 
+_exit_hook = False
+
+
+def _destroy_at_exit():
+    # A job whose script ends without destroy_process_group(), after distmuon ran collectives
+    # through gloo, could abort at interpreter exit ("terminate called without an active
+    # exception"); tearing the process groups down before the interpreter's own teardown avoids it.
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class TorchCollectives:
     def __init__(self, group=None):
+        global _exit_hook
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised (call init_process_group)")
+        if not _exit_hook:
+            atexit.register(_destroy_at_exit)
+            _exit_hook = True
         self.group = group
         self.ranks = _group_ranks(group)
         self._rank = dist.get_rank(group) if group is not None else dist.get_rank()
