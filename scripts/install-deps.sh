@@ -10,6 +10,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox ccache
+  python3-dev python3-pybind11 python3-numpy python3-mpi4py python3-pytest python3-torch
 )
 
 missing=()

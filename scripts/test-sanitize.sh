@@ -5,14 +5,16 @@
 # separate project, which would need the sanitizer runtime too) and the calibrate/bench timing
 # tests (label "bench": they measure speed, which the sanitizers change, and are the slowest), and
 # the command-line tool with the tests that launch it (the plain pass runs them; the library code
-# they exercise is covered here by the library's own tests).
+# they exercise is covered here by the library's own tests), and the Python module (an
+# uninstrumented interpreter cannot load an ASan-built extension).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/install-deps.sh"
 # ccache (when installed): paths relative to the checkout, so any clone of it shares the cache.
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 cmake -S "$root" -B "$root/build-sanitize" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DDISTMUON_SANITIZE=ON -DDISTMUON_ENABLE_BENCH=OFF -DDISTMUON_ENABLE_APPS=OFF >/dev/null
+  -DDISTMUON_SANITIZE=ON -DDISTMUON_ENABLE_BENCH=OFF -DDISTMUON_ENABLE_APPS=OFF \
+  -DDISTMUON_ENABLE_PYTHON=OFF >/dev/null
 cmake --build "$root/build-sanitize" --parallel "$(nproc)"
 # Leaks: OpenMPI's libraries keep allocations until exit that LeakSanitizer reports; the
 # suppressions name those libraries only, so a leak in distmuon still fails. They match only with

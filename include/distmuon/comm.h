@@ -153,6 +153,12 @@ class MpiRuntime {
   bool owns_ = false;
 };
 Communicator mpi_world();
+// A communicator over an existing MPI communicator owned by the caller (e.g. mpi4py's
+// MPI.COMM_WORLD or one of its splits): `mpi_comm` points to an MPI_Comm (kept opaque so that
+// this header needs no mpi.h). The communicator is duplicated (collective over its ranks), so
+// distmuon's messages never mix with the caller's; the duplicate is freed with the last copy.
+// Requires an initialised MPI; never initialises or finalises it.
+Communicator mpi_communicator(const void* mpi_comm);
 // True when this process was launched by mpirun/mpiexec (so MPI should be initialised).
 bool launched_by_mpi();
 // The world communicator a program should use: MPI's when launched by mpirun, else local.

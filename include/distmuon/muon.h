@@ -164,6 +164,16 @@ class Muon {
   const MuonOptions& options() const;
   // Learning-rate schedules: new Muon and AdamW learning rates (>= 0) for the next steps.
   void set_learning_rates(double muon_lr, double adamw_lr);
+  // Weight-decay schedules: new Muon and AdamW weight decays (>= 0) for the next steps.
+  void set_weight_decays(double muon_wd, double adamw_wd);
+
+  // In-memory state (rank-local), for callers that keep the state themselves (the Python
+  // bindings' state_dict): views of parameter i's state tensors, shard-shaped (Muon: momentum;
+  // AdamW: exp_avg, exp_avg_sq), valid until the parameter list changes; writing through them
+  // changes the state. set_step_count sets the step counter that AdamW's bias correction and
+  // the checkpoints use.
+  std::vector<MatrixView> state_tensors(std::size_t i);
+  void set_step_count(std::int64_t step);
   std::vector<ParamInfo> parameters() const;
   // tp_mode auto: the decisions of the cost model so far, per key.
   std::map<AutoKey, AutoChoice> auto_decisions() const;

@@ -283,6 +283,28 @@ void Muon::set_learning_rates(double muon_lr, double adamw_lr) {
   impl_->options = o;
 }
 
+void Muon::set_weight_decays(double muon_wd, double adamw_wd) {
+  MuonOptions o = impl_->options;
+  o.weight_decay = muon_wd;
+  o.adamw.weight_decay = adamw_wd;
+  o.validate();
+  impl_->options = o;
+}
+
+std::vector<MatrixView> Muon::state_tensors(std::size_t i) {
+  if (i >= impl_->params.size()) {
+    throw Error(fmt::format("Muon::state_tensors: parameter {} of {}", i, impl_->params.size()));
+  }
+  ParamState& p = impl_->params[i];
+  if (p.muon) return {p.momentum.view()};
+  return {p.exp_avg.view(), p.exp_avg_sq.view()};
+}
+
+void Muon::set_step_count(std::int64_t step) {
+  if (step < 0) throw Error(fmt::format("Muon::set_step_count: step {} < 0", step));
+  impl_->step = step;
+}
+
 std::vector<ParamInfo> Muon::parameters() const {
   std::vector<ParamInfo> out;
   for (const ParamState& p : impl_->params) {

@@ -9,3 +9,8 @@ run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+# The Python package installed under the prefix imports and runs from there (not the build tree).
+if(PYTHON AND PYTHON_DIR)
+  run(${CMAKE_COMMAND} -E env PYTHONPATH=${WORK_DIR}/prefix/${PYTHON_DIR} ${PYTHON} -c
+      "import distmuon, numpy as np; assert distmuon.__file__.startswith('${WORK_DIR}/prefix/'), distmuon.__file__; x = distmuon.newton_schulz(np.eye(8, dtype=np.float32)); assert abs(float(x[0, 0]) - 1) < 0.05, x[0, 0]")
+endif()

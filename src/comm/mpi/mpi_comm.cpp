@@ -188,4 +188,19 @@ Communicator mpi_world() {
   return Communicator(std::make_shared<MpiComm>(MPI_COMM_WORLD, false));
 }
 
+Communicator mpi_communicator(const void* mpi_comm) {
+  if (mpi_comm == nullptr) throw Error("mpi_communicator: null MPI_Comm handle");
+  int init = 0, finalized = 0;
+  check_mpi(MPI_Initialized(&init), "Initialized");
+  check_mpi(MPI_Finalized(&finalized), "Finalized");
+  if (!init || finalized) {
+    throw Error("mpi_communicator: MPI is not initialised (or already finalised)");
+  }
+  const MPI_Comm comm = *static_cast<const MPI_Comm*>(mpi_comm);
+  if (comm == MPI_COMM_NULL) throw Error("mpi_communicator: MPI_COMM_NULL");
+  MPI_Comm dup = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(comm, &dup), "Comm_dup");
+  return Communicator(std::make_shared<MpiComm>(dup, true));
+}
+
 }  // namespace distmuon

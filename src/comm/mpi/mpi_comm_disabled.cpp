@@ -15,4 +15,8 @@ Communicator mpi_world() {
   throw Error("distmuon was built without MPI (DISTMUON_ENABLE_MPI=OFF)");
 }
 
+Communicator mpi_communicator(const void*) {
+  throw Error("distmuon was built without MPI (DISTMUON_ENABLE_MPI=OFF)");
+}
+
 }  // namespace distmuon

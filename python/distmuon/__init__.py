@@ -1,0 +1,275 @@
+"""distmuon: the Muon optimizer on sharded weights, for Python (docs/python.md).
+
+    import distmuon
+    out = distmuon.newton_schulz(x)                   # NumPy array or CPU torch.Tensor
+    opt = distmuon.Muon(comm=MPI.COMM_WORLD, tp_mode="auto")
+    opt.add_parameter(shard, "fc1", rows=4096, cols=1024, tp_dim=0, tp_group=groups.tp)
+    opt.step([grad])
+
+The C++ library does the work: arrays are read and updated where they lie (no copies), the GIL
+is released while it runs, and its errors arrive as distmuon.Error with the same message.
+"""
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+import numpy as np
+
+from . import _core
+from ._arrays import as_array, _is_torch
+from ._core import CollectiveError, Communicator, Error, ProcessGroups
+
+__all__ = [
+    "Error", "CollectiveError", "Communicator", "ProcessGroups", "newton_schulz", "communicator",
+    "process_groups", "Muon", "plan", "Plan", "profiles", "calibrate", "coefficient_sets",
+]
+
+
+def coefficient_sets():
+    """Names of the built-in Newton-Schulz coefficient sets."""
+    return list(_core.coefficient_sets())
+
+
+def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk=True,
+                  gram_restart=0, out=None, inplace=False, allow_copy=False):
+    """Newton-Schulz orthogonalisation of a 2-D float32 matrix, as `distmuon orthogonalize`.
+
+    x: a NumPy array or CPU torch.Tensor (float32, row-major). coefficients: a built-in set name
+    (coefficient_sets()) or a list of (a, b, c) tuples (cycled). algorithm: "standard" or "gram".
+    The input is read where it lies; the result goes into `out` (a new array/tensor of x's kind
+    when None), or into x itself with inplace=True. allow_copy converts another dtype or a
+    non-row-major input once instead of refusing it. Returns the result (same kind as x).
+    """
+    custom = []
+    if not isinstance(coefficients, str):
+        custom = [tuple(float(v) for v in t) for t in coefficients]
+        coefficients = "custom"
+    src = as_array(x, "newton_schulz input", allow_copy=allow_copy)
+    if inplace:
+        if out is not None:
+            raise ValueError("newton_schulz: give out or inplace, not both")
+        if src is not x and not _is_torch(x) and not isinstance(x, np.ndarray):
+            raise ValueError("newton_schulz: inplace needs a NumPy array or a torch.Tensor")
+        dst, result = src, x
+        if allow_copy and not np.shares_memory(src, as_array(x, "newton_schulz input")):
+            raise Error("newton_schulz: inplace on an input that needs a copy "
+                        "(not float32 row-major)")
+    elif out is not None:
+        dst, result = as_array(out, "newton_schulz out"), out
+    else:
+        if src.ndim != 2:
+            raise Error(f"newton_schulz input: expected a 2-D array, got {src.ndim} dimension(s)")
+        dst = np.empty(src.shape, dtype=np.float32)
+        result = dst
+        if _is_torch(x):
+            import torch
+
+            result = torch.from_numpy(dst)
+    _core.newton_schulz(src, dst, coefficients, custom, steps, algorithm, syrk, gram_restart)
+    return result
+
+
+def communicator(obj=None):
+    """A distmuon.Communicator from: None (one rank), a Communicator, an mpi4py communicator
+    (MPI.COMM_WORLD or a split; distmuon duplicates it), or a torch.distributed process group
+    (or the string "torch" for torch's default group)."""
+    if obj is None:
+        return _core.local_communicator()
+    if isinstance(obj, Communicator):
+        return obj
+    mod = type(obj).__module__
+    if mod.startswith("mpi4py"):
+        return _core.mpi4py_communicator(obj)
+    if obj == "torch" or mod.startswith("torch"):
+        from ._torch_comm import TorchCollectives
+
+        return _core.callback_communicator(TorchCollectives(None if obj == "torch" else obj))
+    raise TypeError(f"communicator: cannot make a communicator from {type(obj).__name__}")
+
+
+def process_groups(world, tp_size, gtp_size):
+    """TP x GTP x replica groups of `world` (TP varying fastest): .tp, .gtp, .dp, .world."""
+    return _core.make_process_groups(communicator(world), tp_size, gtp_size)
+
+
+class Muon:
+    """The Muon optimizer over this rank's shards (C++ distmuon::Muon).
+
+    Options are MuonOptions' fields by their JSON names (lr, momentum, nesterov, weight_decay,
+    weight_decay_method, coefficients, custom_coefficients, steps, use_syrk, ns_algorithm,
+    gram_restart, scale_mode, extra_scale_factor, tp_mode, cost_model, profile, adamw={...}).
+    comm: the world (see communicator()). step(), save() and load() are collective over it.
+    """
+
+    def __init__(self, comm=None, **options):
+        self.world = communicator(comm)
+        self._core = _core.MuonCore(json.dumps(options), self.world)
+        self._shards = []
+        # One Communicator per group object: parameters passed the same group share it (owner
+        # mode buckets weights by their groups), and an mpi4py group is duplicated once.
+        self._groups = {id(comm): (comm, self.world)} if comm is not None else {}
+
+    def _group(self, obj):
+        if obj is None or isinstance(obj, Communicator):
+            return obj
+        if id(obj) not in self._groups:
+            self._groups[id(obj)] = (obj, communicator(obj))  # obj kept: its id stays unique
+        return self._groups[id(obj)][1]
+
+    def add_parameter(self, shard, name, rows=None, cols=None, *, role="hidden", use_muon=True,
+                      tp_dim=None, tp_group=None, gtp_group=None, pad=0, expert=False,
+                      expert_rank=0, qkv_split=()):
+        """Registers this rank's shard (updated in place by step()). rows x cols is the full
+        unpadded weight (default: the shard's shape); tp_dim 0/1 with tp_group splits it over
+        TP, gtp_group splits the (padded by `pad` rows) TP-local tensor by rows over GTP.
+        A group is a Communicator or anything communicator() accepts (converted once per
+        object). A 1-D shard is registered as a k x 1 column. Returns its index."""
+        arr = as_array(shard, f"Muon parameter '{name}'")
+        if arr.ndim == 1:
+            arr = arr.reshape(-1, 1)
+        rows = arr.shape[0] if rows is None else rows
+        cols = arr.shape[1] if cols is None and arr.ndim == 2 else cols
+        i = self._core.add_parameter(
+            arr, name, rows, cols, role, use_muon, tp_dim,
+            self._group(tp_group), self._group(gtp_group), pad, expert, expert_rank,
+            list(qkv_split))
+        self._shards.append(arr)
+        return i
+
+    def step(self, grads):
+        """One step; grads[i] is the gradient of shard i (same shape, float32)."""
+        arrays = []
+        for i, g in enumerate(grads):
+            a = as_array(g, f"gradient {i}")
+            arrays.append(a.reshape(-1, 1) if a.ndim == 1 else a)
+        self._core.step(arrays)
+
+    def set_learning_rates(self, lr, adamw_lr=None):
+        """New learning rates for the next steps (adamw_lr None: unchanged)."""
+        if adamw_lr is None:
+            adamw_lr = self.options["adamw"]["lr"]
+        self._core.set_learning_rates(lr, adamw_lr)
+
+    def set_weight_decays(self, weight_decay, adamw_weight_decay=None):
+        """New weight decays for the next steps (adamw_weight_decay None: unchanged)."""
+        if adamw_weight_decay is None:
+            adamw_weight_decay = self.options["adamw"]["weight_decay"]
+        self._core.set_weight_decays(weight_decay, adamw_weight_decay)
+
+    @property
+    def options(self):
+        return json.loads(self._core.options())
+
+    @property
+    def step_count(self):
+        return self._core.step_count
+
+    def parameters(self):
+        """Per parameter: name, muon, rows, cols, tp_size, gtp_size, mode, algorithm."""
+        return self._core.parameters()
+
+    def last_step_stats(self):
+        """(total seconds, seconds in the parameters' collectives) of the last step."""
+        return self._core.last_step_stats()
+
+    def state_tensors(self, i):
+        """Parameter i's state as arrays over the optimizer's memory (Muon: [momentum]; AdamW:
+        [exp_avg, exp_avg_sq])."""
+        return self._core.state_tensors(i)
+
+    def state_dict(self):
+        """This rank's state: {"step", "options", "params": [{"name", "state": [arrays]}]}
+        (copies)."""
+        params = []
+        for i, info in enumerate(self.parameters()):
+            params.append({"name": info["name"],
+                           "state": [t.copy() for t in self._core.state_tensors(i)]})
+        return {"step": self.step_count, "options": self.options, "params": params}
+
+    def load_state_dict(self, state):
+        """Restores a state_dict() of an optimizer with the same parameters on this rank."""
+        infos = self.parameters()
+        if len(state["params"]) != len(infos):
+            raise Error(f"Muon.load_state_dict: {len(state['params'])} parameters in the state, "
+                        f"{len(infos)} registered")
+        for i, (saved, info) in enumerate(zip(state["params"], infos)):
+            if saved["name"] != info["name"]:
+                raise Error(f"Muon.load_state_dict: parameter {i} is '{info['name']}' but the "
+                            f"state holds '{saved['name']}'")
+            dst = self._core.state_tensors(i)
+            if len(dst) != len(saved["state"]):
+                raise Error(f"Muon.load_state_dict: '{info['name']}' has {len(dst)} state "
+                            f"tensor(s), the state {len(saved['state'])}")
+            for d, s in zip(dst, saved["state"]):
+                s = np.asarray(as_array(s, f"state of '{info['name']}'"))
+                if s.shape != d.shape:
+                    raise Error(f"Muon.load_state_dict: state of '{info['name']}' is "
+                                f"{s.shape}, its shard {d.shape}")
+                d[...] = s
+        self._core.step_count = int(state["step"])
+
+    def save(self, path):
+        """Checkpoint directory (the C++ format: manifest.json + per-rank files). Collective."""
+        self._core.save(str(path))
+
+    def load(self, path):
+        """Loads a checkpoint written by save() here or by the C++ Muon::save. Collective."""
+        self._core.load(str(path))
+
+
+@dataclass
+class Plan:
+    """The cost model's plan: one entry per distinct weight shape (mode, costs per candidate,
+    breakdown), the totals, units ("seconds" with a profile, "flops" without), and the text
+    table `distmuon plan` prints."""
+    weights: List[Dict[str, Any]]
+    totals: Dict[str, Any]
+    units: str
+    options: Any
+    table: str = field(repr=False, default="")
+
+    def __str__(self):
+        return self.table
+
+
+def plan(shapes=None, group_size=8, *, model=None, profile="none", crosses_domain=None,
+         partition_dim=0, steps=5, syrk=True, elem_size=2, algorithm="auto",
+         cost_model="refined"):
+    """Plans every Muon weight: shapes is a list of (m, n), (name, m, n) or
+    (name, m, n, count); or model names a preset ("llama3-70b", a JSON file, "train-default").
+    profile: "none" (FLOPs), a built-in profile name or a calibrated JSON file (seconds)."""
+    if isinstance(shapes, str) and model is None:
+        shapes, model = None, shapes
+    rows = []
+    for k, s in enumerate(shapes or []):
+        s = tuple(s)
+        if len(s) == 2:
+            rows.append((f"w{k}", int(s[0]), int(s[1]), 1, False))
+        elif len(s) == 3:
+            rows.append((str(s[0]), int(s[1]), int(s[2]), 1, False))
+        else:
+            rows.append((str(s[0]), int(s[1]), int(s[2]), int(s[3]), bool(s[4]) if len(s) > 4
+                         else False))
+    text, table = _core.plan(rows, model or "", group_size, profile, crosses_domain,
+                             partition_dim, steps, syrk, elem_size, algorithm, cost_model)
+    j = json.loads(text)
+    return Plan(weights=j["weights"], totals=j["totals"], units=j["units"],
+                options=j.get("options"), table=table)
+
+
+def profiles():
+    """The built-in hardware profiles (datasheet figures with their sources), as dicts."""
+    return json.loads(_core.profiles())
+
+
+def calibrate(comm=None, name="calibrated", sizes=(), max_bytes=0, out=None):
+    """Measures this machine (GEMM rates, elementwise passes, collectives over comm) into a
+    profile dict that plan(profile=...) and Muon(profile=...) accept once written to a file
+    (out=PATH writes it). Collective over comm. Returns (profile, report text)."""
+    text, report = _core.calibrate(communicator(comm), name, list(sizes), int(max_bytes))
+    profile = json.loads(text)
+    if out is not None:
+        with open(out, "w") as f:
+            json.dump(profile, f, indent=1)
+    return profile, report

@@ -1,0 +1,106 @@
+"""A distmuon communicator over a torch.distributed process group (gloo on CPU tensors).
+
+The C++ core calls these methods with NumPy arrays over its own buffers; torch.from_numpy shares
+their memory, so nothing is copied on the way in or out. gloo has no reduce_scatter on CPU: it is
+an all_reduce of a copy, of which this rank keeps its slice.
+"""
+
+import atexit
+import os
+
+import torch
+import torch.distributed as dist
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def _group_ranks(group):
+    """Global ranks of a process group, in group-rank order."""
+    if group is None or group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    if hasattr(dist, "get_process_group_ranks"):
+        return list(dist.get_process_group_ranks(group))
+    from torch.distributed import distributed_c10d as c10d  # torch < 2.0
+
+    ranks = c10d._pg_group_ranks[group]
+    return sorted(ranks, key=lambda g: ranks[g])
+
+
+_exit_hook = False
+
+
+def _destroy_at_exit():
+    # A job whose script ends without destroy_process_group(), after distmuon ran collectives
+    # through gloo, could abort at interpreter exit ("terminate called without an active
+    # exception"); tearing the process groups down before the interpreter's own teardown avoids it.
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class TorchCollectives:
+    def __init__(self, group=None):
+        global _exit_hook
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised (call init_process_group)")
+        if not _exit_hook:
+            atexit.register(_destroy_at_exit)
+            _exit_hook = True
+        self.group = group
+        self.ranks = _group_ranks(group)
+        self._rank = dist.get_rank(group) if group is not None else dist.get_rank()
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return len(self.ranks)
+
+    def all_gather(self, send, recv):
+        out = torch.from_numpy(recv).view(self.size(), send.shape[0])
+        dist.all_gather(list(out.unbind(0)), torch.from_numpy(send), group=self.group)
+
+    def all_reduce(self, buf, op):
+        dist.all_reduce(torch.from_numpy(buf), op=_OPS[op], group=self.group)
+
+    def reduce_scatter(self, send, recv, op):
+        tmp = torch.from_numpy(send).clone()
+        dist.all_reduce(tmp, op=_OPS[op], group=self.group)
+        n = recv.shape[0]
+        torch.from_numpy(recv).copy_(tmp[self._rank * n:(self._rank + 1) * n])
+
+    def broadcast(self, buf, root):
+        dist.broadcast(torch.from_numpy(buf), src=self.ranks[root], group=self.group)
+
+    def all_to_all_v(self, send, send_counts, recv, recv_counts):
+        dist.all_to_all_single(torch.from_numpy(recv), torch.from_numpy(send),
+                               output_split_sizes=list(recv_counts),
+                               input_split_sizes=list(send_counts), group=self.group)
+
+    def barrier(self):
+        dist.barrier(group=self.group)
+
+    def split(self, color, key):
+        # torch.distributed.new_group must be called by every process of the job, for every new
+        # group, in the same order: only the whole world can be split.
+        if self.size() != dist.get_world_size():
+            raise RuntimeError("torch.distributed: only the world communicator can be split "
+                               f"(this group has {self.size()} of {dist.get_world_size()} ranks)")
+        mine = torch.tensor([color, key], dtype=torch.int64)
+        every = [torch.empty(2, dtype=torch.int64) for _ in range(self.size())]
+        dist.all_gather(every, mine, group=self.group)
+        members = {}
+        for r, t in enumerate(every):
+            members.setdefault(int(t[0]), []).append((int(t[1]), r))
+        mine_group = None
+        for c in sorted(members):
+            ordered = [self.ranks[r] for _, r in sorted(members[c])]
+            if ordered != sorted(ordered):
+                raise RuntimeError("torch.distributed: a split whose key order differs from the "
+                                   "rank order is not supported (new_group orders by rank)")
+            g = dist.new_group(ranks=ordered)
+            if c == color:
+                mine_group = g
+        return TorchCollectives(mine_group)
+
+    def abort(self, code):
+        os._exit(code)

@@ -1,0 +1,194 @@
+"""distmuon.torch.Muon: Muon as a torch.optim.Optimizer over CPU float32 parameters.
+
+Each parameter may be this rank's shard of a larger weight. Its layout comes from, in order: the
+param group's "layouts" list (one Layout per parameter, None for the default), the parameter's
+`distmuon_layout` attribute, or the default (a 2-D parameter is a whole hidden matrix for Muon;
+a 1-D parameter goes to AdamW). The C++ optimizer updates the parameters' storage in place.
+
+Per param group (keys of param_groups, read at every step so that schedulers work): lr,
+weight_decay (Muon), adamw_lr, adamw_weight_decay. Every other option (momentum, nesterov,
+tp_mode, ns_algorithm, coefficients, steps, profile, ...) is fixed at construction.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from . import Communicator, Error, Muon as _CoreMuon, communicator
+from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the same helper)
+
+_GROUP_KEYS = ("lr", "weight_decay", "adamw_lr", "adamw_weight_decay")
+
+
+@dataclass
+class Layout:
+    """How this rank's parameter (the shard) sits in the full weight (docs/optimizer.md).
+
+    rows x cols: the full, unpadded weight. tp_dim 0/1: split over tp_group (a
+    distmuon.Communicator, a torch process group, or "world": the optimizer's process group).
+    gtp_group: the TP-local tensor, padded with `pad` zero rows, split by rows over it.
+    qkv_split: rows per query group of each block type. role: hidden (Muon), embedding,
+    output_head or other (AdamW); use_muon False sends a hidden matrix to AdamW too.
+    """
+    rows: int
+    cols: int
+    tp_dim: Optional[int] = None
+    tp_group: Any = None
+    gtp_group: Any = None
+    pad: int = 0
+    qkv_split: Sequence[int] = ()
+    role: str = "hidden"
+    use_muon: bool = True
+    expert: bool = False
+    expert_rank: int = 0
+    name: Optional[str] = None
+
+
+def _default_layout(p):
+    if p.dim() == 2:
+        return Layout(rows=p.shape[0], cols=p.shape[1])
+    if p.dim() == 1:
+        return Layout(rows=p.shape[0], cols=1, role="other")
+    raise Error(f"distmuon.torch.Muon: a {p.dim()}-D parameter needs a Layout "
+                "(view it as a matrix first)")
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon (and AdamW for the non-matrix parameters) on sharded CPU float32 parameters.
+
+    process_group: None (one process), a torch.distributed group, "torch" (the default group)
+    or a distmuon.Communicator / mpi4py communicator: the world of step() and the checkpoints.
+    tp_mode "auto" (default) plans duplicated / distributed / owner and the NS algorithm per
+    weight from the cost model, as the C++ API does.
+    """
+
+    def __init__(self, params, lr=0.02, weight_decay=0.0, adamw_lr=1e-3, adamw_weight_decay=0.0,
+                 *, process_group=None, tp_mode="auto", **options):
+        if process_group is None and torch.distributed.is_available() and \
+                torch.distributed.is_initialized():
+            process_group = "torch"
+        self._world = communicator(process_group)
+        self._group_comms = {} if process_group is None else {
+            id(process_group): (process_group, self._world)}
+        self._options = dict(options, tp_mode=tp_mode)
+        self._cores = []  # one C++ optimizer per param group
+        defaults = dict(lr=lr, weight_decay=weight_decay, adamw_lr=adamw_lr,
+                        adamw_weight_decay=adamw_weight_decay)
+        super().__init__(params, defaults)
+
+    @property
+    def world(self):
+        return self._world
+
+    def _group_comm(self, g):
+        """The Communicator of a layout's group, made once per group object (weights sharing a
+        group share its communicator: owner mode buckets them by it)."""
+        if g is None or isinstance(g, Communicator):
+            return g
+        if isinstance(g, str) and g == "world":
+            return self._world
+        if id(g) not in self._group_comms:
+            self._group_comms[id(g)] = (g, communicator(g))
+        return self._group_comms[id(g)][1]
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        layouts = group.get("layouts") or [None] * len(group["params"])
+        if len(layouts) != len(group["params"]):
+            raise Error(f"distmuon.torch.Muon: {len(layouts)} layouts for "
+                        f"{len(group['params'])} parameters")
+        core = _CoreMuon(self._world, lr=group["lr"], weight_decay=group["weight_decay"],
+                         adamw={"lr": group["adamw_lr"],
+                                "weight_decay": group["adamw_weight_decay"]},
+                         **self._options)
+        gi = len(self.param_groups) - 1
+        addresses = []
+        for k, (p, layout) in enumerate(zip(group["params"], layouts)):
+            if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
+                raise Error(f"distmuon.torch.Muon: parameter {k} of group {gi} is "
+                            f"{p.dtype} on {p.device}{'' if p.is_contiguous() else ', strided'}"
+                            "; distmuon updates contiguous CPU float32 parameters in place")
+            layout = layout or getattr(p, "distmuon_layout", None) or _default_layout(p)
+            name = layout.name or f"group{gi}.param{k}"
+            core.add_parameter(p.data, name, layout.rows, layout.cols, role=layout.role,
+                               use_muon=layout.use_muon, tp_dim=layout.tp_dim,
+                               tp_group=self._group_comm(layout.tp_group),
+                               gtp_group=self._group_comm(layout.gtp_group), pad=layout.pad,
+                               expert=layout.expert, expert_rank=layout.expert_rank,
+                               qkv_split=layout.qkv_split)
+            addresses.append(p.data_ptr())
+        self._cores.append((core, addresses))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, (group, (core, addresses)) in enumerate(zip(self.param_groups, self._cores)):
+            grads = []
+            for k, p in enumerate(group["params"]):
+                if p.data_ptr() != addresses[k]:
+                    raise Error(f"distmuon.torch.Muon: parameter {k} of group {gi} was given new "
+                                "storage after the optimizer was built (update it in place)")
+                # The step is collective over every parameter: a missing gradient counts as zero.
+                g = p.grad if p.grad is not None else torch.zeros_like(p)
+                if g.dtype != torch.float32 or not g.is_contiguous():
+                    raise Error(f"distmuon.torch.Muon: gradient of parameter {k} of group {gi} "
+                                f"is {g.dtype}{'' if g.is_contiguous() else ', strided'}; "
+                                "expected contiguous float32")
+                grads.append(g)
+            core.set_learning_rates(group["lr"], group["adamw_lr"])
+            core.set_weight_decays(group["weight_decay"], group["adamw_weight_decay"])
+            core.step(grads)
+        return loss
+
+    def plan(self):
+        """Per parameter of every group: name, muon, rows, cols, tp/gtp sizes, mode, algorithm
+        (the modes auto chose appear after the first step)."""
+        return [info for core, _ in self._cores for info in core.parameters()]
+
+    def state_dict(self):
+        # The C++ state (copies) goes into the usual per-parameter state.
+        for group, (core, _) in zip(self.param_groups, self._cores):
+            for k, p in enumerate(group["params"]):
+                tensors = [torch.from_numpy(t.copy()) for t in core.state_tensors(k)]
+                st = {"step": torch.tensor(float(core.step_count))}
+                if len(tensors) == 1:
+                    st["momentum_buffer"] = tensors[0]
+                else:
+                    st["exp_avg"], st["exp_avg_sq"] = tensors
+                self.state[p] = st
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        for group, (core, _) in zip(self.param_groups, self._cores):
+            for k, p in enumerate(group["params"]):
+                st = self.state.get(p)
+                if not st:
+                    raise Error(f"distmuon.torch.Muon.load_state_dict: no state for parameter {k}")
+                dst = core.state_tensors(k)
+                src = [st["momentum_buffer"]] if len(dst) == 1 else [st["exp_avg"],
+                                                                    st["exp_avg_sq"]]
+                for d, s in zip(dst, src):
+                    if tuple(s.shape) != d.shape:
+                        raise Error(f"distmuon.torch.Muon.load_state_dict: state of parameter "
+                                    f"{k} is {tuple(s.shape)}, its shard {d.shape}")
+                    d[...] = s.detach().numpy()
+                core._core.step_count = int(st["step"])
+
+    def save(self, path):
+        """Checkpoints of the C++ format, one sub-directory per param group. Collective."""
+        import os
+
+        for gi, (core, _) in enumerate(self._cores):
+            core.save(os.path.join(str(path), f"group{gi}"))
+
+    def load(self, path):
+        import os
+
+        for gi, (core, _) in enumerate(self._cores):
+            core.load(os.path.join(str(path), f"group{gi}"))

@@ -1,0 +1,179 @@
+// A Communicator backend implemented in Python (the torch.distributed communicator). Each
+// collective takes the GIL, wraps distmuon's buffers as NumPy arrays without copying, and calls
+// the Python object; a Python exception becomes a distmuon::Error with its text.
+#include <fmt/format.h>
+#include <pybind11/numpy.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "comm.h"
+#include "distmuon/error.h"
+
+namespace distmuon::python {
+namespace {
+
+py::dtype numpy_dtype(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return py::dtype::of<float>();
+    case DType::kF64:
+      return py::dtype::of<double>();
+    case DType::kI32:
+      return py::dtype::of<std::int32_t>();
+    case DType::kI64:
+      return py::dtype::of<std::int64_t>();
+    case DType::kU8:
+      return py::dtype::of<std::uint8_t>();
+  }
+  DISTMUON_ASSERT(false, "unknown dtype");
+}
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  DISTMUON_ASSERT(false, "unknown reduce op");
+}
+
+// A 1-D array of count elements over ptr; `base` (a capsule that frees nothing) marks the memory
+// as borrowed, so NumPy neither copies nor frees it.
+py::array borrow(const void* ptr, std::size_t count, DType t) {
+  // Never destroyed (it would outlive the interpreter as a static).
+  static int anchor = 0;
+  static const py::capsule* base = new py::capsule(&anchor, [](void*) {});
+  return py::array(numpy_dtype(t), {static_cast<py::ssize_t>(count)},
+                   {static_cast<py::ssize_t>(dtype_size(t))}, ptr, *base);
+}
+
+class CallbackComm final : public CommImpl {
+ public:
+  explicit CallbackComm(py::object impl) : impl_(std::move(impl)) {
+    rank_ = impl_.attr("rank")().cast<int>();
+    size_ = impl_.attr("size")().cast<int>();
+  }
+  ~CallbackComm() override {
+    if (!Py_IsInitialized()) {
+      impl_.release();  // the interpreter is gone: nothing left to release
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
+  }
+  std::string backend() const override { return "torch"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
+    call("all_gather", [&] {
+      // In place (send == recv): our chunk is moved to its slot first, as the MPI backend does.
+      std::vector<char> own;
+      if (send == recv) {
+        own.assign(static_cast<const char*>(send),
+                   static_cast<const char*>(send) + count * dtype_size(t));
+        send = own.data();
+      }
+      impl_.attr("all_gather")(borrow(send, count, t),
+                               borrow(recv, count * static_cast<std::size_t>(size_), t));
+    });
+  }
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
+    call("all_reduce", [&] { impl_.attr("all_reduce")(borrow(buf, count, t), op_name(op)); });
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
+                      ReduceOp op) override {
+    call("reduce_scatter", [&] {
+      impl_.attr("reduce_scatter")(borrow(send, count * static_cast<std::size_t>(size_), t),
+                                   borrow(recv, count, t), op_name(op));
+    });
+  }
+  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    if (root < 0 || root >= size_) {
+      throw Error(fmt::format("torch broadcast: root {} outside a group of {}", root, size_));
+    }
+    call("broadcast", [&] { impl_.attr("broadcast")(borrow(buf, count, t), root); });
+  }
+  void all_to_all_v(const void* send, const std::size_t* send_counts,
+                    const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
+                    const std::size_t* recv_displs, DType t) override {
+    call("all_to_all_v", [&] {
+      const auto n = static_cast<std::size_t>(size_);
+      // torch's all_to_all_single takes packed buffers: pack/unpack when the displacements leave
+      // gaps (distmuon's own callers pass packed buffers, so this is the exception).
+      const auto packed = [n](const std::size_t* counts, const std::size_t* displs) {
+        std::size_t at = 0;
+        for (std::size_t r = 0; r < n; ++r) {
+          if (displs[r] != at) return false;
+          at += counts[r];
+        }
+        return true;
+      };
+      const std::size_t es = dtype_size(t);
+      const std::size_t sent = std::accumulate(send_counts, send_counts + n, std::size_t{0});
+      const std::size_t received = std::accumulate(recv_counts, recv_counts + n, std::size_t{0});
+      std::vector<char> send_buf, recv_buf;
+      const void* s = send;
+      void* r = recv;
+      if (!packed(send_counts, send_displs)) {
+        send_buf.resize(sent * es);
+        for (std::size_t k = 0, at = 0; k < n; at += send_counts[k], ++k)
+          std::memcpy(send_buf.data() + at * es,
+                      static_cast<const char*>(send) + send_displs[k] * es, send_counts[k] * es);
+        s = send_buf.data();
+      }
+      const bool unpack = !packed(recv_counts, recv_displs);
+      if (unpack) {
+        recv_buf.resize(received * es);
+        r = recv_buf.data();
+      }
+      std::vector<std::int64_t> sc(send_counts, send_counts + n), rc(recv_counts, recv_counts + n);
+      impl_.attr("all_to_all_v")(borrow(s, sent, t), sc, borrow(r, received, t), rc);
+      if (unpack) {
+        for (std::size_t k = 0, at = 0; k < n; at += recv_counts[k], ++k)
+          std::memcpy(static_cast<char*>(recv) + recv_displs[k] * es, recv_buf.data() + at * es,
+                      recv_counts[k] * es);
+      }
+    });
+  }
+  void barrier() override {
+    call("barrier", [&] { impl_.attr("barrier")(); });
+  }
+  std::shared_ptr<CommImpl> split(int color, int key) override {
+    std::shared_ptr<CommImpl> out;
+    call("split", [&] { out = std::make_shared<CallbackComm>(impl_.attr("split")(color, key)); });
+    return out;
+  }
+  void abort(int code) override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("abort")(code);
+    std::abort();  // abort() must not return
+  }
+
+ private:
+  template <typename F>
+  void call(const char* op, F&& f) {
+    py::gil_scoped_acquire gil;
+    try {
+      f();
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("torch.distributed {} failed on rank {} of {}: {}", op, rank_, size_,
+                              e.what()));
+    }
+  }
+  py::object impl_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+Communicator callback_communicator(py::object impl) {
+  return Communicator(std::make_shared<CallbackComm>(std::move(impl)));
+}
+
+}  // namespace distmuon::python

@@ -1,0 +1,38 @@
+// distmuon._core: the C++ library for Python (docs/python.md). One file per concept: arrays
+// (zero-copy views), ns, comm (+ the mpi4py and torch.distributed backends), muon, plan.
+// distmuon::Error arrives as distmuon.Error (a RuntimeError) with the same message,
+// CollectiveError as distmuon.CollectiveError (a subclass).
+#include <pybind11/pybind11.h>
+
+#include "arrays.h"
+#include "comm.h"
+#include "distmuon/error.h"
+
+namespace distmuon::python {
+void init_ns(py::module_& m);
+void init_muon(py::module_& m);
+void init_plan(py::module_& m);
+}  // namespace distmuon::python
+
+PYBIND11_MODULE(_core, m) {
+  namespace py = pybind11;
+  using namespace distmuon::python;
+  m.doc() = "distmuon: Muon on sharded weights (C++ core)";
+  static py::exception<distmuon::Error> error(m, "Error", PyExc_RuntimeError);
+  static py::exception<distmuon::CollectiveError> collective(m, "CollectiveError", error.ptr());
+  // Most derived first: the translator tries the catch clauses in order.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const distmuon::CollectiveError& e) {
+      collective(e.what());
+    } catch (const distmuon::Error& e) {
+      error(e.what());
+    }
+  });
+  init_arrays(m);
+  init_ns(m);
+  init_comm(m);
+  init_muon(m);
+  init_plan(m);
+}

@@ -1,0 +1,190 @@
+// distmuon.Muon: the optimizer over this rank's shards, given as float32 arrays updated in place.
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "arrays.h"
+#include "comm.h"
+#include "distmuon/error.h"
+#include "distmuon/muon.h"
+
+namespace distmuon::python {
+namespace {
+
+// Options from the defaults patched by a JSON object of the fields given (MuonOptions' JSON
+// names; "adamw" a nested object). An unknown field is an error.
+MuonOptions options_from(const std::string& overrides) {
+  nlohmann::json j = MuonOptions{};
+  const nlohmann::json patch = nlohmann::json::parse(overrides);
+  for (const auto& [key, value] : patch.items()) {
+    if (!j.contains(key)) {
+      std::string valid;
+      for (const auto& [k, v] : j.items())
+        valid += (valid.empty() ? "" : ", ") + k;
+      throw Error(fmt::format("Muon: unknown option '{}' (valid: {})", key, valid));
+    }
+    if (key == "adamw") {
+      for (const auto& [k, v] : value.items()) {
+        if (!j["adamw"].contains(k)) throw Error(fmt::format("Muon: unknown adamw option '{}'", k));
+      }
+    }
+  }
+  j.merge_patch(patch);
+  MuonOptions o = j.get<MuonOptions>();
+  o.validate();
+  return o;
+}
+
+ParamRole parse_role(const std::string& role) {
+  for (ParamRole r :
+       {ParamRole::kHidden, ParamRole::kEmbedding, ParamRole::kOutputHead, ParamRole::kOther}) {
+    if (role == to_string(r)) return r;
+  }
+  throw Error(fmt::format("Muon: unknown role '{}' (valid: {}, {}, {}, {})", role,
+                          to_string(ParamRole::kHidden), to_string(ParamRole::kEmbedding),
+                          to_string(ParamRole::kOutputHead), to_string(ParamRole::kOther)));
+}
+
+// The optimizer and the arrays whose memory it updates (kept alive here).
+class PyMuon {
+ public:
+  PyMuon(const std::string& options, Communicator world)
+      : muon_(options_from(options), std::move(world)) {}
+
+  std::size_t add_parameter(const py::array& shard, const std::string& name, Index rows, Index cols,
+                            const std::string& role, bool use_muon, std::optional<int> tp_dim,
+                            std::optional<Communicator> tp_group,
+                            std::optional<Communicator> gtp_group, Index pad, bool expert,
+                            int expert_rank, std::vector<Index> qkv_split) {
+    ParamSpec spec;
+    spec.name = name;
+    spec.local = mutable_view(shard, fmt::format("Muon parameter '{}'", name));
+    spec.rows = rows;
+    spec.cols = cols;
+    spec.role = parse_role(role);
+    spec.use_muon = use_muon;
+    spec.tp_partition_dim = tp_dim.value_or(kNoPartition);
+    if (tp_dim && !tp_group) {
+      throw Error(fmt::format("Muon parameter '{}': tp_dim {} needs a tp_group", name, *tp_dim));
+    }
+    spec.tp_group = std::move(tp_group);
+    spec.gtp_sharded = gtp_group.has_value();
+    spec.gtp_group = std::move(gtp_group);
+    spec.pad_length = pad;
+    spec.expert = expert;
+    spec.expert_rank = expert_rank;
+    spec.qkv_split = std::move(qkv_split);
+    const std::size_t i = muon_.add_parameter(std::move(spec));
+    shards_.push_back(shard);
+    names_.push_back(name);
+    return i;
+  }
+
+  void step(const std::vector<py::array>& grads) {
+    std::vector<ConstMatrixView> views;
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      views.push_back(const_view(grads[i], i < names_.size()
+                                               ? fmt::format("gradient of '{}'", names_[i])
+                                               : fmt::format("gradient {}", i)));
+    }
+    py::gil_scoped_release release;
+    muon_.step(views);
+  }
+
+  // Seconds of each of `count` steps run back to back in C++ on the same gradients (the
+  // overhead benchmark's C++ side: no Python between or inside the steps).
+  std::vector<double> time_steps(const std::vector<py::array>& grads, int count) {
+    std::vector<ConstMatrixView> views;
+    for (std::size_t i = 0; i < grads.size(); ++i)
+      views.push_back(const_view(grads[i], fmt::format("gradient {}", i)));
+    std::vector<double> out;
+    py::gil_scoped_release release;
+    for (int k = 0; k < count; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      muon_.step(views);
+      out.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return out;
+  }
+
+  // Parameter i's state tensors as arrays over the optimizer's memory (no copy).
+  std::vector<py::array> state_tensors(std::size_t i, py::handle self) {
+    std::vector<py::array> out;
+    for (MatrixView v : muon_.state_tensors(i))
+      out.push_back(wrap(v, self));
+    return out;
+  }
+
+  Muon& muon() { return muon_; }
+
+ private:
+  Muon muon_;
+  std::vector<py::array> shards_;
+  std::vector<std::string> names_;
+};
+
+py::dict param_info(const ParamInfo& p) {
+  py::dict d;
+  d["name"] = p.name;
+  d["muon"] = p.muon;
+  d["rows"] = p.rows;
+  d["cols"] = p.cols;
+  d["tp_size"] = p.tp_size;
+  d["gtp_size"] = p.gtp_size;
+  d["mode"] = p.mode ? py::object(py::str(to_string(*p.mode))) : py::object(py::none());
+  d["algorithm"] =
+      p.muon && p.mode ? py::object(py::str(to_string(p.algorithm))) : py::object(py::none());
+  return d;
+}
+
+}  // namespace
+
+void init_muon(py::module_& m) {
+  py::class_<PyMuon>(m, "MuonCore")
+      .def(py::init<const std::string&, Communicator>(), py::arg("options"), py::arg("world"))
+      .def("add_parameter", &PyMuon::add_parameter, py::arg("shard"), py::arg("name"),
+           py::arg("rows"), py::arg("cols"), py::arg("role"), py::arg("use_muon"),
+           py::arg("tp_dim"), py::arg("tp_group"), py::arg("gtp_group"), py::arg("pad"),
+           py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"))
+      .def("step", &PyMuon::step, py::arg("grads"))
+      .def("time_steps", &PyMuon::time_steps, py::arg("grads"), py::arg("count"))
+      .def("save",
+           [](PyMuon& s, const std::string& dir) {
+             py::gil_scoped_release release;
+             s.muon().save(dir);
+           })
+      .def("load",
+           [](PyMuon& s, const std::string& dir) {
+             py::gil_scoped_release release;
+             s.muon().load(dir);
+           })
+      .def("state_tensors",
+           [](py::object self, std::size_t i) {
+             return self.cast<PyMuon&>().state_tensors(i, self);
+           })
+      .def_property(
+          "step_count", [](PyMuon& s) { return s.muon().step_count(); },
+          [](PyMuon& s, std::int64_t step) { s.muon().set_step_count(step); })
+      .def("set_learning_rates",
+           [](PyMuon& s, double lr, double adamw_lr) { s.muon().set_learning_rates(lr, adamw_lr); })
+      .def("set_weight_decays",
+           [](PyMuon& s, double wd, double adamw_wd) { s.muon().set_weight_decays(wd, adamw_wd); })
+      .def("options", [](PyMuon& s) { return nlohmann::json(s.muon().options()).dump(); })
+      .def("parameters",
+           [](PyMuon& s) {
+             py::list out;
+             for (const ParamInfo& p : s.muon().parameters())
+               out.append(param_info(p));
+             return out;
+           })
+      .def("last_step_stats", [](PyMuon& s) {
+        const MuonStepStats st = s.muon().last_step_stats();
+        return py::make_tuple(st.total_s, st.comm_s);
+      });
+}
+
+}  // namespace distmuon::python
