@@ -154,6 +154,11 @@ class Muon {
   // One optimizer step. grads[i] is the gradient of parameter i's local shard (same shape).
   // Collective over the world.
   void step(std::span<const ConstMatrixView> grads);
+  // The same step for a caller with checks of its own (the Python bindings): a non-empty
+  // failure on any rank makes every rank throw CollectiveError carrying the first failing
+  // rank's text, agreed with the gradient checks (no extra collective), before any update; the
+  // failing rank's grads are not read (pass none).
+  void step(std::span<const ConstMatrixView> grads, std::string_view failure);
 
   // Optimizer state to/from a directory (manifest.json + one file per rank). Collective.
   // load() accepts a checkpoint written with another GTP group size (it reshards).

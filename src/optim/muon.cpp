@@ -213,10 +213,11 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   return s.params.size() - 1;
 }
 
-void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads) const {
+void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
+                                    std::string_view failure) const {
   const Impl& s = *this;
-  std::string reason;
-  if (grads.size() != s.params.size()) {
+  std::string reason(failure);
+  if (reason.empty() && grads.size() != s.params.size()) {
     reason = fmt::format("{} gradients for {} parameters", grads.size(), s.params.size());
   }
   for (std::size_t i = 0; reason.empty() && i < grads.size(); ++i) {
@@ -240,11 +241,15 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads) cons
 }
 
 void Muon::step(std::span<const ConstMatrixView> grads) {
+  step(grads, {});
+}
+
+void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure) {
   Impl& s = *impl_;
   const auto start = std::chrono::steady_clock::now();
   *s.comm_seconds = 0.0;
   s.prepare();
-  s.validate_gradients(grads);
+  s.validate_gradients(grads, failure);
   s.plan();
   ++s.step;
   std::vector<std::size_t> owned;  // tp_mode owner: orthogonalised together after the loop

@@ -67,7 +67,8 @@ struct Muon::Impl {
   NsAlgorithm fixed_algorithm() const;
   // Collective over the world: every gradient matches its shard and is finite (padding rows
   // aside), else CollectiveError on every rank naming the parameter. Nothing is updated.
-  void validate_gradients(std::span<const ConstMatrixView> grads) const;
+  // failure: this rank's caller already failed (grads unread); agreed in the same collective.
+  void validate_gradients(std::span<const ConstMatrixView> grads, std::string_view failure) const;
   // The NS options of a planned parameter (its algorithm).
   const NsOptions& ns_of(const ParamState& p) const {
     return p.algorithm == NsAlgorithm::kGram ? ns_gram : ns;

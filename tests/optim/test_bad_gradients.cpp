@@ -2,6 +2,7 @@
 // rank with the parameter named, and nothing is updated (weights, momentum, AdamW moments and
 // the step count), so the next good step gives exactly what it would have given without the bad
 // one.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -105,6 +106,37 @@ TEST(BadGradients, NanInAnAdamWWeightIsRefused) {
 
 TEST(BadGradients, NegativeInfinityInAnAdamWWeightIsRefused) {
   expect_refused("embed", -std::numeric_limits<float>::infinity());
+}
+
+// A caller's own check failing on the last rank (Muon::step(grads, failure), what the Python
+// bindings pass): every rank throws with its text before any update, the failing rank passing
+// no gradients at all; the next good step runs on every rank.
+TEST(BadGradients, CallerFailureOnOneRankIsAgreed) {
+  const Communicator& w = test::world();
+  Model m(w);
+  const Grads g(w, 1);
+  const Matrix hidden_before = m.hidden, embed_before = m.embed;
+  const bool failing = w.rank() == w.size() - 1;
+  const ConstMatrixView grads[] = {g.hidden.view(), g.embed.view()};
+  try {
+    if (failing) {
+      m.opt.step({}, "gradient 1: not an array");
+    } else {
+      m.opt.step(grads, "");
+    }
+    ADD_FAILURE() << "a caller's failure was ignored";
+  } catch (const CollectiveError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(fmt::format("rank(s) {} of {}", w.size() - 1, w.size())), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("gradient 1: not an array"), std::string::npos) << what;
+  }
+  EXPECT_EQ(m.opt.step_count(), 0);
+  EXPECT_TRUE(same(m.hidden, hidden_before));
+  EXPECT_TRUE(same(m.embed, embed_before));
+  m.opt.step(grads, "");
+  EXPECT_EQ(m.opt.step_count(), 1);
+  EXPECT_FALSE(same(m.hidden, hidden_before));
 }
 
 }  // namespace
