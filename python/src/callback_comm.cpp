@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <pybind11/numpy.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -150,9 +152,23 @@ class CallbackComm final : public CommImpl {
     return out;
   }
   void abort(int code) override {
-    py::gil_scoped_acquire gil;
-    impl_.attr("abort")(code);
-    std::abort();  // abort() must not return
+    // abort() must not return, nor throw: a failing Python abort (its exception, or no
+    // interpreter left) still ends in std::abort().
+    try {
+      if (Py_IsInitialized()) {
+        py::gil_scoped_acquire gil;
+        try {
+          impl_.attr("abort")(code);
+        } catch (py::error_already_set& e) {
+          std::fprintf(stderr, "distmuon: torch.distributed abort failed on rank %d of %d: %s\n",
+                       rank_, size_, e.what());
+        }
+      }
+    } catch (...) {
+      std::fprintf(stderr, "distmuon: torch.distributed abort failed on rank %d of %d\n", rank_,
+                   size_);
+    }
+    std::abort();
   }
 
  private:
