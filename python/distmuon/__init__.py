@@ -11,6 +11,7 @@ is released while it runs, and its errors arrive as distmuon.Error with the same
 """
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
@@ -98,7 +99,8 @@ class Muon:
 
     Options are MuonOptions' fields by their JSON names (lr, momentum, nesterov, weight_decay,
     weight_decay_method, coefficients, custom_coefficients, steps, use_syrk, ns_algorithm,
-    gram_restart, scale_mode, extra_scale_factor, tp_mode, cost_model, profile, adamw={...}).
+    gram_restart, scale_mode, extra_scale_factor, tp_mode, cost_model, profile, plan ("estimate"
+    or "measure"), wisdom, adamw={...}); an option not given keeps MuonOptions' default.
     comm: the world (see communicator()). step(), save() and load() are collective over it.
     """
 
@@ -137,13 +139,19 @@ class Muon:
         self._shards.append(arr)
         return i
 
-    def step(self, grads):
-        """One step; grads[i] is the gradient of shard i (same shape, float32)."""
+    def step(self, grads, failure=""):
+        """One step; grads[i] is the gradient of shard i (same shape, float32). Collective: a
+        gradient refused on one rank (or a non-empty `failure`, the caller's own check on this
+        rank) raises distmuon.CollectiveError on every rank, before anything is updated."""
         arrays = []
-        for i, g in enumerate(grads):
-            a = as_array(g, f"gradient {i}")
-            arrays.append(a.reshape(-1, 1) if a.ndim == 1 else a)
-        self._core.step(arrays)
+        if not failure:
+            try:
+                for i, g in enumerate(grads):
+                    a = as_array(g, f"gradient {i}")
+                    arrays.append(a.reshape(-1, 1) if a.ndim == 1 else a)
+            except Exception as e:  # noqa: BLE001 (every refusal is agreed on, whatever its type)
+                failure = f"{type(e).__name__}: {e}"
+        self._core.step([] if failure else arrays, failure)
 
     def set_learning_rates(self, lr, adamw_lr=None):
         """New learning rates for the next steps (adamw_lr None: unchanged)."""
@@ -234,11 +242,14 @@ class Plan:
 
 
 def plan(shapes=None, group_size=8, *, model=None, profile="none", crosses_domain=None,
-         partition_dim=0, steps=5, syrk=True, elem_size=2, algorithm="auto",
+         partition_dim=0, steps=5, syrk=True, elem_size=2, algorithm="standard",
          cost_model="refined"):
     """Plans every Muon weight: shapes is a list of (m, n), (name, m, n) or
     (name, m, n, count); or model names a preset ("llama3-70b", a JSON file, "train-default").
-    profile: "none" (FLOPs), a built-in profile name or a calibrated JSON file (seconds)."""
+    profile: "none" (FLOPs), a built-in profile name or a calibrated JSON file (seconds).
+    algorithm: the NS algorithms auto may pick, as `distmuon plan --ns-algorithm`: "standard"
+    (the optimizer's default), "auto" (standard or gram) or "gram". The defaults are
+    `distmuon plan`'s."""
     if isinstance(shapes, str) and model is None:
         shapes, model = None, shapes
     rows = []
@@ -265,11 +276,10 @@ def profiles():
 
 def calibrate(comm=None, name="calibrated", sizes=(), max_bytes=0, out=None):
     """Measures this machine (GEMM rates, elementwise passes, collectives over comm) into a
-    profile dict that plan(profile=...) and Muon(profile=...) accept once written to a file
-    (out=PATH writes it). Collective over comm. Returns (profile, report text)."""
-    text, report = _core.calibrate(communicator(comm), name, list(sizes), int(max_bytes))
-    profile = json.loads(text)
-    if out is not None:
-        with open(out, "w") as f:
-            json.dump(profile, f, indent=1)
-    return profile, report
+    profile dict that plan(profile=...) and Muon(profile=...) accept once written to a file.
+    out=PATH: rank 0 writes it atomically, as `distmuon calibrate --out`; a path that cannot be
+    written is refused on every rank before the measurements. Collective over comm. Returns
+    (profile, report text)."""
+    text, report = _core.calibrate(communicator(comm), name, list(sizes), int(max_bytes),
+                                   None if out is None else os.fspath(out))
+    return json.loads(text), report

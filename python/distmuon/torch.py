@@ -59,8 +59,11 @@ class Muon(torch.optim.Optimizer):
 
     process_group: None (one process), a torch.distributed group, "torch" (the default group)
     or a distmuon.Communicator / mpi4py communicator: the world of step() and the checkpoints.
-    tp_mode "auto" (default) plans duplicated / distributed / owner and the NS algorithm per
-    weight from the cost model, as the C++ API does.
+    tp_mode "auto" (default) plans duplicated / distributed / owner per weight from the cost
+    model, as the C++ API does; ns_algorithm "standard" (default) runs standard NS everywhere,
+    "auto" lets the plan pick standard or Gram NS per weight as well. plan="measure" (with
+    wisdom=FILE) times the plan's leading candidates before the first step. Other options are
+    distmuon.Muon's (MuonOptions' JSON names).
     """
 
     def __init__(self, params, lr=0.02, weight_decay=0.0, adamw_lr=1e-3, adamw_weight_decay=0.0,
@@ -93,56 +96,105 @@ class Muon(torch.optim.Optimizer):
         return self._group_comms[id(g)][1]
 
     def add_param_group(self, param_group):
+        # Collective over the process group: a group refused on one rank is refused on every
+        # rank (agreed), and the optimizer is left without it everywhere.
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        layouts = group.get("layouts") or [None] * len(group["params"])
-        if len(layouts) != len(group["params"]):
-            raise Error(f"distmuon.torch.Muon: {len(layouts)} layouts for "
-                        f"{len(group['params'])} parameters")
-        core = _CoreMuon(self._world, lr=group["lr"], weight_decay=group["weight_decay"],
-                         adamw={"lr": group["adamw_lr"],
-                                "weight_decay": group["adamw_weight_decay"]},
-                         **self._options)
         gi = len(self.param_groups) - 1
-        addresses = []
-        for k, (p, layout) in enumerate(zip(group["params"], layouts)):
-            if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
-                raise Error(f"distmuon.torch.Muon: parameter {k} of group {gi} is "
-                            f"{p.dtype} on {p.device}{'' if p.is_contiguous() else ', strided'}"
-                            "; distmuon updates contiguous CPU float32 parameters in place")
-            layout = layout or getattr(p, "distmuon_layout", None) or _default_layout(p)
-            name = layout.name or f"group{gi}.param{k}"
-            core.add_parameter(p.data, name, layout.rows, layout.cols, role=layout.role,
-                               use_muon=layout.use_muon, tp_dim=layout.tp_dim,
-                               tp_group=self._group_comm(layout.tp_group),
-                               gtp_group=self._group_comm(layout.gtp_group), pad=layout.pad,
-                               expert=layout.expert, expert_rank=layout.expert_rank,
-                               qkv_split=layout.qkv_split)
-            addresses.append(p.data_ptr())
+        try:
+            self._add_core(group, gi)
+        except BaseException:
+            self.param_groups.pop()
+            raise
+
+    def _add_core(self, group, gi):
+        what = f"distmuon.torch.Muon: param group {gi}"
+        # This rank's checks first, agreed before anything collective (an mpi4py group's
+        # communicator is made by MPI_Comm_dup on every rank).
+        failure = ""
+        layouts = []
+        try:
+            layouts = group.get("layouts") or [None] * len(group["params"])
+            if len(layouts) != len(group["params"]):
+                raise Error(f"{len(layouts)} layouts for {len(group['params'])} parameters")
+            for k, p in enumerate(group["params"]):
+                if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
+                    raise Error(f"parameter {k} is {p.dtype} on {p.device}"
+                                f"{'' if p.is_contiguous() else ', strided'}; distmuon updates "
+                                "contiguous CPU float32 parameters in place")
+            layouts = [layout or getattr(p, "distmuon_layout", None) or _default_layout(p)
+                       for p, layout in zip(group["params"], layouts)]
+        except Exception as e:  # noqa: BLE001 (agreed on below, whatever its type)
+            failure = f"{type(e).__name__}: {e}"
+        self._world.agree_or_throw(not failure, what, failure)
+        groups = [(self._group_comm(lo.tp_group), self._group_comm(lo.gtp_group))
+                  for lo in layouts]
+        # Then the C++ checks of each shard against its layout (rank-local), agreed.
+        core, addresses = None, []
+        try:
+            core = _CoreMuon(self._world, lr=group["lr"], weight_decay=group["weight_decay"],
+                             adamw={"lr": group["adamw_lr"],
+                                    "weight_decay": group["adamw_weight_decay"]},
+                             **self._options)
+            for k, (p, layout, (tp, gtp)) in enumerate(zip(group["params"], layouts, groups)):
+                name = layout.name or f"group{gi}.param{k}"
+                core.add_parameter(p.data, name, layout.rows, layout.cols, role=layout.role,
+                                   use_muon=layout.use_muon, tp_dim=layout.tp_dim, tp_group=tp,
+                                   gtp_group=gtp, pad=layout.pad, expert=layout.expert,
+                                   expert_rank=layout.expert_rank, qkv_split=layout.qkv_split)
+                addresses.append(p.data_ptr())
+        except Exception as e:  # noqa: BLE001
+            failure = f"{type(e).__name__}: {e}"
+        self._world.agree_or_throw(not failure, what, failure)
         self._cores.append((core, addresses))
+
+    def _check_group(self, gi, group, core, addresses, finite):
+        """This rank's gradients of param group gi, or the reason it cannot step (rank-local;
+        finite: also look for a non-finite gradient, which the C++ step checks itself)."""
+        grads = []
+        for k, p in enumerate(group["params"]):
+            where = f"parameter {k} of group {gi}"
+            if p.data_ptr() != addresses[k]:
+                return None, (f"{where} was given new storage after the optimizer was built "
+                              "(update it in place)")
+            # The step is collective over every parameter: a missing gradient counts as zero.
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            if g.dtype != torch.float32 or g.device.type != "cpu" or not g.is_contiguous():
+                return None, (f"the gradient of {where} is {g.dtype} on {g.device}"
+                              f"{'' if g.is_contiguous() else ', strided'}; expected contiguous "
+                              "CPU float32")
+            if g.shape != p.shape:
+                return None, (f"the gradient of {where} is {tuple(g.shape)}, the parameter "
+                              f"{tuple(p.shape)}")
+            if finite and not bool(torch.isfinite(g).all()):
+                return None, f"the gradient of {where} has a non-finite value"
+            grads.append(g)
+        try:
+            core.set_learning_rates(group["lr"], group["adamw_lr"])
+            core.set_weight_decays(group["weight_decay"], group["adamw_weight_decay"])
+        except Exception as e:  # noqa: BLE001
+            return None, f"group {gi}: {e}"
+        return grads, ""
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One step of every param group. Collective over the process group: every check of
+        every group (storage, gradients, learning rates) is agreed on by all ranks, inside the
+        first group's C++ step and before any update, so that a refusal on one rank raises
+        distmuon.CollectiveError on every rank and no group has stepped."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        checked, failure = [], ""
         for gi, (group, (core, addresses)) in enumerate(zip(self.param_groups, self._cores)):
-            grads = []
-            for k, p in enumerate(group["params"]):
-                if p.data_ptr() != addresses[k]:
-                    raise Error(f"distmuon.torch.Muon: parameter {k} of group {gi} was given new "
-                                "storage after the optimizer was built (update it in place)")
-                # The step is collective over every parameter: a missing gradient counts as zero.
-                g = p.grad if p.grad is not None else torch.zeros_like(p)
-                if g.dtype != torch.float32 or not g.is_contiguous():
-                    raise Error(f"distmuon.torch.Muon: gradient of parameter {k} of group {gi} "
-                                f"is {g.dtype}{'' if g.is_contiguous() else ', strided'}; "
-                                "expected contiguous float32")
-                grads.append(g)
-            core.set_learning_rates(group["lr"], group["adamw_lr"])
-            core.set_weight_decays(group["weight_decay"], group["adamw_weight_decay"])
-            core.step(grads)
+            # The C++ step checks its own gradients' values; those of the later groups are
+            # checked here too, so that group 0 does not step when a later group cannot.
+            grads, why = self._check_group(gi, group, core, addresses, finite=gi > 0)
+            failure = failure or (f"distmuon.torch.Muon: {why}" if why else "")
+            checked.append(grads)
+        for gi, ((core, _), grads) in enumerate(zip(self._cores, checked)):
+            core.step(grads or [], failure if gi == 0 else "")
         return loss
 
     def plan(self):

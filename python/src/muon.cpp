@@ -84,15 +84,25 @@ class PyMuon {
     return i;
   }
 
-  void step(const std::vector<py::array>& grads) {
+  // failure: the caller's own checks failed on this rank (grads unused). It, or a gradient this
+  // rank cannot view, is agreed inside the step: every rank raises, none is left waiting.
+  void step(const std::vector<py::array>& grads, const std::string& failure) {
     std::vector<ConstMatrixView> views;
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      views.push_back(const_view(grads[i], i < names_.size()
-                                               ? fmt::format("gradient of '{}'", names_[i])
-                                               : fmt::format("gradient {}", i)));
+    std::string reason = failure;
+    if (reason.empty()) {
+      try {
+        for (std::size_t i = 0; i < grads.size(); ++i) {
+          views.push_back(const_view(grads[i], i < names_.size()
+                                                   ? fmt::format("gradient of '{}'", names_[i])
+                                                   : fmt::format("gradient {}", i)));
+        }
+      } catch (const Error& e) {
+        reason = e.what();
+      }
     }
+    if (!reason.empty()) views.clear();
     py::gil_scoped_release release;
-    muon_.step(views);
+    muon_.step(views, reason);
   }
 
   // Seconds of each of `count` steps run back to back in C++ on the same gradients (the
@@ -150,7 +160,7 @@ void init_muon(py::module_& m) {
            py::arg("rows"), py::arg("cols"), py::arg("role"), py::arg("use_muon"),
            py::arg("tp_dim"), py::arg("tp_group"), py::arg("gtp_group"), py::arg("pad"),
            py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"))
-      .def("step", &PyMuon::step, py::arg("grads"))
+      .def("step", &PyMuon::step, py::arg("grads"), py::arg("failure") = std::string())
       .def("time_steps", &PyMuon::time_steps, py::arg("grads"), py::arg("count"))
       .def("save",
            [](PyMuon& s, const std::string& dir) {

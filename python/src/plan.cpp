@@ -3,11 +3,16 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 
 #include "comm.h"
 #include "distmuon/calibrate.h"
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 #include "distmuon/hardware_profile.h"
 #include "distmuon/model_preset.h"
 #include "distmuon/plan.h"
@@ -55,20 +60,51 @@ void init_plan(py::module_& m) {
       out.push_back(p);
     return out.dump();
   });
+  // out: the profile file rank 0 writes (atomically, as `distmuon calibrate --out`). Its folder
+  // and kind are checked on rank 0 before the measurements, and both the check and the write
+  // are agreed on: every rank raises when rank 0 cannot write it.
   m.def(
       "calibrate",
       [](const Communicator& group, const std::string& name, std::vector<Index> sizes,
-         std::size_t max_bytes) {
+         std::size_t max_bytes, const std::optional<std::string>& out) {
         CalibrateOptions o;
         o.name = name;
         if (!sizes.empty()) o.sizes = std::move(sizes);
         if (max_bytes > 0) o.max_bytes = max_bytes;
         o.validate();
         py::gil_scoped_release release;
+        const auto on_root = [&](const std::string& what, const std::function<void()>& f) {
+          std::string why;
+          if (group.rank() == 0) {
+            try {
+              f();
+            } catch (const std::exception& e) {
+              why = e.what();
+            }
+          }
+          group.agree_or_throw(why.empty(), what, why);
+        };
+        if (out) {
+          on_root("calibrate", [&] {
+            const std::filesystem::path path = *out;
+            if (path.empty()) throw Error("calibrate: out is an empty path");
+            const auto dir =
+                path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+            std::error_code ec;
+            if (!std::filesystem::is_directory(dir, ec)) {
+              throw Error(fmt::format("calibrate: out {}: folder {} does not exist", path.string(),
+                                      dir.string()));
+            }
+            check_output_file(path, "calibrate: out");
+          });
+        }
         const CalibrationReport r = calibrate(group, o);
+        if (out) {
+          on_root("calibrate: writing the profile", [&] { save_profile(r.profile, *out); });
+        }
         return std::make_pair(nlohmann::json(r.profile).dump(), format_calibration(r));
       },
-      py::arg("group"), py::arg("name"), py::arg("sizes"), py::arg("max_bytes"));
+      py::arg("group"), py::arg("name"), py::arg("sizes"), py::arg("max_bytes"), py::arg("out"));
 }
 
 }  // namespace distmuon::python

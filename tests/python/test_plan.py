@@ -12,14 +12,25 @@ def cli_json(cli, *args):
                                      text=True).stdout)
 
 
-def test_plan_of_a_model_equals_cli(cli):
-    p = distmuon.plan("llama3-70b", group_size=8, profile="gb200")
+@pytest.mark.parametrize("algorithm", ["standard", "auto"])
+def test_plan_of_a_model_equals_cli(cli, algorithm):
+    p = distmuon.plan("llama3-70b", group_size=8, profile="gb200", algorithm=algorithm)
     want = cli_json(cli, "plan", "--model", "llama3-70b", "-G", "8", "--profile", "gb200",
-                    "--json")
+                    "--ns-algorithm", algorithm, "--json")
     assert p.units == "seconds" and want["units"] == "seconds"
     assert p.totals == want["totals"]
     assert p.weights == want["weights"]
+    assert p.options == want["options"]
     assert "auto" in str(p)
+
+
+def test_plan_defaults_are_the_cli_defaults(cli):
+    # Nothing but the model given on either side: the same plan (NS algorithm standard, G 8,
+    # no profile, refined model, bf16).
+    p = distmuon.plan("llama3-70b")
+    want = cli_json(cli, "plan", "--model", "llama3-70b", "--json")
+    assert p.options == want["options"]
+    assert p.totals == want["totals"] and p.weights == want["weights"]
 
 
 def test_plan_of_shapes_without_profile():
@@ -47,6 +58,17 @@ def test_calibrate_writes_a_profile_that_plan_accepts(tmp_path):
     out = tmp_path / "calibrated.json"
     profile, report = distmuon.calibrate(None, name="here", sizes=(32, 64), out=out)
     assert profile["name"] == "here" and out.exists()
+    assert json.loads(out.read_text()) == profile
+    assert [f.name for f in tmp_path.iterdir()] == ["calibrated.json"]  # no temporary left
     assert "GFLOP/s" in report or "gflop" in report.lower()
     p = distmuon.plan([(256, 64)], group_size=1, profile=str(out))
     assert p.units == "seconds" and p.totals["duplicated"] > 0
+
+
+def test_calibrate_refuses_an_output_it_cannot_write(tmp_path):
+    # Checked before the measurements, as `distmuon calibrate --out`.
+    with pytest.raises(distmuon.Error, match="is a directory"):
+        distmuon.calibrate(None, sizes=(32,), out=tmp_path)
+    with pytest.raises(distmuon.Error, match="does not exist"):
+        distmuon.calibrate(None, sizes=(32,), out=tmp_path / "missing" / "p.json")
+    assert list(tmp_path.iterdir()) == []

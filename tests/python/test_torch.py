@@ -173,3 +173,25 @@ def test_bad_parameters_refused():
     q.grad = torch.full((4, 4), float("nan"))
     with pytest.raises(distmuon.Error, match="non-finite"):
         opt.step()
+
+
+def test_options_default_to_the_cpp_ones_and_take_plan_and_wisdom(tmp_path):
+    # Python adds no defaults of its own: those of MuonOptions (ns_algorithm standard, plan
+    # estimate, ...), the param-group ones (lr 0.02, AdamW lr 1e-3) included.
+    p = torch.nn.Parameter(torch.zeros(4, 4))
+    opt = dmt.Muon([p])
+    got = opt._cores[0][0].options
+    cpp = distmuon.Muon().options
+    assert got == cpp and got["ns_algorithm"] == "standard" and got["plan"] == "estimate"
+    assert got["tp_mode"] == "auto" and got["wisdom"] == ""
+    wisdom = tmp_path / "wisdom.json"
+    opt = dmt.Muon([p], plan="measure", wisdom=str(wisdom), ns_algorithm="auto")
+    o = opt._cores[0][0].options
+    assert (o["plan"], o["wisdom"], o["ns_algorithm"]) == ("measure", str(wisdom), "auto")
+    p.grad = torch.ones(4, 4)
+    opt.step()  # one rank, an unsharded weight: nothing to measure
+    assert opt.plan()[0]["mode"] == "duplicated"
+    with pytest.raises(distmuon.Error, match="plan"):
+        dmt.Muon([p], plan="guess")
+    with pytest.raises(distmuon.Error, match="wisdom"):
+        dmt.Muon([p], wisdom=str(wisdom))  # wisdom without plan=measure

@@ -1,0 +1,122 @@
+"""A refusal on one rank raises on every rank (run under mpirun -np 2): the Python layers'
+own checks (arrays, storage, gradients, param groups) are agreed on before any collective, so no
+rank is left waiting in a step (a hang fails the test by its ctest TIMEOUT), and nothing is
+updated on any rank."""
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import distmuon
+import distmuon.torch as dmt
+
+COMM = MPI.COMM_WORLD
+G = COMM.Get_size()
+R = COMM.Get_rank()
+BAD = G - 1  # the rank whose input is wrong
+ON_BAD = rf"rank\(s\) {BAD} of {G}"
+
+if G < 2:
+    pytest.skip("needs mpirun -np 2 or more", allow_module_level=True)
+
+M, N = 8 * G, 12
+
+
+def _rng(seed):
+    return np.random.default_rng(seed + 100 * R)
+
+
+def test_numpy_gradient_refused_on_one_rank():
+    opt = distmuon.Muon(COMM, tp_mode="duplicated")
+    shards = [_rng(k).standard_normal((M // G, N)).astype(np.float32) for k in range(2)]
+    for k, s in enumerate(shards):
+        opt.add_parameter(s, f"w{k}", M, N, tp_dim=0, tp_group=COMM)
+    before = [s.copy() for s in shards]
+    grads = [_rng(10 + k).standard_normal(s.shape).astype(np.float32) for k, s in
+             enumerate(shards)]
+    bad = list(grads)
+    if R == BAD:
+        bad[1] = bad[1].astype(np.float64)  # refused by the view before the C++ step
+    with pytest.raises(distmuon.CollectiveError, match=ON_BAD + ".*float32"):
+        opt.step(bad)
+    assert opt.step_count == 0 and all(np.array_equal(a, b) for a, b in zip(shards, before))
+    if R == BAD:
+        bad = [grads[0], "not an array"]  # refused by the Python layer
+    with pytest.raises(distmuon.CollectiveError, match=ON_BAD + ".*str"):
+        opt.step(bad)
+    with pytest.raises(distmuon.CollectiveError, match=ON_BAD + ".*mine"):
+        opt.step(grads, failure="mine" if R == BAD else "")
+    opt.step(grads)  # every rank still in step: the next step runs
+    assert opt.step_count == 1 and not np.array_equal(shards[0], before[0])
+
+
+def _two_groups(**options):
+    torch.manual_seed(1 + R)
+    p0 = torch.nn.Parameter(torch.randn(M // G, N))
+    p1 = torch.nn.Parameter(torch.randn(M // G, N))
+    layout = dmt.Layout(rows=M, cols=N, tp_dim=0, tp_group="world")
+    opt = dmt.Muon([{"params": [p0], "layouts": [layout]},
+                    {"params": [p1], "layouts": [layout], "lr": 0.01}],
+                   process_group=COMM, tp_mode="duplicated", **options)
+    for p in (p0, p1):
+        p.grad = torch.randn_like(p)
+    return opt, p0, p1
+
+
+def _spoil(kind, p1):
+    if kind == "strided":
+        p1.grad = torch.randn(N, M // G).t()
+    elif kind == "dtype":  # torch refuses such a .grad; .grad.data takes it
+        p1.grad.data = p1.grad.data.double()
+    elif kind == "shape":
+        p1.grad.data = torch.randn(M // G, N + 1)
+    elif kind == "non-finite":
+        p1.grad[0, 0] = float("inf")
+    elif kind == "storage":
+        p1.data = p1.data.clone()
+    elif kind == "lr":
+        return -1.0
+    return None
+
+
+@pytest.mark.parametrize("kind", ["strided", "dtype", "shape", "non-finite", "storage", "lr"])
+def test_torch_second_group_refused_on_one_rank(kind):
+    opt, p0, p1 = _two_groups()
+    before = (p0.detach().clone(), p1.detach().clone())
+    if R == BAD:
+        lr = _spoil(kind, p1)
+        if lr is not None:
+            opt.param_groups[1]["lr"] = lr
+    want = {"strided": "strided", "dtype": "float64", "shape": "group 1 is", "non-finite":
+            "non-finite", "storage": "new storage", "lr": "lr"}[kind]
+    with pytest.raises(distmuon.CollectiveError, match=ON_BAD + ".*" + want):
+        opt.step()
+    # Group 0 did not step either, on any rank.
+    assert torch.equal(p0, before[0]) and torch.equal(p1, before[1])
+    assert [core.step_count for core, _ in opt._cores] == [0, 0]
+
+
+def test_torch_add_param_group_refused_on_one_rank():
+    opt, p0, p1 = _two_groups()
+    q = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64 if R == BAD else torch.float32))
+    with pytest.raises(distmuon.CollectiveError, match=ON_BAD + ".*float64"):
+        opt.add_param_group({"params": [q]})
+    # A shard that does not fit its layout on one rank (the C++ check).
+    rows = M // G + (1 if R == BAD else 0)
+    w = torch.nn.Parameter(torch.zeros(rows, N))
+    with pytest.raises(distmuon.CollectiveError, match=ON_BAD + ".*local shard"):
+        opt.add_param_group({"params": [w], "layouts": [dmt.Layout(rows=M, cols=N, tp_dim=0,
+                                                                   tp_group="world")]})
+    # Left out on every rank: the optimizer still steps its two groups together.
+    assert len(opt.param_groups) == 2 and len(opt._cores) == 2
+    before = p0.detach().clone()
+    opt.step()
+    assert not torch.equal(p0, before)
+    assert [core.step_count for core, _ in opt._cores] == [1, 1]
+
+
+def test_communicator_agree_or_throw():
+    world = distmuon.communicator(COMM)
+    world.agree_or_throw(True, "check")
+    with pytest.raises(distmuon.CollectiveError, match=r"check failed on " + ON_BAD + ": why"):
+        world.agree_or_throw(R != BAD, "check", "why" if R == BAD else "")
