@@ -120,3 +120,21 @@ def test_communicator_agree_or_throw():
     world.agree_or_throw(True, "check")
     with pytest.raises(distmuon.CollectiveError, match=r"check failed on " + ON_BAD + ": why"):
         world.agree_or_throw(R != BAD, "check", "why" if R == BAD else "")
+
+
+def test_calibrate_output_checked_and_written_by_rank_0(tmp_path):
+    folder = COMM.bcast(str(tmp_path) if R == 0 else None)
+    # A folder as the output: refused on every rank before the measurements.
+    with pytest.raises(distmuon.CollectiveError, match=r"rank\(s\) 0 of .*is a directory"):
+        distmuon.calibrate(COMM, sizes=(32,), max_bytes=1024, out=folder)
+    out = f"{folder}/profile.json"
+    profile, _ = distmuon.calibrate(COMM, name="two", sizes=(32,), max_bytes=1024, out=out)
+    COMM.Barrier()
+    if R == 0:
+        import json
+        import os
+
+        with open(out) as f:
+            assert json.load(f) == profile
+        assert os.listdir(folder) == ["profile.json"]  # one writer, no temporary left
+    assert profile["name"] == "two"
