@@ -149,7 +149,7 @@ class Muon:
                 for i, g in enumerate(grads):
                     a = as_array(g, f"gradient {i}")
                     arrays.append(a.reshape(-1, 1) if a.ndim == 1 else a)
-            except Exception as e:  # noqa: BLE001 (every refusal is agreed on, whatever its type)
+            except Exception as e:  # any refusal, whatever its type, is agreed on
                 failure = f"{type(e).__name__}: {e}"
         self._core.step([] if failure else arrays, failure)
 

@@ -124,7 +124,7 @@ class Muon(torch.optim.Optimizer):
                                 "contiguous CPU float32 parameters in place")
             layouts = [layout or getattr(p, "distmuon_layout", None) or _default_layout(p)
                        for p, layout in zip(group["params"], layouts)]
-        except Exception as e:  # noqa: BLE001 (agreed on below, whatever its type)
+        except Exception as e:  # any refusal, whatever its type: agreed below
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
         groups = [(self._group_comm(lo.tp_group), self._group_comm(lo.gtp_group))
@@ -143,7 +143,7 @@ class Muon(torch.optim.Optimizer):
                                    gtp_group=gtp, pad=layout.pad, expert=layout.expert,
                                    expert_rank=layout.expert_rank, qkv_split=layout.qkv_split)
                 addresses.append(p.data_ptr())
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
         self._cores.append((core, addresses))
@@ -172,7 +172,7 @@ class Muon(torch.optim.Optimizer):
         try:
             core.set_learning_rates(group["lr"], group["adamw_lr"])
             core.set_weight_decays(group["weight_decay"], group["adamw_weight_decay"])
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             return None, f"group {gi}: {e}"
         return grads, ""
 
