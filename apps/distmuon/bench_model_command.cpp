@@ -47,7 +47,7 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--plan-reps", plan_reps,
                  "With --plan measure: timed rounds of the planner's candidates (after one "
                  "warm-up)")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least<int>(1))
       ->capture_default_str();
   cmd.add_option("--plot", plot, "With --model: draw per-shape bars per mode into this PNG");
 }
@@ -94,15 +94,18 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
     c.seed = common.seed;
     return c;
   });
+  // The outputs are checked before anything is timed (the wisdom is written after the plan's
+  // timing, the plot at the end).
   std::string why;
-  if (ctx.world.rank() == 0 && !model.plot.empty()) {
+  if (ctx.world.rank() == 0) {
     try {
-      check_output_file(model.plot, "--plot");
+      if (!model.plot.empty()) check_output_file(model.plot, "--plot");
+      if (!model.wisdom.empty()) check_output_file(model.wisdom, "--wisdom");
     } catch (const Error& e) {
       why = e.what();
     }
   }
-  ctx.world.agree_or_throw(why.empty(), "bench --plot", why);
+  ctx.world.agree_or_throw(why.empty(), "bench --model", why);
   why.clear();
   set_blas_threads(common.threads);
   ProgressLine progress(stdout, ctx.world.rank() == 0 && !common.json);

@@ -63,6 +63,9 @@ class MeasureTarget {
   virtual MeasureTask weight_task(std::size_t weight, const AutoChoice& choice) = 0;
   // One owner-mode run of bucket `bucket`, algorithms per weight of the bucket (bucket order).
   virtual MeasureTask owner_task(std::size_t bucket, std::span<const NsAlgorithm> algorithms) = 0;
+  // About how many bytes the tasks of these weights allocate in all (a weight's tasks share its
+  // scratch copies), checked against the memory available before any task is built.
+  virtual double scratch_bytes(std::span<const std::size_t> weights) const = 0;
 };
 
 // A measured per-weight candidate of a key, and a measured owner run of a bucket.
@@ -92,8 +95,10 @@ struct MeasuredPlan {
 // Plans keys (one per weight) grouped in buckets (indices into keys; every weight in exactly one
 // bucket, the keys of a bucket sharing their groups) by measuring, as described above. resolver
 // gives the profile and cost model that rank the candidates. Invalid options, keys or buckets,
-// a wisdom file that cannot be read or written, or keys that differ between ranks throw
-// CollectiveError on every rank.
+// a wisdom file that cannot be read or written, keys that differ between ranks, scratch that
+// does not fit in memory (check_memory_fits), or a task that fails to build or throws in a timed
+// run on any rank throw on every rank (a run that throws between its collectives is caught and
+// agreed on after it; one that leaves its collectives half done cannot be).
 MeasuredPlan plan_by_measuring(const Communicator& world, std::span<const AutoKey> keys,
                                std::span<const std::vector<std::size_t>> buckets,
                                MeasureTarget& target, const AutoModeResolver& resolver,

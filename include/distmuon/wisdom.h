@@ -24,8 +24,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "distmuon/cost_model.h"
 #include "distmuon/measure_plan.h"
 
@@ -75,7 +73,7 @@ class Wisdom {
   WisdomContext context_;
   std::map<AutoKey, std::vector<MeasuredCandidate>> keys_;
   std::map<std::vector<AutoKey>, std::vector<MeasuredOwner>> buckets_;
-  std::vector<nlohmann::json> foreign_;
+  std::vector<std::string> foreign_;  // entries of other contexts, as JSON text
   std::vector<std::string> foreign_reasons_;
 };
 

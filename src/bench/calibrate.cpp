@@ -12,32 +12,20 @@
 #include <ctime>
 #include <fstream>
 
+#include "core/host.h"
 #include "distmuon/error.h"
 #include "distmuon/topology.h"
 
 namespace distmuon {
 namespace {
 
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
-  return buf;
-}
-
-// The CPU model from /proc/cpuinfo (Linux), else a generic name.
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) {
-        const auto first = line.find_first_not_of(' ', colon + 1);
-        if (first != std::string::npos) return line.substr(first);
-      }
-    }
+// The host's name, or "unknown-host" when gethostname fails (on any rank: rank 0's is shared).
+std::string host_name_or_unknown() {
+  try {
+    return detail::host_name();
+  } catch (const Error&) {
+    return "unknown-host";
   }
-  return "host CPU";
 }
 
 std::string utc_now() {
@@ -184,7 +172,7 @@ CalibrationReport calibrate(const Communicator& group, const CalibrateOptions& o
   cal.group_size = g;
   cal.blas_threads = blas_threads();
   cal.crosses_domain = crosses_domain(group);
-  cal.host = group.broadcast_string(host_name(), 0);
+  cal.host = group.broadcast_string(host_name_or_unknown(), 0);
   cal.date = group.broadcast_string(utc_now(), 0);
 
   const std::size_t k = options.sizes.size();
@@ -234,7 +222,7 @@ CalibrationReport calibrate(const Communicator& group, const CalibrateOptions& o
 
   HardwareProfile& p = rep.profile;
   p.name = options.name;
-  p.device = group.broadcast_string(cpu_model(), 0);
+  p.device = group.broadcast_string(detail::cpu_model(), 0);
   double best = 0;
   for (const auto& row : cal.update_gemm.gflops)
     best = std::max(best, *std::max_element(row.begin(), row.end()));

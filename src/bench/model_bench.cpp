@@ -10,8 +10,8 @@
 #include <memory>
 #include <random>
 
-#include "distmuon/agreement.h"
 #include "bench/model_bench_measure.h"
+#include "distmuon/agreement.h"
 #include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
 #include "distmuon/fsdp.h"
@@ -47,9 +47,11 @@ std::vector<ModelBenchShape> distinct_shapes(const std::vector<WeightShape>& wei
 
 // Bytes one rank of a group of g allocates: per shape the full random matrix, its shard, a work
 // copy and NS's workspace; per weight (count copies per shape) auto's key and estimate and, for
-// each of up to three owner runs (on more than one rank), a shard-sized work matrix.
-double bench_memory_bytes(const std::vector<ModelBenchShape>& shapes, int g) {
-  double bytes = 0;
+// each of up to three owner runs (on more than one rank), a shard-sized work matrix. With plan
+// measure, the planner's copies too (model_bench_measure.cpp): per weight a shard and a work copy
+// of it, and the largest full matrix while they are drawn.
+double bench_memory_bytes(const std::vector<ModelBenchShape>& shapes, int g, bool measure) {
+  double bytes = 0, largest = 0;
   for (const ModelBenchShape& s : shapes) {
     const double full = static_cast<double>(s.m) * static_cast<double>(s.n);
     const double shard = full / g + static_cast<double>(s.n);  // rows rounded up
@@ -58,8 +60,10 @@ double bench_memory_bytes(const std::vector<ModelBenchShape>& shapes, int g) {
     const double owner_runs = g > 1 ? 3 : 0;  // owner is measured on more than one rank only
     bytes += count * (sizeof(AutoKey) + sizeof(CostEstimate) + sizeof(AutoChoice) +
                       owner_runs * (sizeof(Matrix) + sizeof(float) * shard + 64));
+    if (measure) bytes += count * (2 * sizeof(float) * shard + 2 * sizeof(Matrix) + 128);
+    largest = std::max(largest, sizeof(float) * full);
   }
-  return bytes;
+  return bytes + (measure ? largest : 0);
 }
 
 std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBenchShape>& shapes,
@@ -95,7 +99,7 @@ std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBench
         c.model, c.max_elements, fmt::join(big, "; "));
   }
   try {
-    check_memory_fits(bench_memory_bytes(shapes, group_size),
+    check_memory_fits(bench_memory_bytes(shapes, group_size, c.plan == PlanMode::kMeasure),
                       fmt::format("bench --model {} (per rank)", c.model));
   } catch (const Error& e) {
     return e.what();

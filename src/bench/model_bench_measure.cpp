@@ -2,6 +2,7 @@
 // (rows over the whole group, as training shards them), through the optimizer's dispatcher.
 #include "bench/model_bench_measure.h"
 
+#include <algorithm>
 #include <memory>
 #include <random>
 
@@ -24,31 +25,23 @@ class BenchTarget final : public MeasureTarget {
  public:
   BenchTarget(const Communicator& group, const ModelBenchConfig& config,
               std::span<const ModelBenchShape> shapes, Compute& compute)
-      : group_(group), config_(config), compute_(compute) {
-    for (std::size_t i = 0; i < shapes.size(); ++i) {
-      const ModelBenchShape& s = shapes[i];
-      const RowSharding sharding = RowSharding::make(s.m, s.n, group.size());
-      Matrix full(s.m, s.n);
-      std::mt19937_64 rng(config.seed + 1000 + i);
-      std::normal_distribution<float> dist;
-      for (float& v : full.values())
-        v = dist(rng);
-      for (Index c = 0; c < s.count; ++c) {
-        auto w = std::make_shared<Weight>();
-        w->source = row_shard(full.view(), sharding, group.rank());
-        w->work = Matrix(w->source.rows(), w->source.cols());
-        w->layout.m = s.m;
-        w->layout.n = s.n;
-        w->layout.gtp_size = group.size();
-        w->layout.gtp_rank = group.rank();
-        w->layout.pad = sharding.pad_length;
-        weights_.push_back(std::move(w));
-      }
+      : group_(group), config_(config), shapes_(shapes), compute_(compute) {}
+
+  // Every weight's shard and work copy (built by the first task: the planner checks the memory
+  // first), and the largest full matrix while they are drawn.
+  double scratch_bytes(std::span<const std::size_t>) const override {
+    double bytes = 0, full = 0;
+    for (const ModelBenchShape& s : shapes_) {
+      const RowSharding sharding = RowSharding::make(s.m, s.n, group_.size());
+      const double shard = static_cast<double>(sharding.shard_rows) * static_cast<double>(s.n);
+      bytes += 2.0 * sizeof(float) * shard * static_cast<double>(s.count);
+      full = std::max(full, sizeof(float) * static_cast<double>(s.m) * static_cast<double>(s.n));
     }
+    return bytes + full;
   }
 
   MeasureTask weight_task(std::size_t weight, const AutoChoice& choice) override {
-    std::shared_ptr<Weight> w = weights_.at(weight);
+    std::shared_ptr<Weight> w = weights().at(weight);
     NsOptions ns = config_.ns;
     ns.algorithm = choice.algorithm;
     return {[this, w, ns, mode = choice.mode] {
@@ -64,6 +57,7 @@ class BenchTarget final : public MeasureTarget {
       std::unique_ptr<OwnerOrthogonalizer> orth;
     };
     auto r = std::make_shared<Run>();
+    weights();
     for (std::size_t i = 0; i < weights_.size(); ++i) {
       r->weights.push_back(
           {weights_[i]->work.view(), &weights_[i]->layout, &tp_, &group_, algorithms[i]});
@@ -77,9 +71,35 @@ class BenchTarget final : public MeasureTarget {
   }
 
  private:
+  const std::vector<std::shared_ptr<Weight>>& weights() {
+    if (!weights_.empty()) return weights_;
+    for (std::size_t i = 0; i < shapes_.size(); ++i) {
+      const ModelBenchShape& s = shapes_[i];
+      const RowSharding sharding = RowSharding::make(s.m, s.n, group_.size());
+      Matrix full(s.m, s.n);
+      std::mt19937_64 rng(config_.seed + 1000 + i);
+      std::normal_distribution<float> dist;
+      for (float& v : full.values())
+        v = dist(rng);
+      for (Index c = 0; c < s.count; ++c) {
+        auto w = std::make_shared<Weight>();
+        w->source = row_shard(full.view(), sharding, group_.rank());
+        w->work = Matrix(w->source.rows(), w->source.cols());
+        w->layout.m = s.m;
+        w->layout.n = s.n;
+        w->layout.gtp_size = group_.size();
+        w->layout.gtp_rank = group_.rank();
+        w->layout.pad = sharding.pad_length;
+        weights_.push_back(std::move(w));
+      }
+    }
+    return weights_;
+  }
+
   const Communicator& group_;
   const Communicator tp_ = local_communicator();
   const ModelBenchConfig& config_;
+  std::span<const ModelBenchShape> shapes_;
   Compute& compute_;
   std::vector<std::shared_ptr<Weight>> weights_;
 };

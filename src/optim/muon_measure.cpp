@@ -2,6 +2,7 @@
 // parameters' own layouts and groups, through the same dispatcher Muon::step calls, on scratch
 // copies (the weights are not touched).
 #include <algorithm>
+#include <map>
 #include <random>
 
 #include "distmuon/auto_mode.h"
@@ -13,7 +14,7 @@ namespace distmuon {
 namespace {
 
 // A scratch shard of p's shape with fixed random values (NS time does not depend on them), and
-// the copy NS runs on.
+// the copy NS runs on (reset from the source before every run).
 struct Scratch {
   Matrix source, work;
 };
@@ -38,7 +39,7 @@ class MuonTarget final : public MeasureTarget {
 
   MeasureTask weight_task(std::size_t weight, const AutoChoice& choice) override {
     ParamState& p = s_.params[params_[weight]];
-    auto d = scratch_of(p, weight);
+    auto d = scratch(weight);
     const NsOptions& ns = choice.algorithm == NsAlgorithm::kGram ? s_.ns_gram : s_.ns;
     return {[this, d, &p, &ns, mode = choice.mode] {
               orthogonalize_shard(d->work.view(), p.layout, p.tp, p.gtp, mode, ns, kUnitScale,
@@ -57,7 +58,7 @@ class MuonTarget final : public MeasureTarget {
     const std::vector<std::size_t>& b = buckets_[bucket];
     for (std::size_t i = 0; i < b.size(); ++i) {
       ParamState& p = s_.params[params_[b[i]]];
-      r->data.push_back(scratch_of(p, b[i]));
+      r->data.push_back(scratch(b[i]));
       r->weights.push_back({r->data.back()->work.view(), &p.layout, &p.tp, &p.gtp, algorithms[i]});
     }
     r->orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(s_.ns));
@@ -68,10 +69,27 @@ class MuonTarget final : public MeasureTarget {
             }};
   }
 
+  double scratch_bytes(std::span<const std::size_t> weights) const override {
+    double bytes = 0;
+    for (const std::size_t w : weights) {
+      const MatrixView v = s_.params[params_[w]].spec.local;
+      bytes += 2.0 * static_cast<double>(v.rows) * static_cast<double>(v.cols) * sizeof(float);
+    }
+    return bytes;
+  }
+
  private:
+  // One scratch per weight, shared by all its tasks (each run resets its copy from the source).
+  std::shared_ptr<Scratch> scratch(std::size_t weight) {
+    std::shared_ptr<Scratch>& d = scratch_[weight];
+    if (!d) d = scratch_of(s_.params[params_[weight]], weight);
+    return d;
+  }
+
   Muon::Impl& s_;
   std::span<const std::size_t> params_;
   std::span<const std::vector<std::size_t>> buckets_;
+  std::map<std::size_t, std::shared_ptr<Scratch>> scratch_;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "distmuon/memory_check.h"
 #include "distmuon/timing.h"
 #include "distmuon/wisdom.h"
 
@@ -170,6 +171,8 @@ std::string choose_candidates(Root& root, const Distinct& d, std::span<const Aut
                               const AutoModeResolver& resolver, const MeasurePlanOptions& options) {
   const HardwareProfile* profile = resolver.profile() ? &*resolver.profile() : nullptr;
   if (!options.wisdom.empty()) {
+    // Before any timing: the file is written only after it.
+    check_output_file(options.wisdom, "wisdom file");
     WisdomContext context{this_host(), profile ? profile->name : "none",
                           to_string(resolver.cost_model())};
     root.wisdom = Wisdom::load(options.wisdom, std::move(context));
@@ -318,30 +321,68 @@ MeasuredPlan plan_by_measuring(const Communicator& world, std::span<const AutoKe
 
   const Distinct d = distinct_keys(keys);
   Root root;
-  const json program = json::parse(decide_on_root<std::string>(world, 0, "tp_mode=auto (measure)", [&] {
-    return choose_candidates(root, d, keys, buckets, resolver, options);
-  }));
+  const json program =
+      json::parse(decide_on_root<std::string>(world, 0, "tp_mode=auto (measure)", [&] {
+        return choose_candidates(root, d, keys, buckets, resolver, options);
+      }));
 
-  // Every candidate of the program, in program order, timed in interleaved rounds.
+  // Every candidate of the program, in program order, timed in interleaved rounds. The tasks are
+  // built (their scratch allocated) only after the memory check, and every rank agrees that they
+  // were before any is timed.
   std::vector<MeasureTask> tasks;
-  for (std::size_t k = 0; k < d.keys.size(); ++k) {
-    for (const json& code : program["keys"][k])
-      tasks.push_back(target.weight_task(d.first[k], choice_from_code(code.get<std::int64_t>())));
+  std::string failed;
+  try {
+    std::vector<std::size_t> weights;
+    for (std::size_t k = 0; k < d.keys.size(); ++k) {
+      if (!program["keys"][k].empty()) weights.push_back(d.first[k]);
+    }
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      if (!program["buckets"][b].empty())
+        weights.insert(weights.end(), buckets[b].begin(), buckets[b].end());
+    }
+    std::sort(weights.begin(), weights.end());
+    weights.erase(std::unique(weights.begin(), weights.end()), weights.end());
+    check_memory_fits(target.scratch_bytes(weights), "tp_mode=auto (measure): the timed copies");
+    for (std::size_t k = 0; k < d.keys.size(); ++k) {
+      for (const json& code : program["keys"][k])
+        tasks.push_back(target.weight_task(d.first[k], choice_from_code(code.get<std::int64_t>())));
+    }
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      for (const json& algorithms : program["buckets"][b])
+        tasks.push_back(target.owner_task(b, algorithms_of(algorithms)));
+    }
+  } catch (const std::exception& e) {
+    failed = e.what();
+    tasks.clear();
   }
-  for (std::size_t b = 0; b < buckets.size(); ++b) {
-    for (const json& algorithms : program["buckets"][b])
-      tasks.push_back(target.owner_task(b, algorithms_of(algorithms)));
-  }
+  world.agree_or_throw(failed.empty(), "tp_mode=auto (measure): preparing the candidates", failed);
+
   MeasuredPlan plan;
   std::vector<std::vector<double>> samples(tasks.size());
   if (!tasks.empty() && world.rank() == 0) {
     spdlog::info("tp_mode=auto: timing {} candidate(s), {} warm-up and {} timed round(s)",
                  tasks.size(), options.warmup, options.reps);
   }
+  // A run or reset that throws on some ranks is caught (the others finish theirs) and every rank
+  // stops with its message after the run, instead of leaving the others in the next barrier.
+  const auto guarded = [&failed](const std::function<void()>& f) {
+    return [&failed, &f] {
+      if (!failed.empty() || !f) return;
+      try {
+        f();
+      } catch (const std::exception& e) {
+        failed = e.what();
+      } catch (...) {
+        failed = "an unknown exception";
+      }
+    };
+  };
   for (int round = 0; round < options.warmup + options.reps; ++round) {
     for (std::size_t j = 0; j < tasks.size(); ++j) {
       const std::size_t t = (j + static_cast<std::size_t>(round)) % tasks.size();
-      const TimingSummary s = time_on_group(world, {0, 1}, tasks[t].run, tasks[t].reset);
+      const TimingSummary s =
+          time_on_group(world, {0, 1}, guarded(tasks[t].run), guarded(tasks[t].reset));
+      world.agree_or_throw(failed.empty(), "tp_mode=auto (measure): a timed run", failed);
       ++plan.timed_runs;
       if (round >= options.warmup) samples[t].push_back(s.median_s);
     }
@@ -350,9 +391,10 @@ MeasuredPlan plan_by_measuring(const Communicator& world, std::span<const AutoKe
   for (std::vector<double>& s : samples)
     medians.push_back(summarize(std::move(s)).median_s);
 
-  const json decision = json::parse(decide_on_root<std::string>(world, 0, "tp_mode=auto (measure)", [&] {
-    return decide(root, d, buckets, program, medians, options);
-  }));
+  const json decision =
+      json::parse(decide_on_root<std::string>(world, 0, "tp_mode=auto (measure)", [&] {
+        return decide(root, d, buckets, program, medians, options);
+      }));
   std::vector<std::vector<MeasuredCandidate>> per_key;
   for (const json& list : decision["keys"]) {
     per_key.emplace_back();

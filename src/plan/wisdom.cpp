@@ -3,13 +3,11 @@
 #include "distmuon/wisdom.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
+#include <nlohmann/json.hpp>
 
+#include "core/host.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
@@ -27,18 +25,6 @@ using nlohmann::json;
 
 constexpr const char* kFormat = "distmuon wisdom";
 constexpr int kVersion = 1;
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) != 0) continue;
-    const auto colon = line.find(':');
-    const auto first = colon == std::string::npos ? colon : line.find_first_not_of(' ', colon + 1);
-    if (first != std::string::npos) return line.substr(first);
-  }
-  return "unknown CPU";
-}
 
 json host_json(const HostIdentity& h) {
   return {{"hostname", h.hostname},
@@ -70,7 +56,17 @@ std::string mismatch(const WisdomContext& mine, const WisdomContext& theirs) {
   return {};
 }
 
-std::vector<MeasuredCandidate> candidates_from(const json& list) {
+// Whether a key lets the planner time algorithm a (measure_plan.cpp): what the key allows, and
+// the standard algorithm of a Gram-pinned key under a cost model that prices no Gram (the
+// reference model: the planner falls back to standard).
+bool allowed(const AutoKey& key, NsAlgorithm a, const std::string& cost_model) {
+  if (a == NsAlgorithm::kAuto) return false;
+  if (key.algorithm == NsAlgorithm::kAuto || key.algorithm == a) return true;
+  return a == NsAlgorithm::kStandard && cost_model == "reference";
+}
+
+std::vector<MeasuredCandidate> candidates_from(const json& list, const AutoKey& key,
+                                               const std::string& cost_model) {
   std::vector<MeasuredCandidate> out;
   for (const json& c : list.at("candidates")) {
     const AutoChoice choice{parse_tp_mode(c.at("mode").get<std::string>()),
@@ -80,21 +76,35 @@ std::vector<MeasuredCandidate> candidates_from(const json& list) {
       throw Error(
           fmt::format("candidate '{}' is not a per-weight mode and algorithm", to_string(choice)));
     }
+    if (!allowed(key, choice.algorithm, cost_model)) {
+      throw Error(fmt::format("candidate '{}' uses an algorithm its key ({}) does not allow",
+                              to_string(choice), to_string(key.algorithm)));
+    }
     out.push_back({choice, checked_ms(c) * 1e-3});
   }
   if (out.empty()) throw Error("an entry without candidates");
   return out;
 }
 
-std::vector<MeasuredOwner> owner_from(const json& list, std::size_t weights) {
+std::vector<MeasuredOwner> owner_from(const json& list, std::span<const AutoKey> keys) {
   std::vector<MeasuredOwner> out;
   for (const json& o : list.at("owner")) {
     MeasuredOwner run;
     for (const json& a : o.at("algorithms"))
       run.algorithms.push_back(parse_ns_algorithm(a.get<std::string>()));
-    if (run.algorithms.size() != weights) {
+    if (run.algorithms.size() != keys.size()) {
       throw Error(fmt::format("an owner run with {} algorithms for a bucket of {} weights",
-                              run.algorithms.size(), weights));
+                              run.algorithms.size(), keys.size()));
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      // Owner runs are only timed where the model prices Gram: the key must allow the algorithm.
+      const NsAlgorithm a = run.algorithms[i];
+      if (a == NsAlgorithm::kAuto ||
+          !(keys[i].algorithm == NsAlgorithm::kAuto || keys[i].algorithm == a)) {
+        throw Error(
+            fmt::format("owner run algorithm '{}' of weight {} is not one its key ({}) allows",
+                        to_string(a), i, to_string(keys[i].algorithm)));
+      }
     }
     run.seconds = checked_ms(o) * 1e-3;
     out.push_back(std::move(run));
@@ -106,10 +116,13 @@ std::vector<MeasuredOwner> owner_from(const json& list, std::size_t weights) {
 }  // namespace
 
 HostIdentity this_host() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0)
-    throw Error(fmt::format("wisdom: gethostname failed: {}", std::strerror(errno)));
-  return {name, cpu_model(), blas_core(), blas_threads()};
+  std::string name;
+  try {
+    name = detail::host_name();
+  } catch (const Error& e) {
+    throw Error(fmt::format("wisdom: {}", e.what()));
+  }
+  return {std::move(name), detail::cpu_model(), blas_core(), blas_threads()};
 }
 
 std::string describe(const HostIdentity& h) {
@@ -154,10 +167,11 @@ Wisdom Wisdom::load(const std::filesystem::path& path, WisdomContext context) {
       for (const AutoKey& k : keys)
         validate_key(k);
       // Parsed even when foreign, so that a damaged entry is reported whoever wrote it.
-      auto candidates = is_key ? candidates_from(e) : std::vector<MeasuredCandidate>{};
-      auto owner = is_key ? std::vector<MeasuredOwner>{} : owner_from(e, keys.size());
+      auto candidates = is_key ? candidates_from(e, keys.front(), theirs.cost_model)
+                               : std::vector<MeasuredCandidate>{};
+      auto owner = is_key ? std::vector<MeasuredOwner>{} : owner_from(e, keys);
       if (const std::string why = mismatch(w.context_, theirs); !why.empty()) {
-        w.foreign_.push_back(e);
+        w.foreign_.push_back(e.dump());
         w.foreign_reasons_.push_back(why);
       } else if (is_key) {
         w.keys_.insert_or_assign(keys.front(), std::move(candidates));
@@ -177,8 +191,8 @@ Wisdom Wisdom::load(const std::filesystem::path& path, WisdomContext context) {
 
 void Wisdom::save(const std::filesystem::path& path) const {
   json entries = json::array();
-  for (const json& e : foreign_)
-    entries.push_back(e);
+  for (const std::string& e : foreign_)
+    entries.push_back(json::parse(e));
   for (const auto& [key, candidates] : keys_) {
     json e = context_json(context_);
     e["key"] = key;

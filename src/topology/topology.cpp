@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "core/host.h"
 #include "distmuon/error.h"
 #include "topology/nvml_fabric.h"
 
@@ -59,11 +60,11 @@ std::string domain_from_file(const std::string& path, int world_rank) {
 }
 
 std::string host_name() {
-  char buf[HOST_NAME_MAX + 1] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) {
-    throw Error(fmt::format("topology: gethostname failed: {}", std::strerror(errno)));
+  try {
+    return detail::host_name();
+  } catch (const Error& e) {
+    throw Error(fmt::format("topology: {}", e.what()));
   }
-  return buf;
 }
 
 // The node-local rank the launcher reports (OpenMPI, MPICH/Intel MPI, Slurm, torchrun), else 0.

@@ -172,6 +172,7 @@ TEST_F(CliBadInputs, OptionValuesOutOfRange) {
       {"bench --seed 18446744073709551616",
        "--seed: 18446744073709551616 is not an integer from 0 to " + u64_max},
       {"bench --reps 0", "--reps: 0 is not an integer from 1 to " + int_max},
+      {"bench --plan-reps 0", "--plan-reps: 0 is not an integer from 1 to " + int_max},
       {"plan --shape 64x64 -G 0", "--group-size: 0 is not an integer from 1 to 1048576"},
       {"plan --shape 64x64 -G -4", "--group-size: -4 is not an integer from 1 to 1048576"},
       {"plan --shape 64x64 -G 1000000000",

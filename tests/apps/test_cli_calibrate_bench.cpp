@@ -183,7 +183,9 @@ TEST(CliBenchModel, RefusalsFailOnEveryRankWithoutAbort) {
       {"--model no-such-model", "unknown model"},
       {"--model train-default --profile no-such-gpu", "unknown hardware profile"},
       {"--shape 64x64 --ns-algorithm auto", "--ns-algorithm auto applies to"},
-      {"--model train-default --wisdom w.json", "--wisdom applies to --plan measure"}};
+      {"--model train-default --wisdom w.json", "--wisdom applies to --plan measure"},
+      // Checked before anything is timed, as --plot is (the wisdom is written after the timing).
+      {"--model train-default --plan measure --wisdom " + dir.string(), "is a directory"}};
   for (const auto& [args, message] : cases) {
     const test::CliRun r = test::run_cli(2, "bench --reps 1 " + args, dir / "log.txt");
     EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distmuon/error.h"
+#include "distmuon/measure_plan.h"
 #include "distmuon/wisdom.h"
 #include "optim_test_util.h"
 
@@ -192,6 +193,93 @@ TEST(MuonMeasure, WisdomNeedsPlanMeasure) {
   MuonOptions o = options("w.json");
   o.plan = PlanMode::kEstimate;
   EXPECT_THROW(o.validate(), Error);
+}
+
+// A target whose runs count themselves; the last rank can fail building a task, fail a timed
+// run, or ask for more memory than there is.
+class FaultyTarget final : public MeasureTarget {
+ public:
+  enum class Fault { kNone, kBuild, kRun, kMemory };
+  explicit FaultyTarget(Fault fault) : fault_(fault) {}
+
+  MeasureTask weight_task(std::size_t, const AutoChoice&) override { return task(); }
+  MeasureTask owner_task(std::size_t, std::span<const NsAlgorithm>) override { return task(); }
+  double scratch_bytes(std::span<const std::size_t>) const override {
+    return fault_ == Fault::kMemory && failing() ? 1e30 : 1024;
+  }
+  int runs = 0;
+
+ private:
+  bool failing() const { return test::world().rank() == test::world().size() - 1; }
+  MeasureTask task() {
+    if (fault_ == Fault::kBuild && failing()) throw Error("no room for the copies here");
+    return {[this] {
+              // The third run on the failing rank (after runs that all ranks completed).
+              if (++runs == 3 && fault_ == Fault::kRun && failing())
+                throw Error("the timed run failed here");
+            },
+            {}};
+  }
+  Fault fault_;
+};
+
+// The planner with the target over one key of the world's size, alone in its bucket.
+std::string plan_error(FaultyTarget& target, const std::string& wisdom = {}) {
+  const Communicator& world = test::world();
+  const std::vector<AutoKey> keys = {
+      {.m = 64, .n = 32, .group_size = std::max(world.size(), 2), .algorithm = NsAlgorithm::kAuto}};
+  const std::vector<std::vector<std::size_t>> buckets = {{0}};
+  MeasurePlanOptions o;
+  o.reps = 3;
+  o.wisdom = wisdom;
+  try {
+    plan_by_measuring(world, keys, buckets, target, AutoModeResolver(), o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST(MuonMeasure, AFailureOnOneRankReachesEveryRank) {
+  {
+    FaultyTarget ok(FaultyTarget::Fault::kNone);
+    EXPECT_EQ(plan_error(ok), "");
+    EXPECT_GT(ok.runs, 3);
+  }
+  {
+    FaultyTarget run(FaultyTarget::Fault::kRun);
+    const std::string why = plan_error(run);
+    EXPECT_NE(why.find("a timed run failed on rank(s) " + std::to_string(test::world().size() - 1)),
+              std::string::npos)
+        << why;
+    EXPECT_NE(why.find("the timed run failed here"), std::string::npos) << why;
+    EXPECT_EQ(run.runs, 3);  // no rank timed anything after the failing run
+  }
+  {
+    FaultyTarget build(FaultyTarget::Fault::kBuild);
+    const std::string why = plan_error(build);
+    EXPECT_NE(why.find("preparing the candidates"), std::string::npos) << why;
+    EXPECT_NE(why.find("no room for the copies here"), std::string::npos) << why;
+    EXPECT_EQ(build.runs, 0);
+  }
+  {
+    FaultyTarget memory(FaultyTarget::Fault::kMemory);
+    const std::string why = plan_error(memory);
+    EXPECT_NE(why.find("the timed copies needs about"), std::string::npos) << why;
+    EXPECT_EQ(memory.runs, 0);
+  }
+}
+
+// A wisdom path that cannot be written stops every rank before anything is timed.
+TEST(MuonMeasure, AnUnwritableWisdomPathStopsEveryRankBeforeTiming) {
+  SharedFile file;
+  if (test::world().rank() == 0) fs::create_directories(file.path);  // a folder, not a file
+  test::world().barrier();
+  FaultyTarget target(FaultyTarget::Fault::kNone);
+  const std::string why = plan_error(target, file.path.string());
+  EXPECT_NE(why.find("is a directory"), std::string::npos) << why;
+  EXPECT_NE(why.find(file.path.string()), std::string::npos) << why;
+  EXPECT_EQ(target.runs, 0);
 }
 
 }  // namespace

@@ -152,5 +152,61 @@ TEST(Wisdom, DamagedFileIsRefusedNamingIt) {
   EXPECT_NE(why.find(file.string()), std::string::npos) << why;
 }
 
+// Every algorithm of an entry must be one its key allows ("auto" is never a timed algorithm);
+// the reference model's standard fallback of a Gram-pinned key is allowed.
+TEST(Wisdom, AlgorithmsTheKeyDoesNotAllowAreRefused) {
+  TempDir dir;
+  const fs::path file = dir.path / "wisdom.json";
+  AutoKey standard = key(64, 32), gram = key(64, 32);
+  standard.algorithm = NsAlgorithm::kStandard;
+  gram.algorithm = NsAlgorithm::kGram;
+  Wisdom w(context());
+  w.record(standard, {{{TpMode::kDistributed, NsAlgorithm::kStandard}, 0.01}});
+  w.record_owner(std::vector<AutoKey>{key(64, 32), standard},
+                 {{{NsAlgorithm::kGram, NsAlgorithm::kStandard}, 0.02}});
+  w.save(file);
+  ASSERT_EQ(Wisdom::load(file, context()).size(), 2u);
+  std::ifstream in(file);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const nlohmann::json doc = nlohmann::json::parse(good);
+  const std::size_t key_entry = doc["entries"][0].contains("key") ? 0 : 1;
+  const std::size_t owner_entry = 1 - key_entry;
+
+  nlohmann::json j = doc;
+  j["entries"][owner_entry]["owner"][0]["algorithms"][0] = "auto";
+  write_text(file, j.dump());
+  std::string why = load_error(file);
+  EXPECT_NE(why.find("'auto'"), std::string::npos) << why;
+  EXPECT_NE(why.find(file.string()), std::string::npos) << why;
+
+  j = doc;
+  j["entries"][owner_entry]["owner"][0]["algorithms"][1] = "gram";  // the standard-pinned weight
+  write_text(file, j.dump());
+  why = load_error(file);
+  EXPECT_NE(why.find("owner run algorithm 'gram' of weight 1"), std::string::npos) << why;
+
+  j = doc;
+  j["entries"][key_entry]["candidates"][0]["algorithm"] = "gram";
+  write_text(file, j.dump());
+  why = load_error(file);
+  EXPECT_NE(why.find("does not allow"), std::string::npos) << why;
+
+  // Refused even in an entry of another context (it is kept and written back).
+  j["entries"][key_entry]["host"]["hostname"] = "node-b";
+  write_text(file, j.dump());
+  why = load_error(file);
+  EXPECT_NE(why.find("does not allow"), std::string::npos) << why;
+
+  // The reference model times standard NS for a Gram-pinned key: allowed.
+  WisdomContext reference = context();
+  reference.cost_model = "reference";
+  fs::remove(file);
+  Wisdom r(reference);
+  r.record(gram, {{{TpMode::kDuplicated, NsAlgorithm::kStandard}, 0.01}});
+  r.save(file);
+  EXPECT_NE(Wisdom::load(file, reference).find(gram), nullptr);
+  EXPECT_EQ(Wisdom::load(file, context()).foreign(), 1u);
+}
+
 }  // namespace
 }  // namespace distmuon

@@ -1,0 +1,36 @@
+// The host's name and CPU model (host.h).
+#include "core/host.h"
+
+#include <fmt/format.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "distmuon/error.h"
+
+namespace distmuon::detail {
+
+std::string host_name() {
+  char buf[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0)
+    throw Error(fmt::format("gethostname failed: {}", std::strerror(errno)));
+  return buf;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const auto first = line.find_first_not_of(" \t", colon + 1);
+    if (first != std::string::npos) return line.substr(first);
+  }
+  return "unknown CPU";
+}
+
+}  // namespace distmuon::detail
