@@ -149,13 +149,16 @@ std::vector<std::string> newer_checkpoints_of_this_run(const fs::path& dir, int 
 // this run except the newest complete one (trainer.json written), so one good checkpoint survives
 // any single damaged one; every complete checkpoint of this run newer than `saved` (the run was
 // resumed from an older step: they belong to the abandoned continuation, and a later resume
-// would pick them); and, with overwrite, every complete checkpoint of another run. A folder that
-// cannot be removed is reported and kept: nothing is lost.
-void prune_checkpoints(const fs::path& dir, int saved, const std::string& run_id, bool overwrite) {
+// would pick them); and, with overwrite, every complete checkpoint of another run. `keep` (when
+// not empty) stays. A folder that cannot be removed is reported and kept: nothing is lost.
+void prune_checkpoints(const fs::path& dir, int saved, const std::string& run_id, bool overwrite,
+                       const fs::path& keep) {
   bool kept = false;
   std::error_code ec;
   for (const auto& [step, path] : step_folders(dir)) {
     if (step == saved) continue;
+    std::error_code same_ec;
+    if (!keep.empty() && fs::equivalent(path, keep, same_ec)) continue;  // train --compare's start
     const std::optional<std::string> id = detail::checkpoint_run_id(path);
     if (id && *id != run_id) {
       if (!overwrite) continue;  // not ours to remove
@@ -275,7 +278,8 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
       trainer.save_checkpoint(dir);
       if (w.rank() == 0) {
         prune_checkpoints(options.checkpoint_dir, r.step, trainer.run_id(),
-                          options.overwrite_checkpoints);
+                          options.overwrite_checkpoints,
+                          options.keep_resumed_checkpoint ? trainer.resumed_from() : fs::path());
       }
       for (TrainObserver* o : observers)
         o->on_checkpoint(r.step, dir);

@@ -112,6 +112,9 @@ int Trainer::step_count() const {
 const std::string& Trainer::run_id() const {
   return impl_->run_id;
 }
+const std::filesystem::path& Trainer::resumed_from() const {
+  return impl_->resumed_from;
+}
 const TrainConfig& Trainer::config() const {
   return impl_->config;
 }
