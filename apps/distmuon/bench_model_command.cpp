@@ -55,7 +55,8 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
 void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& common,
                      const CLI::App& cmd, Context& ctx) {
   log_to_stderr();
-  const ModelBenchConfig config = resolve_on_every_rank([&] {
+  // Reads --config on every rank (a file one rank may fail to read): agreed on.
+  const ModelBenchConfig config = check_on_every_rank(ctx.world, "bench --model", [&] {
     if (cmd.count("--shape") > 0 || cmd.count("--partition-dim") > 0) {
       throw Error(
           "bench: --model takes its shapes from the model and shards rows as training does; "

@@ -39,8 +39,9 @@ void add_demo_command(CLI::App& app, Context& ctx) {
     // s x s Gram matrix.
     const double m = static_cast<double>(o->m), n = static_cast<double>(o->n);
     const double s = std::min(m, n);
-    // Every rank runs the same demo, alone: each refuses the same sizes (no rank waits on another).
-    resolve_on_every_rank([&] {
+    // Every rank runs the same demo, alone; the memory each rank has may differ, so the ranks
+    // agree on the check: a refusal on any rank ends every rank with its reason.
+    check_on_every_rank(ctx.world, "demo", [&] {
       check_memory_fits(2 * sizeof(float) * m * n + ns_workspace_bytes(o->m, o->n) +
                             sizeof(double) * (m * n + s * s),
                         fmt::format("demo of a {} matrix", shape_str(o->m, o->n)));

@@ -111,7 +111,8 @@ void add_train_command(CLI::App& app, Context& ctx) {
                         .checkpoint_dir = o->checkpoint,
                         .checkpoint_every = o->checkpoint_every,
                         .resume_dir = o->resume,
-                        .overwrite_checkpoints = o->overwrite_checkpoints};
+                        .overwrite_checkpoints = o->overwrite_checkpoints,
+                        .keep_resumed_checkpoint = !o->compare.empty()};
     const bool root = ctx.world.rank() == 0;
     const double progress = o->log.empty() ? o->progress : 0.0;  // quiet beside a log
     ConsoleReport report(stdout, progress);
@@ -120,10 +121,14 @@ void add_train_command(CLI::App& app, Context& ctx) {
     const std::string label = to_string(options.tp_mode);
     std::vector<LossCurve> curves;
     TrainSummary first;
+    // The step folder the first run resumed from: the comparison starts there too (--resume may
+    // name the --checkpoint folder, whose newest checkpoint is then the first run's last one).
+    std::filesystem::path start;
     {
       Trainer trainer(config, ctx.world);
       first = run_training(trainer, run, observers);
       curves.push_back(loss_curve(first, label));
+      start = trainer.resumed_from();
     }
     if (!o->compare.empty()) {
       TrainConfig second = config;
@@ -136,7 +141,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       }
       Trainer trainer(second, ctx.world);
       TrainRunOptions again;  // no log or checkpoints; the same start
-      again.resume_dir = o->resume;
+      again.resume_dir = start;
       const TrainSummary other = run_training(trainer, again, compare_observers);
       curves.push_back(loss_curve(other, o->compare));
       if (root) fmt::print("\n{}", format_comparison(first, label, other, o->compare));

@@ -20,15 +20,16 @@ class ProgressLine {
   // The line shows only when enabled (the caller's choice: rank 0, no --json or --log) and `out`
   // is a terminal. Updates closer together than min_interval_s are skipped.
   explicit ProgressLine(std::FILE* out = stdout, bool enabled = true, double min_interval_s = 0.2);
-  ~ProgressLine();  // clears the line
+  ~ProgressLine() noexcept;  // clears the line (best effort: never throws)
   ProgressLine(const ProgressLine&) = delete;
   ProgressLine& operator=(const ProgressLine&) = delete;
 
   bool active() const { return active_; }
-  // Rewrites the line with text (no newline), unless the last update is too recent.
+  // Rewrites the line with text (no newline), unless the last update is too recent. Writes are
+  // best effort: a failed write (a closed terminal, a full disk) is ignored, never thrown.
   void update(const std::string& text);
   // Erases the line, if one is shown, so that the next output starts at column 0 on a clean line.
-  void clear();
+  void clear() noexcept;
 
  private:
   std::FILE* out_;

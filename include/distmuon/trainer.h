@@ -100,6 +100,8 @@ class Trainer {
   // The run's id, saved in every checkpoint: 16 random hex digits drawn (on rank 0) by a new
   // trainer, the checkpoint's after resume() (empty for a checkpoint written before run ids).
   const std::string& run_id() const;
+  // The checkpoint folder the last resume() loaded (its step folder); empty before any.
+  const std::filesystem::path& resumed_from() const;
   const TrainConfig& config() const;
   const Communicator& world() const;
   const TextData& data() const;
@@ -152,6 +154,9 @@ struct TrainRunOptions {
   int checkpoint_every = 0;          // > 0: every N steps; with a directory, also at the last step
   std::filesystem::path resume_dir;  // empty: start from the initial weights
   bool overwrite_checkpoints = false;
+  // Leave the step folder resume_dir resolved to in place when pruning (train --compare resumes
+  // from it again once this run is done, even when this run checkpoints into the same folder).
+  bool keep_resumed_checkpoint = false;
 };
 
 // Collective. Resumes when asked, trains until config.train.steps, saves checkpoints and writes

@@ -1,6 +1,5 @@
 #include "distmuon/progress.h"
 
-#include <fmt/format.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -21,7 +20,20 @@ bool is_terminal(std::FILE* out) {
 ProgressLine::ProgressLine(std::FILE* out, bool enabled, double min_interval_s)
     : out_(out), active_(enabled && is_terminal(out)), min_interval_s_(min_interval_s) {}
 
-ProgressLine::~ProgressLine() {
+namespace {
+
+// Progress is best effort: a failed write to the terminal is not worth stopping the work for, and
+// the line is cleared from the destructor, which must not throw. std::fwrite and std::fflush
+// report errors only through their results, which are ignored on purpose.
+void write_best_effort(std::FILE* out, std::string_view text) noexcept {
+  if (out == nullptr) return;
+  static_cast<void>(std::fwrite(text.data(), 1, text.size(), out));
+  static_cast<void>(std::fflush(out));
+}
+
+}  // namespace
+
+ProgressLine::~ProgressLine() noexcept {
   clear();
 }
 
@@ -31,16 +43,13 @@ void ProgressLine::update(const std::string& text) {
   if (shown_ && std::chrono::duration<double>(now - last_).count() < min_interval_s_) return;
   last_ = now;
   shown_ = true;
-  // Progress is best effort: a failed write to the terminal is not worth stopping the work for.
-  fmt::print(out_, "\r{}\x1b[K", text);
-  std::fflush(out_);
+  write_best_effort(out_, "\r" + text + "\x1b[K");
 }
 
-void ProgressLine::clear() {
+void ProgressLine::clear() noexcept {
   if (!shown_) return;
   shown_ = false;
-  fmt::print(out_, "\r\x1b[K");
-  std::fflush(out_);
+  write_best_effort(out_, "\r\x1b[K");
 }
 
 }  // namespace distmuon

@@ -28,7 +28,14 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
                     "not tell the global orientation)",
                     name));
   }
-  if (x.size() == 0) return std::nullopt;
+  if (x.size() == 0) {
+    // Only a local NS may stop here: over a group, every rank must reach the all-reduce below.
+    // ShardLayout::validate gives every rank of a group at least one row and one column (a shape
+    // of at least 1 x 1 that splits into equal TP shards, padded to equal GTP shards), so an empty
+    // shard in a group is a bug in the caller, not an input.
+    DISTMUON_ASSERT(!distributed, "Newton-Schulz over a group with an empty shard on this rank");
+    return std::nullopt;
+  }
   NsStart start;
   start.side = resolve_side(opts.side, x.rows, x.cols);
   start.s = start.side == GramSide::kRows ? x.rows : x.cols;

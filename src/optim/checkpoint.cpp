@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
@@ -240,11 +241,14 @@ CheckpointManifest read_manifest(Muon::Impl& s, const std::filesystem::path& dir
   const nlohmann::json& cfg = manifest.at("config");
   const nlohmann::json current = s.config();
   check_params(cfg.at("params"), current.at("params"));
-  if (cfg.at("options") != current.at("options") && s.world.rank() == 0) {
+  // An option absent from the checkpoint (one added after it was written) counts as its default.
+  nlohmann::json saved_options = MuonOptions{};
+  saved_options.merge_patch(cfg.at("options"));
+  if (saved_options != current.at("options") && s.world.rank() == 0) {
     spdlog::warn(
         "Muon::load: the checkpoint was written with other options; keeping the "
         "current ones (differences: {})",
-        nlohmann::json::diff(cfg.at("options"), current.at("options")).dump());
+        nlohmann::json::diff(saved_options, current.at("options")).dump());
   }
   const nlohmann::json& ranks = manifest.at("ranks");
   if (ranks.size() != manifest.at("world_size").get<std::size_t>()) {
@@ -297,12 +301,18 @@ LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, Ran
                   row_bytes);
     }
   }
-  // A decision of tp_mode=auto is kept when the layout is unchanged.
+  // A decision of tp_mode=auto is kept when the layout is unchanged and the key it was made for is
+  // the key the current options give (the same NS steps, syrk, Gram formations and allowed
+  // algorithms; the domain probe is not repeated): a decision made under other options is dropped
+  // and the weight planned again. Every rank compares the same saved key with the same options.
   if (s.options.tp_mode == TpMode::kAuto && saved.gtp_size == l.gtp_size && p.muon) {
     const int r = find_source(ranks, i, l.tp_rank, l.gtp_rank, p.spec.expert_rank, s.world.rank());
     const auto& e = ranks[static_cast<std::size_t>(r)].at("params")[i];
-    if (e.contains("auto_key") && e.contains("mode")) {
-      out.key = e.at("auto_key").get<AutoKey>();
+    const auto saved_key =
+        e.contains("auto_key") ? std::optional(e.at("auto_key").get<AutoKey>()) : std::nullopt;
+    if (saved_key && e.contains("mode") &&
+        *saved_key == auto_key(l, s.ns, s.options.ns_algorithm, saved_key->crosses_domain)) {
+      out.key = saved_key;
       // "algorithm" is absent in checkpoints written before the Gram algorithm: standard.
       out.choice = AutoChoice{parse_tp_mode(e.at("mode").get<std::string>()),
                               e.contains("algorithm")

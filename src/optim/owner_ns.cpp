@@ -199,10 +199,10 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
     composition += fmt::format(";{}:{}", describe(*it.layout), to_string(it.algorithm));
   Key key{tp_on(first) ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
           composition};
-  if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
-
-  // First time: every rank of the grid must see the same composition and sit where its layout
-  // says. Two rounds (GTP, then TP) reach every rank of the grid, so all throw or none does.
+  // Every call: every rank of the grid must see the same composition and sit where its layout
+  // says. Two rounds (GTP, then TP) reach every rank of the grid, so all throw or none does. Only
+  // the assignment is cached: skipping the check on a rank that saw its composition before would
+  // leave a rank holding a different, new composition waiting in it.
   std::string reason;
   if (tp_on(first) && (tp.size() != grid.T || tp.rank() != grid.t)) {
     reason = fmt::format("TP group has rank {} of {}, the layouts say {} of {}", tp.rank(),
@@ -221,6 +221,7 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
         "owner mode: the ranks of a {} x {} (TP x GTP) bucket of {} weights disagree on it{}{}",
         grid.T, grid.G, items.size(), reason.empty() ? "" : "; on this rank: ", reason));
   }
+  if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
   std::vector<double> costs;
   costs.reserve(items.size());
   for (const OwnerItem& it : items)

@@ -12,6 +12,7 @@
 #include "distmuon/agreement.h"
 #include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
+#include "distmuon/hash.h"
 
 namespace distmuon {
 namespace {
@@ -101,10 +102,14 @@ AutoModeResolver::AutoModeResolver(AutoModeResolver&&) noexcept = default;
 AutoModeResolver& AutoModeResolver::operator=(AutoModeResolver&&) noexcept = default;
 
 AutoChoice AutoModeResolver::resolve(const AutoKey& key, const Communicator& group) {
-  if (const auto it = impl_->decisions.find(key); it != impl_->decisions.end()) return it->second;
-
-  // The ranks resolve the same key, and the group's rank 0 decides for all of them.
+  // The ranks resolve the same key, and the group's rank 0 decides for all of them. The cached
+  // decision is used only when every rank has the key cached and the ranks' keys agree (one
+  // all-reduce, always): a skip decided by one rank alone would leave another rank, resolving a
+  // different key, waiting in the agreement.
   const Packed mine = pack(key);
+  const auto cached = impl_->decisions.find(key);
+  if (all_agree(group, fnv1a64(mine.data(), sizeof(Packed)), cached != impl_->decisions.end()))
+    return cached->second;
   agree_on(group, {reinterpret_cast<const char*>(mine.data()), sizeof(Packed)}, "tp_mode=auto",
            [&](std::string_view root_bytes, std::string_view) {
              Packed root{};

@@ -2,11 +2,7 @@
 
 #include <array>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <set>
-#include <tuple>
 
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
@@ -16,33 +12,12 @@
 namespace distmuon {
 namespace {
 
-// Shapes already verified equal across a group. The cache is keyed by the group's implementation
-// through a weak_ptr (owner order), so a group created later at a reused address never inherits
-// another group's entries: every rank of a group sees the same cache state as long as all ranks
-// make the same calls, which keeps the one-time check itself collective.
-struct ShapeCache {
-  std::mutex mu;
-  std::map<std::weak_ptr<CommImpl>, std::set<std::tuple<Index, Index, int>>, std::owner_less<>>
-      seen;
-
-  bool contains(const Communicator& group, const std::tuple<Index, Index, int>& key) {
-    std::lock_guard lock(mu);
-    const auto it = seen.find(group.impl_ptr());
-    return it != seen.end() && it->second.contains(key);
-  }
-  void insert(const Communicator& group, const std::tuple<Index, Index, int>& key) {
-    std::lock_guard lock(mu);
-    std::erase_if(seen, [](const auto& entry) { return entry.first.expired(); });
-    seen[group.impl_ptr()].insert(key);
-  }
-};
-
-// A cheap agreement on the shard shape runs the first time a (group, shape) pair is seen; a
-// mismatch throws CollectiveError on every rank, naming the first rank that differs from rank 0.
+// An agreement on the shard shape runs on every call (one all-reduce of three 64-bit integers,
+// negligible next to NS); a mismatch throws CollectiveError on every rank, naming the first rank
+// that differs from rank 0. It is not cached: a cache keyed on this rank's own shape would skip the
+// agreement on a rank whose shape was verified earlier while another rank, holding a new shape,
+// enters it, which is a hang instead of an error.
 void check_equal_shards(const Communicator& group, Index rows, Index cols, int partition_dim) {
-  static ShapeCache cache;
-  const auto key = std::make_tuple(rows, cols, partition_dim);
-  if (cache.contains(group, key)) return;
   using Shape = std::array<std::int64_t, 3>;
   const Shape mine = {rows, cols, partition_dim};
   agree_on(group, {reinterpret_cast<const char*>(mine.data()), sizeof(Shape)},
@@ -54,7 +29,6 @@ void check_equal_shards(const Communicator& group, Index rows, Index cols, int p
                                 shape_str(root[0], root[1]), root[2], group.rank(),
                                 shape_str(rows, cols), partition_dim);
            });
-  cache.insert(group, key);
 }
 
 }  // namespace

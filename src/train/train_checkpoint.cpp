@@ -255,6 +255,7 @@ void Trainer::resume(const fs::path& where) {
   }
   s.step = step;
   s.run_id = run_id;
+  s.resumed_from = dir;
 }
 
 }  // namespace distmuon

@@ -133,18 +133,37 @@ std::vector<std::string> other_runs_checkpoints(const fs::path& dir, const std::
   return out;
 }
 
+// Rank 0, before the first step: this run's complete checkpoints in dir newer than `from` (the
+// step it resumes at), left when the run was resumed from an older checkpoint.
+std::vector<std::string> newer_checkpoints_of_this_run(const fs::path& dir, int from,
+                                                       const std::string& run_id) {
+  std::vector<std::string> out;
+  for (const auto& [step, path] : step_folders(dir)) {
+    const std::optional<std::string> id = detail::checkpoint_run_id(path);
+    if (step > from && id && *id == run_id) out.push_back(path.filename().string());
+  }
+  return out;
+}
+
 // Rank 0, after the checkpoint of step `saved` is complete: removes every older step folder of
 // this run except the newest complete one (trainer.json written), so one good checkpoint survives
-// any single damaged one, and, with overwrite, every complete checkpoint of another run. A folder
-// that cannot be removed is reported and kept: nothing is lost.
-void prune_checkpoints(const fs::path& dir, int saved, const std::string& run_id, bool overwrite) {
+// any single damaged one; every complete checkpoint of this run newer than `saved` (the run was
+// resumed from an older step: they belong to the abandoned continuation, and a later resume
+// would pick them); and, with overwrite, every complete checkpoint of another run. `keep` (when
+// not empty) stays. A folder that cannot be removed is reported and kept: nothing is lost.
+void prune_checkpoints(const fs::path& dir, int saved, const std::string& run_id, bool overwrite,
+                       const fs::path& keep) {
   bool kept = false;
   std::error_code ec;
   for (const auto& [step, path] : step_folders(dir)) {
     if (step == saved) continue;
+    std::error_code same_ec;
+    if (!keep.empty() && fs::equivalent(path, keep, same_ec)) continue;  // train --compare's start
     const std::optional<std::string> id = detail::checkpoint_run_id(path);
     if (id && *id != run_id) {
       if (!overwrite) continue;  // not ours to remove
+    } else if (id && step > saved) {
+      // this run's stale continuation: removed
     } else if (step > saved || (!kept && id)) {
       kept = kept || step < saved;
       continue;  // a newer incomplete folder (resume skips it), or the previous checkpoint
@@ -205,6 +224,17 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
           options.checkpoint_dir.string(), fmt::join(others, ", "));
     }
   }
+  if (w.rank() == 0 && failure.empty() && !options.checkpoint_dir.empty() &&
+      !options.resume_dir.empty()) {
+    const std::vector<std::string> newer =
+        newer_checkpoints_of_this_run(options.checkpoint_dir, summary.first_step, trainer.run_id());
+    if (!newer.empty()) {
+      spdlog::warn(
+          "train: '{}' holds this run's checkpoints newer than step {}, the one it resumes from "
+          "({}): they are removed once this run's next checkpoint is complete",
+          options.checkpoint_dir.string(), summary.first_step, fmt::join(newer, ", "));
+    }
+  }
   w.agree_or_throw(failure.empty(), "train: checkpoints", failure);
   if (w.rank() == 0 && !options.log_jsonl.empty()) {
     try {
@@ -248,7 +278,8 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
       trainer.save_checkpoint(dir);
       if (w.rank() == 0) {
         prune_checkpoints(options.checkpoint_dir, r.step, trainer.run_id(),
-                          options.overwrite_checkpoints);
+                          options.overwrite_checkpoints,
+                          options.keep_resumed_checkpoint ? trainer.resumed_from() : fs::path());
       }
       for (TrainObserver* o : observers)
         o->on_checkpoint(r.step, dir);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <random>
 
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "train/trainer_impl.h"
 
@@ -50,12 +51,12 @@ Trainer::Trainer(TrainConfig config, Communicator world)
     s.data.emplace(TextData::from_file(s.config.data.path, s.config.data_options()));
     s.profile = resolve_profile(s.options.profile);
     s.cost_model = parse_cost_model(s.options.cost_model);
-    if (w.rank() == 0) s.run_id = new_run_id();
   } catch (const std::exception& e) {
     failure = e.what();
   }
   w.agree_or_throw(failure.empty(), "train: setup", failure);
-  s.run_id = w.broadcast_string(s.run_id, 0);
+  // The run id: rank 0 draws it, every rank receives it.
+  s.run_id = decide_on_root<std::string>(w, 0, "train: the run id", new_run_id);
 
   s.model = std::make_unique<ShardedCharLm>(s.config.model, s.config.train.seed, w);
   s.muon.emplace(s.options, w);
@@ -110,6 +111,9 @@ int Trainer::step_count() const {
 }
 const std::string& Trainer::run_id() const {
   return impl_->run_id;
+}
+const std::filesystem::path& Trainer::resumed_from() const {
+  return impl_->resumed_from;
 }
 const TrainConfig& Trainer::config() const {
   return impl_->config;

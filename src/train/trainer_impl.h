@@ -26,7 +26,8 @@ struct Trainer::Impl {
   CharBatch validation;                // this rank's part of the validation windows
   double entropy = 0;
   int step = 0;
-  std::string run_id;  // Trainer::run_id
+  std::string run_id;                  // Trainer::run_id
+  std::filesystem::path resumed_from;  // Trainer::resumed_from
 };
 
 namespace detail {

@@ -101,6 +101,28 @@ TEST_F(CliTrain, ResumedRunRepeatsTheLossesExactly) {
   EXPECT_EQ(part.back().at("val_loss").get<double>(), full.back().at("val_loss").get<double>());
 }
 
+// --compare with --resume and --checkpoint naming the same folder: the comparison starts from the
+// checkpoint the first run resumed from (step 3), not from the first run's last checkpoint (it
+// trained 0 steps), and that checkpoint is still there although the first run's pruning would
+// have removed it.
+TEST_F(CliTrain, CompareAfterAResumeStartsWhereTheFirstRunStarted) {
+  ASSERT_EQ(train("--steps 3 --checkpoint " + path("ckpt")), 0) << output();
+  ASSERT_EQ(train("--resume " + path("ckpt") + " --checkpoint " + path("ckpt") +
+                  " --checkpoint-every 1 --compare duplicated"),
+            0)
+      << output();
+  const std::string out = output();
+  std::size_t resumed = 0;
+  for (auto p = out.find("resumed at step 3"); p != std::string::npos;
+       p = out.find("resumed at step 3", p + 1))
+    ++resumed;
+  EXPECT_EQ(resumed, 2u) << out;
+  const auto second = out.find("second run with tp-mode duplicated from the same start");
+  ASSERT_NE(second, std::string::npos) << out;
+  EXPECT_NE(out.find("step 6/6", second), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step-00000006" / "trainer.json"));
+}
+
 // mpirun takes about 2 s to wind down a job that exits non-zero, so one failure runs on 2 ranks
 // (every rank stops, one message) and the rest in one process.
 TEST_F(CliTrain, BadOptionsFailWithAClearMessage) {

@@ -3,8 +3,14 @@
 #include <fmt/format.h>
 
 #include <stdexcept>
+#include <string_view>
 
 namespace distmuon::test {
+
+bool update_docs_requested(const char* value) {
+  return value != nullptr && std::string_view(value) == "1";
+}
+
 namespace {
 
 constexpr std::string_view kMarker = "<!-- doc-output:";

@@ -23,6 +23,10 @@ struct DocBlock {
   std::vector<std::string> content;  // the block's lines
 };
 
+// Whether DISTMUON_UPDATE_DOCS (its value, nullptr when unset) asks to rewrite the blocks: "1"
+// only, so that DISTMUON_UPDATE_DOCS=0 (or an empty value) checks them as usual.
+bool update_docs_requested(const char* value);
+
 std::vector<std::string> split_lines(const std::string& text);
 std::string join_lines(const std::vector<std::string>& lines);
 

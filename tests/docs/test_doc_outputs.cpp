@@ -90,9 +90,17 @@ std::optional<std::string> run_block(const DocBlock& b, const fs::path& dir) {
   return out;
 }
 
+// DISTMUON_UPDATE_DOCS rewrites the docs only when it is 1: 0, an empty value or anything else
+// checks them (it used to rewrite them whenever the variable was set).
+TEST(DocOutputs, OnlyOneRequestsAnUpdate) {
+  EXPECT_TRUE(update_docs_requested("1"));
+  for (const char* value : {static_cast<const char*>(nullptr), "", "0", "no", "10", "true"})
+    EXPECT_FALSE(update_docs_requested(value)) << (value ? value : "(unset)");
+}
+
 TEST(DocOutputs, BlocksEqualWhatTheToolPrints) {
   const fs::path root(DISTMUON_SOURCE_DIR);
-  const bool update = std::getenv("DISTMUON_UPDATE_DOCS") != nullptr;
+  const bool update = update_docs_requested(std::getenv("DISTMUON_UPDATE_DOCS"));
   const bool have_mpi = !std::string(DISTMUON_MPIEXEC).empty();
   std::vector<fs::path> docs{root / "README.md"};
   for (const auto& e : fs::directory_iterator(root / "docs"))

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "distmuon/progress.h"
 
@@ -123,6 +125,26 @@ TEST(ProgressLine, NothingWhenDisabledOrNotATerminal) {
   EXPECT_FALSE(is_terminal(pty.out()));
   ASSERT_EQ(::unsetenv("DISTMUON_PROGRESS"), 0);
   std::filesystem::remove(path);
+}
+
+// Writes that fail (here /dev/full, unbuffered, so each write fails at once with ENOSPC) are
+// ignored: update() does not throw, and neither does the destructor's clear() (it used to throw
+// from the destructor: std::terminate).
+TEST(ProgressLine, FailedWritesAreIgnored) {
+  static_assert(std::is_nothrow_destructible_v<ProgressLine>);
+  static_assert(noexcept(std::declval<ProgressLine&>().clear()));
+  std::FILE* full = std::fopen("/dev/full", "w");
+  if (full == nullptr) GTEST_SKIP() << "no /dev/full here";
+  ASSERT_EQ(std::setvbuf(full, nullptr, _IONBF, 0), 0);
+  ASSERT_EQ(::setenv("DISTMUON_PROGRESS", "1", 1), 0);  // a terminal, as far as the line knows
+  {
+    ProgressLine line(full, true, 0.0);
+    ASSERT_TRUE(line.active());
+    EXPECT_NO_THROW(line.update("step 1/3"));
+    EXPECT_NO_THROW(line.update("step 2/3"));
+  }  // the destructor clears the shown line: another failed write
+  ASSERT_EQ(::unsetenv("DISTMUON_PROGRESS"), 0);
+  std::fclose(full);
 }
 
 }  // namespace

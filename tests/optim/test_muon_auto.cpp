@@ -7,11 +7,16 @@
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "distmuon/topology.h"
 #include "optim_test_util.h"
@@ -187,6 +192,121 @@ TEST(MuonAuto, DecisionsSurviveACheckpoint) {
   first.step(grads);
   second.step(grads);
   EXPECT_EQ(relative_error(a.local.view(), b.local.view()), 0.0);
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// The checkpoint of an auto run, for the tests below: one GTP-sharded weight over the world,
+// stepped once with options o, saved into a fresh folder (returned, the same on every rank).
+std::string save_auto_checkpoint(const MuonOptions& o, Held& held, const TestLayout& l) {
+  const Communicator& world = test::world();
+  std::string dir;
+  if (world.rank() == 0) {
+    dir = (std::filesystem::temp_directory_path() /
+           fmt::format("distmuon-auto-{}-{}", ::getpid(), std::random_device{}()))
+              .string();
+  }
+  dir = world.broadcast_string(dir, 0);
+  Muon first(o, world);
+  first.add_parameter(spec(l, held, false));
+  const Matrix g = test::shard_for(test::random_matrix(l.m, l.n, 4).view(), l, 0, held.gtp_rank());
+  const ConstMatrixView grads[] = {g.view()};
+  first.step(grads);
+  first.save(dir);
+  return dir;
+}
+
+// A decision saved under options that give another key (here: auto allowed to pick Gram, as
+// before standard became the default) is planned again under the current options, not applied.
+TEST(MuonAuto, ADecisionMadeForAnotherKeyIsPlannedAgain) {
+  const Communicator& world = test::world();
+  const int w = world.size();
+  const TestLayout l{.label = "w", .m = 64, .n = 8, .gtp = w};
+  MuonOptions saved;
+  saved.tp_mode = TpMode::kAuto;
+  saved.cost_model = "refined";
+  saved.ns_algorithm = NsAlgorithm::kAuto;
+  Held a{make_process_groups(world, 1, w), Matrix(l.shard_rows(), l.n_tp())};
+  const std::string dir = save_auto_checkpoint(saved, a, l);
+
+  MuonOptions now = saved;
+  now.ns_algorithm = NsAlgorithm::kStandard;
+  Held b{make_process_groups(world, 1, w), Matrix::from(a.local.view())};
+  Muon second(now, world);
+  second.add_parameter(spec(l, b, false));
+  second.load(dir);
+  if (w > 1) {  // dropped: planned at the next step
+    EXPECT_FALSE(second.parameters()[0].mode.has_value());
+    EXPECT_TRUE(second.auto_decisions().empty());
+  }
+  const Matrix g = test::shard_for(test::random_matrix(l.m, l.n, 5).view(), l, 0, b.gtp_rank());
+  const ConstMatrixView grads[] = {g.view()};
+  second.step(grads);
+  if (w > 1) {
+    ASSERT_TRUE(second.parameters()[0].mode.has_value());
+    EXPECT_EQ(second.parameters()[0].algorithm, NsAlgorithm::kStandard);
+    ASSERT_EQ(second.auto_decisions().size(), 1u);
+    EXPECT_EQ(second.auto_decisions().begin()->first.algorithm, NsAlgorithm::kStandard);
+  }
+
+  // The same options: the saved decision is applied as it is.
+  Held c{make_process_groups(world, 1, w), Matrix::from(a.local.view())};
+  Muon third(saved, world);
+  third.add_parameter(spec(l, c, false));
+  third.load(dir);
+  if (w > 1) {
+    ASSERT_EQ(third.auto_decisions().size(), 1u);
+    EXPECT_EQ(third.auto_decisions().begin()->first.algorithm, NsAlgorithm::kAuto);
+  }
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Options added after a checkpoint was written (absent from its manifest) count as their
+// defaults: loading it warns only about options that really differ.
+TEST(MuonAuto, OptionsAbsentFromAnOlderCheckpointCountAsDefaults) {
+  const Communicator& world = test::world();
+  const int w = world.size();
+  const TestLayout l{.label = "w", .m = 64, .n = 8, .gtp = w};
+  MuonOptions o;
+  o.tp_mode = TpMode::kAuto;
+  Held a{make_process_groups(world, 1, w), Matrix(l.shard_rows(), l.n_tp())};
+  const std::string dir = save_auto_checkpoint(o, a, l);
+  if (world.rank() == 0) {  // as an older version wrote it: no plan, no wisdom
+    const auto path = std::filesystem::path(dir) / "manifest.json";
+    nlohmann::json manifest;
+    {
+      std::ifstream in(path);
+      in >> manifest;
+    }
+    ASSERT_TRUE(manifest.at("config").at("options").contains("plan"));
+    manifest["config"]["options"].erase("plan");
+    manifest["config"]["options"].erase("wisdom");
+    std::ofstream(path) << manifest.dump();
+  }
+  world.barrier();
+  const auto load_log = [&](const MuonOptions& opts) {
+    std::ostringstream out;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+    sink->set_pattern("%v");
+    const auto previous = spdlog::default_logger();
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
+    Held b{make_process_groups(world, 1, w), Matrix::from(a.local.view())};
+    Muon second(opts, world);
+    second.add_parameter(spec(l, b, false));
+    second.load(dir);
+    spdlog::set_default_logger(previous);
+    return out.str();
+  };
+  EXPECT_EQ(load_log(o).find("other options"), std::string::npos);
+  MuonOptions other = o;
+  other.lr = 2 * o.lr;
+  const std::string log = load_log(other);
+  if (world.rank() == 0) {
+    EXPECT_NE(log.find("other options"), std::string::npos) << log;
+    EXPECT_NE(log.find("/lr"), std::string::npos) << log;
+    EXPECT_EQ(log.find("/plan"), std::string::npos) << log;
+  }
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
 }

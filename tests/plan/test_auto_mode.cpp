@@ -79,6 +79,23 @@ TEST(AutoMode, DifferentKeysAcrossRanksAreDetected) {
   }
 }
 
+// A key cached on rank 0 and a new one on the others: the ranks agree before any rank uses its
+// cache, so every rank throws instead of rank 0 returning and the others waiting (a hang).
+TEST(AutoMode, AKeyCachedOnSomeRanksOnlyStillFailsOnEveryRank) {
+  const Communicator& world = test::world();
+  if (world.size() == 1) GTEST_SKIP() << "needs two ranks";
+  AutoModeResolver resolver;
+  const AutoKey cached = key(4096, 1024);
+  const AutoChoice first = resolver.resolve(cached, world);
+  try {
+    resolver.resolve(world.rank() == 0 ? cached : key(6144, 1024), world);
+    FAIL() << "no throw on rank " << world.rank();
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("tp_mode=auto"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(resolver.resolve(cached, world), first);  // the group still works
+}
+
 TEST(AutoMode, RestoredDecisionsNeedNoEvaluation) {
   auto stats = std::make_shared<CommStats>();
   const Communicator group = counting_communicator(test::world(), stats);

@@ -172,6 +172,25 @@ TEST(TpNewtonSchulz, MismatchedShardsFailOnEveryRank) {
   EXPECT_NO_THROW(newton_schulz_tp(shard.view(), 0, w, TpMode::kDistributed, o));
 }
 
+// A shape verified earlier on one rank and a new one on the others: the check runs on every call,
+// so every rank throws instead of rank 0 skipping it and the others waiting (a hang).
+TEST(TpNewtonSchulz, AShapeVerifiedOnSomeRanksOnlyStillFailsOnEveryRank) {
+  const Communicator& w = test::world();
+  if (w.size() == 1) GTEST_SKIP() << "needs more than one rank";
+  const NsOptions o = ns_options("quintic", true);
+  for (TpMode mode : {TpMode::kDuplicated, TpMode::kDistributed}) {
+    Matrix verified = random_matrix(4, 8, 3);
+    newton_schulz_tp(verified.view(), 0, w, mode, o);  // every rank: 4x8 verified
+    Matrix shard = random_matrix(w.rank() == 0 ? 4 : 6, 8, 4);
+    try {
+      newton_schulz_tp(shard.view(), 0, w, mode, o);
+      ADD_FAILURE() << to_string(mode) << ": no error on rank " << w.rank();
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("shards differ"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(TpNewtonSchulz, InvalidArgumentsAreErrors) {
   Matrix x = random_matrix(8, 8, 1);
   EXPECT_THROW(newton_schulz_tp(x.view(), 0, test::world(), TpMode::kAuto, NsOptions{}), Error);

@@ -178,5 +178,44 @@ TEST(TrainCheckpoint, RunsDoNotShareACheckpointFolder) {
   EXPECT_EQ(te.step_count(), 0);
 }
 
+// Run A writes steps 4 and 6; resumed from its step-4 folder into the same folder and saving
+// step 5, the run abandons A's step 6: once step 5 is complete, step 6 (the same run id, newer)
+// is removed, so a later resume of the folder continues at step 5, not at the abandoned step 6.
+TEST(TrainCheckpoint, AResumeFromAnOlderStepRemovesTheRunsNewerCheckpoints) {
+  SharedDir dir("train_ckpt_older");
+  const fs::path text = write_text(dir.path());
+  const fs::path ckpt = dir.path() / "ckpt";
+  TrainRunOptions a;
+  a.checkpoint_dir = ckpt;
+  a.checkpoint_every = 2;
+  std::string id;
+  {
+    Trainer ta(tiny_config(text, 6), world());
+    run_training(ta, a);
+    id = ta.run_id();
+  }
+  if (world().rank() == 0) {
+    ASSERT_EQ(runs_in(ckpt),
+              (std::map<std::string, std::string>{{"step-00000004", id}, {"step-00000006", id}}));
+  }
+  world().barrier();
+  {
+    Trainer tb(tiny_config(text, 5), world());
+    TrainRunOptions b;
+    b.checkpoint_dir = ckpt;
+    b.resume_dir = ckpt / "step-00000004";
+    EXPECT_EQ(run_training(tb, b).first_step, 4);
+    EXPECT_EQ(tb.run_id(), id);
+  }
+  if (world().rank() == 0) {
+    EXPECT_EQ(runs_in(ckpt),
+              (std::map<std::string, std::string>{{"step-00000004", id}, {"step-00000005", id}}));
+  }
+  world().barrier();
+  Trainer tc(tiny_config(text, 6), world());
+  tc.resume(ckpt);
+  EXPECT_EQ(tc.step_count(), 5);
+}
+
 }  // namespace
 }  // namespace distmuon
