@@ -45,21 +45,25 @@ int main(int argc, char** argv) {
     x0[i] = (float)((double)(r >> 40) / (double)(1ULL << 24) - 0.5) / 64.0f;
   }
   for (int run = 0; run <= runs; ++run) { /* run 0 warms up */
-    for (size_t i = 0; i < (size_t)s * l; ++i) x[i] = x0[i];
+    for (size_t i = 0; i < (size_t)s * l; ++i)
+      x[i] = x0[i];
     const double t0 = now();
     for (int step = 0; step < steps; ++step) {
       cblas_ssyrk(kRowMajor, kUpper, kNoTrans, s, l, 1.0f, x, l, 0.0f, a, s);
       for (int i = 0; i < s; ++i)
-        for (int j = 0; j < i; ++j) a[i * s + j] = a[j * s + i];
+        for (int j = 0; j < i; ++j)
+          a[i * s + j] = a[j * s + i];
       cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, s, s, s, qc, a, s, a, s, 0.0f, b, s);
-      for (size_t i = 0; i < (size_t)s * s; ++i) b[i] += qb * a[i];
+      for (size_t i = 0; i < (size_t)s * s; ++i)
+        b[i] += qb * a[i];
       cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, s, l, s, 1.0f, b, s, x, l, qa, x, l);
     }
     if (run > 0) times[run - 1] = now() - t0;
   }
   qsort(times, (size_t)runs, sizeof(double), cmp);
   const double flops = steps * (4.0 * s * s * l + 2.0 * (double)s * s * s);
-  const char* (*corename)(void) = (const char* (*)(void))dlsym(RTLD_DEFAULT, "openblas_get_corename");
+  const char* (*corename)(void) =
+      (const char* (*)(void))dlsym(RTLD_DEFAULT, "openblas_get_corename");
   printf("%s %.1f\n", corename ? corename() : "-", flops / times[runs / 2] * 1e-9);
   return 0;
 }
