@@ -21,18 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-std::map<std::string, std::string> files_of(const fs::path& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_text(e.path());
-  return out;
-}
+using test::files_of;
+using test::read_text;
 
 class CliBadOptions : public ::testing::Test {
  protected:

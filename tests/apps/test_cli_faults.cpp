@@ -18,10 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using distmuon::test::read_text;
 
 constexpr int kSteps = 6;          // checkpoints at steps 2, 4 and 6
 constexpr int kLimitSeconds = 60;  // a run that takes longer hangs (a healthy one takes ~2 s)
@@ -34,11 +37,6 @@ struct RunResult {
   double seconds = 0;
   std::string output;
 };
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
 
 std::vector<json> read_log(const fs::path& p) {
   std::vector<json> lines;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <random>
 
 namespace distmuon::test {
@@ -81,6 +82,19 @@ Matrix slice_rows(ConstMatrixView m, Index r0, Index n) {
 }
 Matrix slice_cols(ConstMatrixView m, Index c0, Index n) {
   return Matrix::from(m.block(0, c0, m.rows, n));
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+std::map<std::string, std::string> files_of(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file())
+      out[std::filesystem::relative(e.path(), dir).string()] = read_text(e.path());
+  return out;
 }
 
 bool is_png_file(const std::filesystem::path& path) {

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "distmuon/comm.h"
@@ -36,6 +38,11 @@ Matrix reference_newton_schulz(ConstMatrixView g, const CoefficientSet& coeffici
 // Rows [r0, r0 + n) / columns [c0, c0 + n) of m as a new matrix.
 Matrix slice_rows(ConstMatrixView m, Index r0, Index n);
 Matrix slice_cols(ConstMatrixView m, Index c0, Index n);
+
+// A file's bytes ("" when it cannot be opened), and every regular file below dir by its relative
+// path (to compare folders byte for byte).
+std::string read_text(const std::filesystem::path& path);
+std::map<std::string, std::string> files_of(const std::filesystem::path& dir);
 
 // True when the file starts with the PNG signature (plots drawn through gnuplot).
 bool is_png_file(const std::filesystem::path& path);

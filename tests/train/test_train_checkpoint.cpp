@@ -22,15 +22,11 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::error_of;
+using test::read_text;
 using test::SharedDir;
 using test::tiny_config;
 using test::world;
 using test::write_text;
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
 
 // The files under dir (relative path -> bytes); read by rank 0 only (empty elsewhere).
 std::map<std::string, std::string> files_of(const fs::path& dir) {
