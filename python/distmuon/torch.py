@@ -153,22 +153,24 @@ class Muon(torch.optim.Optimizer):
         finite: also look for a non-finite gradient, which the C++ step checks itself)."""
         grads = []
         for k, p in enumerate(group["params"]):
-            where = f"parameter {k} of group {gi}"
             if p.data_ptr() != addresses[k]:
-                return None, (f"{where} was given new storage after the optimizer was built "
-                              "(update it in place)")
+                return None, (f"parameter {k} of group {gi} was given new storage after the "
+                              "optimizer was built (update it in place)")
             # The step is collective over every parameter: a missing gradient counts as zero.
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             if g.dtype != torch.float32 or g.device.type != "cpu" or not g.is_contiguous():
-                return None, (f"the gradient of {where} is {g.dtype} on {g.device}"
-                              f"{'' if g.is_contiguous() else ', strided'}; expected contiguous "
-                              "CPU float32")
+                return None, (f"the gradient of parameter {k} of group {gi} is {g.dtype} on "
+                              f"{g.device}{'' if g.is_contiguous() else ', strided'}; expected "
+                              "contiguous CPU float32")
             if g.shape != p.shape:
-                return None, (f"the gradient of {where} is {tuple(g.shape)}, the parameter "
-                              f"{tuple(p.shape)}")
+                return None, (f"the gradient of parameter {k} of group {gi} is "
+                              f"{tuple(g.shape)}, the parameter {tuple(p.shape)}")
             if finite and not bool(torch.isfinite(g).all()):
-                return None, f"the gradient of {where} has a non-finite value"
-            grads.append(g)
+                return None, f"the gradient of parameter {k} of group {gi} has a non-finite value"
+            # Checked above: a NumPy view of the same memory (no copy), as the core takes it (a
+            # vector as one column, as distmuon.Muon.step passes it).
+            a = g.detach().numpy()
+            grads.append(a.reshape(-1, 1) if a.ndim == 1 else a)
         try:
             core.set_learning_rates(group["lr"], group["adamw_lr"])
             core.set_weight_decays(group["weight_decay"], group["adamw_weight_decay"])
@@ -194,7 +196,9 @@ class Muon(torch.optim.Optimizer):
             failure = failure or (f"distmuon.torch.Muon: {why}" if why else "")
             checked.append(grads)
         for gi, ((core, _), grads) in enumerate(zip(self._cores, checked)):
-            core.step(grads or [], failure if gi == 0 else "")
+            # The arrays are checked views already: straight to the C++ step.
+            why = failure if gi == 0 else ""
+            core._core.step([] if why or grads is None else grads, why)
         return loss
 
     def plan(self):
