@@ -280,20 +280,31 @@ MuonStepStats Muon::last_step_stats() const {
   return impl_->last;
 }
 
-void Muon::set_learning_rates(double muon_lr, double adamw_lr) {
-  MuonOptions o = impl_->options;
-  o.lr = muon_lr;
-  o.adamw.lr = adamw_lr;
+namespace {
+
+// Applies change to a copy of the options and keeps it only when it validates.
+template <class F>
+void change_options(MuonOptions& options, F change) {
+  MuonOptions o = options;
+  change(o);
   o.validate();
-  impl_->options = o;
+  options = o;
+}
+
+}  // namespace
+
+void Muon::set_learning_rates(double muon_lr, double adamw_lr) {
+  change_options(impl_->options, [&](MuonOptions& o) {
+    o.lr = muon_lr;
+    o.adamw.lr = adamw_lr;
+  });
 }
 
 void Muon::set_weight_decays(double muon_wd, double adamw_wd) {
-  MuonOptions o = impl_->options;
-  o.weight_decay = muon_wd;
-  o.adamw.weight_decay = adamw_wd;
-  o.validate();
-  impl_->options = o;
+  change_options(impl_->options, [&](MuonOptions& o) {
+    o.weight_decay = muon_wd;
+    o.adamw.weight_decay = adamw_wd;
+  });
 }
 
 std::vector<MatrixView> Muon::state_tensors(std::size_t i) {
