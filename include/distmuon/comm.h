@@ -76,6 +76,17 @@ class Communicator {
   CommImpl& impl() const { return *impl_; }
   const std::shared_ptr<CommImpl>& impl_ptr() const { return impl_; }
 
+  // Two planes. This communicator is the control plane: host memory only (hashes, agreement,
+  // plan broadcasts, scalars). data() is the data plane that moves a compute backend's memory
+  // (shards, Gram matrices): the same communicator unless with_data attached another over the
+  // same ranks (Compute::data_communicator does: NCCL for cuda). split() keeps only the control
+  // plane.
+  Communicator data() const { return data_ ? Communicator(data_) : Communicator(impl_); }
+  bool has_data_plane() const { return data_ != nullptr; }
+  // This communicator with `data` as its data plane; throws distmuon::Error when `data` has
+  // another rank or size.
+  Communicator with_data(std::shared_ptr<CommImpl> data) const;
+
   // Typed helpers; sizes are checked (recv.size() == size() * send.size()).
   template <typename T>
   void all_gather(std::span<const T> send, std::span<T> recv) const {
@@ -135,6 +146,7 @@ class Communicator {
                            std::size_t recv_size, std::span<const std::size_t> recv_counts,
                            DType t) const;
   std::shared_ptr<CommImpl> impl_;
+  std::shared_ptr<CommImpl> data_;  // nullptr: impl_ carries the data too
 };
 
 // A single-rank communicator whose collectives are copies or no-ops.

@@ -1,12 +1,22 @@
 #pragma once
-// The small compute interface that Newton-Schulz and the tensor-parallel orchestration are
-// written against. The CPU backend (src/compute/cpu) maps it onto CBLAS; a CUDA backend maps the
-// same calls onto cuBLAS without touching the algorithms.
+// The small compute interface that Newton-Schulz, the tensor-parallel orchestration and the
+// optimizer are written against, and the memory it computes on. Every matrix an algorithm works
+// on lives in its backend's memory: allocated by the backend (DeviceMatrix), read and written only
+// through the backend's methods, and moved between ranks only by the backend's data communicator.
+// Backends: cpu (src/compute/cpu, CBLAS on host memory), opaque (src/compute/opaque, a test
+// backend whose memory the host cannot address) and cuda (src/compute/cuda, cuBLAS on device
+// memory, one stream per backend). docs/architecture.md and docs/gpu.md describe the rules.
 
+#include <atomic>
+#include <cstddef>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
+#include "distmuon/comm.h"
 #include "distmuon/matrix.h"
 
 namespace distmuon {
@@ -34,10 +44,44 @@ struct AdamWStep {
   float lr = 0.0f, eps = 0.0f;
 };
 
+// Where a backend's memory lives.
+enum class MemoryKind {
+  kHost,    // host memory: the caller may read and write it directly (cpu)
+  kDevice,  // not addressable by host code: only the backend's methods touch it (cuda, opaque)
+};
+
+// What a backend has allocated so far (every allocation, whatever its size).
+struct MemoryStats {
+  std::size_t allocations = 0;  // allocate() calls
+  std::size_t releases = 0;     // release() calls
+  std::size_t live_bytes = 0;   // allocated and not released
+  std::size_t peak_bytes = 0;   // the largest live_bytes seen
+};
+
 class Compute {
  public:
   virtual ~Compute() = default;
   virtual std::string name() const = 0;
+  virtual MemoryKind memory() const = 0;
+
+  // Memory. allocate returns `count` zero-filled floats in this backend's memory (nullptr for
+  // 0), throws distmuon::Error when it cannot; release returns them. Both are counted in
+  // memory_stats(). Prefer DeviceMatrix, which releases itself.
+  float* allocate(std::size_t count);
+  void release(float* data, std::size_t count) noexcept;
+  MemoryStats memory_stats() const;
+  // Waits for every operation queued on the backend's stream (a no-op on the CPU). Results read
+  // through copy_to_host are already complete.
+  virtual void synchronize() {}
+  // Host <-> backend copies (same shapes, any leading dimensions): `host` is ordinary host memory
+  // (a Matrix, a NumPy array), the other side is this backend's memory.
+  virtual void copy_from_host(ConstMatrixView host, MatrixView dst) = 0;
+  virtual void copy_to_host(ConstMatrixView src, MatrixView host) = 0;
+  // The communicator that moves this backend's memory between the ranks of `host`: its data
+  // plane (data()) carries shards and Gram matrices, its control plane stays `host` (hashes,
+  // agreement, scalars). cpu: host itself; opaque: a translating wrapper; cuda: NCCL, created
+  // once per group (collective over host's ranks, bootstrapped over host) and cached.
+  virtual Communicator data_communicator(const Communicator& host) { return host; }
 
   // c = alpha * op(a) * op(b) + beta * c.
   virtual void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b,
@@ -46,6 +90,10 @@ class Compute {
   virtual void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) = 0;
   // Sum of squares of all elements, accumulated in double (or in float when in_double is false).
   virtual double sum_squares(ConstMatrixView a, bool in_double) = 0;
+  // Batched: out[i] = sum_squares(as[i]) with one result transfer for the whole batch on a
+  // device backend (the default loops over sum_squares).
+  virtual void sum_squares(std::span<const ConstMatrixView> as, bool in_double,
+                           std::span<double> out);
   // a *= alpha.
   virtual void scale(MatrixView a, float alpha) = 0;
   // y = alpha * x + beta * y (same shapes).
@@ -61,6 +109,9 @@ class Compute {
   virtual void copy(ConstMatrixView src, MatrixView dst) = 0;
   // The first non-finite element of a in row-major order, or nothing when all are finite.
   virtual std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) = 0;
+  // Batched: out[i] = find_non_finite(as[i]), one result transfer for the batch (default: loop).
+  virtual void find_non_finite(std::span<const ConstMatrixView> as,
+                               std::span<std::optional<MatrixIndex>> out);
   // Muon's momentum step, per element with mu = k.momentum:
   //   g' = g + k.l2 w;  buf = mu buf + (1 - mu) g';  u = nesterov ? (1 - mu) g' + mu buf : buf.
   virtual void muon_momentum(const MomentumStep& k, ConstMatrixView g, ConstMatrixView w,
@@ -70,10 +121,66 @@ class Compute {
   //   p = p decay - lr (m / bias1) / (sqrt(v) / bias2_sqrt + eps).
   virtual void adamw(const AdamWStep& k, ConstMatrixView g, MatrixView m, MatrixView v,
                      MatrixView p) = 0;
+
+ protected:
+  // The backend's allocation and release (allocate/release count around them).
+  virtual float* do_allocate(std::size_t count) = 0;
+  virtual void do_release(float* data, std::size_t count) noexcept = 0;
+
+ private:
+  std::atomic<std::size_t> allocations_{0}, releases_{0}, live_bytes_{0}, peak_bytes_{0};
 };
+
+// An owning, contiguous (ld == cols), zero-initialised row-major matrix in a backend's memory.
+// Move-only; releases its memory to the backend that allocated it. Its elements are read and
+// written only through that backend (Compute's methods, its data communicator, copy_to_host).
+class DeviceMatrix {
+ public:
+  DeviceMatrix() = default;
+  DeviceMatrix(Compute& compute, Index rows, Index cols);
+  ~DeviceMatrix() { reset(); }
+  DeviceMatrix(DeviceMatrix&& o) noexcept;
+  DeviceMatrix& operator=(DeviceMatrix&& o) noexcept;
+  DeviceMatrix(const DeviceMatrix&) = delete;
+  DeviceMatrix& operator=(const DeviceMatrix&) = delete;
+
+  Index rows() const { return rows_; }
+  Index cols() const { return cols_; }
+  Index size() const { return rows_ * cols_; }
+  Compute* compute() const { return compute_; }
+  MatrixView view() { return {data_, rows_, cols_, cols_}; }
+  ConstMatrixView view() const { return {data_, rows_, cols_, cols_}; }
+  operator MatrixView() { return view(); }
+  operator ConstMatrixView() const { return view(); }
+
+  // Makes this a rows x cols matrix of compute's memory, reallocating only when the shape or
+  // the backend differs (a workspace kept across calls); the contents are then unspecified.
+  void ensure(Compute& compute, Index rows, Index cols);
+  void reset() noexcept;
+
+ private:
+  Compute* compute_ = nullptr;
+  float* data_ = nullptr;
+  Index rows_ = 0, cols_ = 0;
+};
+
+// Host <-> backend copies of a whole matrix.
+DeviceMatrix to_device(Compute& compute, ConstMatrixView host);
+Matrix to_host(Compute& compute, ConstMatrixView src);
 
 // The process-wide CPU (CBLAS) backend.
 Compute& cpu_compute();
+// A backend by name: "cpu", "opaque" (the process-wide opaque test backend) or "cuda" (the
+// process-wide CUDA backend on the current device). Throws distmuon::Error naming the built
+// backends when `name` is unknown, not built, or has no device.
+Compute& compute_backend(std::string_view name);
+// The backends this build has ("cpu", "opaque", and "cuda" when built with CUDA).
+std::vector<std::string> compute_backend_names();
+// A new opaque test backend (its own memory and statistics): its memory is a range of host
+// addresses that are never mapped, translated to its private storage inside its own methods, so
+// any host access from algorithm code faults; a view that is not its memory is refused with
+// distmuon::Error. Results are bit-equal to cpu_compute(), which it runs on that storage.
+std::unique_ptr<Compute> make_opaque_compute();
 
 // BLAS threads per process. distmuon sets 1 on first use unless DISTMUON_BLAS_THREADS is set,
 // since ranks share the cores.

@@ -86,6 +86,9 @@ void mirror_upper(MatrixView c) {
 class CpuCompute final : public Compute {
  public:
   std::string name() const override { return "cpu-openblas"; }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+  void copy_from_host(ConstMatrixView host, MatrixView dst) override { copy(host, dst); }
+  void copy_to_host(ConstMatrixView src, MatrixView host) override { copy(src, host); }
 
   void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
             MatrixView c) override {
@@ -255,6 +258,19 @@ class CpuCompute final : public Compute {
       }
     }
   }
+
+ protected:
+  float* do_allocate(std::size_t count) override {
+    // Zero-filled, aligned for the BLAS kernels' vector loads.
+    const std::size_t bytes = (count * sizeof(float) + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, bytes);
+    if (p != nullptr) std::memset(p, 0, bytes);
+    return static_cast<float*>(p);
+  }
+  void do_release(float* data, std::size_t) noexcept override { std::free(data); }
+
+ private:
+  static constexpr std::size_t kAlign = 64;
 };
 
 }  // namespace

@@ -1,0 +1,240 @@
+// The opaque test backend: memory the host cannot address. Its allocations are addresses inside a
+// reserved, never-accessible (PROT_NONE) range of the address space; the real storage is private
+// to the backend, and every method translates the views it is given before running the CPU
+// backend's code on that storage. Algorithm code that reads or writes its memory directly faults;
+// a view that is not its memory (host memory passed where backend memory belongs) is refused.
+// Results are bit-equal to the CPU backend's: the arithmetic is the same code.
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "distmuon/compute.h"
+#include "distmuon/error.h"
+
+namespace distmuon {
+namespace {
+
+class OpaqueCompute;
+
+// The data plane of a communicator for opaque memory: translates the buffers, then runs the
+// host communicator on the backend's storage (what NCCL does with device pointers).
+class OpaqueDataComm final : public CommImpl {
+ public:
+  OpaqueDataComm(std::shared_ptr<CommImpl> inner, OpaqueCompute* owner)
+      : inner_(std::move(inner)), owner_(owner) {}
+  std::string backend() const override { return "opaque+" + inner_->backend(); }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void all_gather(const void* send, void* recv, std::size_t count, DType t) override;
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
+                      ReduceOp op) override;
+  void broadcast(void* buf, std::size_t count, DType t, int root) override;
+  void all_to_all_v(const void* send, const std::size_t* send_counts,
+                    const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
+                    const std::size_t* recv_displs, DType t) override;
+  void barrier() override { inner_->barrier(); }
+  std::shared_ptr<CommImpl> split(int color, int key) override {
+    return std::make_shared<OpaqueDataComm>(inner_->split(color, key), owner_);
+  }
+  void abort(int code) override { inner_->abort(code); }
+
+ private:
+  std::shared_ptr<CommImpl> inner_;
+  OpaqueCompute* owner_;
+};
+
+class OpaqueCompute final : public Compute {
+ public:
+  OpaqueCompute() {
+    void* p = mmap(nullptr, kReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      throw Error(fmt::format("opaque backend: reserving {} bytes of address space: {}", kReserve,
+                              std::strerror(errno)));
+    }
+    base_ = reinterpret_cast<std::uintptr_t>(p);
+  }
+  ~OpaqueCompute() override { munmap(reinterpret_cast<void*>(base_), kReserve); }
+
+  std::string name() const override { return "opaque"; }
+  MemoryKind memory() const override { return MemoryKind::kDevice; }
+
+  void copy_from_host(ConstMatrixView host, MatrixView dst) override {
+    check_host("copy_from_host", host);
+    cpu().copy(host, mine("copy_from_host", dst));
+  }
+  void copy_to_host(ConstMatrixView src, MatrixView host) override {
+    check_host("copy_to_host", host);
+    cpu().copy(mine("copy_to_host", src), host);
+  }
+  Communicator data_communicator(const Communicator& host) override {
+    return host.with_data(std::make_shared<OpaqueDataComm>(host.impl_ptr(), this));
+  }
+
+  void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
+            MatrixView c) override {
+    cpu().gemm(ta, tb, alpha, mine("gemm", a), mine("gemm", b), beta, mine("gemm", c));
+  }
+  void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
+    cpu().syrk(ta, alpha, mine("syrk", a), beta, mine("syrk", c));
+  }
+  double sum_squares(ConstMatrixView a, bool in_double) override {
+    return cpu().sum_squares(mine("sum_squares", a), in_double);
+  }
+  void scale(MatrixView a, float alpha) override { cpu().scale(mine("scale", a), alpha); }
+  void axpby(float alpha, ConstMatrixView x, float beta, MatrixView y) override {
+    cpu().axpby(alpha, mine("axpby", x), beta, mine("axpby", y));
+  }
+  void add_diagonal(MatrixView a, float alpha) override {
+    cpu().add_diagonal(mine("add_diagonal", a), alpha);
+  }
+  void fill(MatrixView a, float value) override { cpu().fill(mine("fill", a), value); }
+  void copy(ConstMatrixView src, MatrixView dst) override {
+    cpu().copy(mine("copy", src), mine("copy", dst));
+  }
+  std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {
+    return cpu().find_non_finite(mine("find_non_finite", a));
+  }
+  void muon_momentum(const MomentumStep& k, ConstMatrixView g, ConstMatrixView w, MatrixView buf,
+                     MatrixView u) override {
+    cpu().muon_momentum(k, mine("muon_momentum", g), mine("muon_momentum", w),
+                        mine("muon_momentum", buf), mine("muon_momentum", u));
+  }
+  void adamw(const AdamWStep& k, ConstMatrixView g, MatrixView m, MatrixView v,
+             MatrixView p) override {
+    cpu().adamw(k, mine("adamw", g), mine("adamw", m), mine("adamw", v), mine("adamw", p));
+  }
+
+  // The storage behind [p, p + bytes) of this backend's memory; throws when the range is not
+  // inside one allocation.
+  void* storage(const void* p, std::size_t bytes, const char* op) const {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard lock(mutex_);
+    auto it = blocks_.upper_bound(a);
+    if (it != blocks_.begin()) {
+      --it;
+      const Block& b = it->second;
+      if (a >= it->first && a + bytes <= it->first + b.bytes)
+        return reinterpret_cast<char*>(b.real.get()) + (a - it->first);
+    }
+    throw Error(fmt::format(
+        "opaque backend: {}: {} bytes at {} are not memory of this backend (host memory, or "
+        "memory of another backend, where backend memory belongs)",
+        op, bytes, p));
+  }
+
+ protected:
+  float* do_allocate(std::size_t count) override {
+    const std::size_t bytes = count * sizeof(float);
+    const std::size_t span = (bytes + 2 * kAlign - 1) / kAlign * kAlign;  // a gap after each
+    std::lock_guard lock(mutex_);
+    std::uintptr_t at = 0;
+    if (auto f = free_.find(span); f != free_.end()) {
+      at = f->second;
+      free_.erase(f);
+    } else {
+      if (next_ + span > kReserve) return nullptr;
+      at = base_ + next_;
+      next_ += span;
+    }
+    Block b{bytes, span, std::unique_ptr<float[]>(new (std::nothrow) float[count]())};
+    if (!b.real) {
+      free_.emplace(span, at);
+      return nullptr;
+    }
+    blocks_.emplace(at, std::move(b));
+    return reinterpret_cast<float*>(at);
+  }
+  void do_release(float* data, std::size_t) noexcept override {
+    std::lock_guard lock(mutex_);
+    const auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(data));
+    if (it == blocks_.end()) return;
+    free_.emplace(it->second.span, it->first);
+    blocks_.erase(it);
+  }
+
+ private:
+  static constexpr std::size_t kReserve = std::size_t{1} << 36;  // 64 GiB of addresses
+  static constexpr std::size_t kAlign = 64;
+  struct Block {
+    std::size_t bytes = 0, span = 0;
+    std::unique_ptr<float[]> real;
+  };
+
+  static Compute& cpu() { return cpu_compute(); }
+
+  ConstMatrixView mine(const char* op, ConstMatrixView v) const {
+    if (v.rows == 0 || v.cols == 0) return {nullptr, v.rows, v.cols, v.ld};
+    const auto bytes = static_cast<std::size_t>((v.rows - 1) * v.ld + v.cols) * sizeof(float);
+    return {static_cast<const float*>(storage(v.data, bytes, op)), v.rows, v.cols, v.ld};
+  }
+  MatrixView mine(const char* op, MatrixView v) const {
+    const ConstMatrixView c = mine(op, ConstMatrixView(v));
+    return {const_cast<float*>(c.data), c.rows, c.cols, c.ld};
+  }
+  void check_host(const char* op, ConstMatrixView host) const {
+    const auto a = reinterpret_cast<std::uintptr_t>(host.data);
+    if (host.size() > 0 && a >= base_ && a < base_ + kReserve) {
+      throw Error(fmt::format(
+          "opaque backend: {}: the host side is this backend's memory, not host memory", op));
+    }
+  }
+
+  std::uintptr_t base_ = 0;
+  std::size_t next_ = 0;
+  std::map<std::uintptr_t, Block> blocks_;           // by address
+  std::multimap<std::size_t, std::uintptr_t> free_;  // released address ranges by span
+  mutable std::mutex mutex_;
+};
+
+std::size_t extent(const std::size_t* counts, const std::size_t* displs, int n) {
+  std::size_t e = 0;
+  for (int r = 0; r < n; ++r)
+    if (counts[r] > 0) e = std::max(e, displs[r] + counts[r]);
+  return e;
+}
+
+void* at(OpaqueCompute* owner, const void* p, std::size_t count, DType t, const char* op) {
+  return count == 0 ? nullptr : owner->storage(p, count * dtype_size(t), op);
+}
+
+void OpaqueDataComm::all_gather(const void* send, void* recv, std::size_t count, DType t) {
+  inner_->all_gather(at(owner_, send, count, t, "all_gather"),
+                     at(owner_, recv, count * static_cast<std::size_t>(size()), t, "all_gather"),
+                     count, t);
+}
+void OpaqueDataComm::all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) {
+  inner_->all_reduce(at(owner_, buf, count, t, "all_reduce"), count, t, op);
+}
+void OpaqueDataComm::reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
+                                    ReduceOp op) {
+  inner_->reduce_scatter(
+      at(owner_, send, count * static_cast<std::size_t>(size()), t, "reduce_scatter"),
+      at(owner_, recv, count, t, "reduce_scatter"), count, t, op);
+}
+void OpaqueDataComm::broadcast(void* buf, std::size_t count, DType t, int root) {
+  inner_->broadcast(at(owner_, buf, count, t, "broadcast"), count, t, root);
+}
+void OpaqueDataComm::all_to_all_v(const void* send, const std::size_t* send_counts,
+                                  const std::size_t* send_displs, void* recv,
+                                  const std::size_t* recv_counts,
+                                  const std::size_t* recv_displs, DType t) {
+  const int n = size();
+  inner_->all_to_all_v(at(owner_, send, extent(send_counts, send_displs, n), t, "all_to_all_v"),
+                       send_counts, send_displs,
+                       at(owner_, recv, extent(recv_counts, recv_displs, n), t, "all_to_all_v"),
+                       recv_counts, recv_displs, t);
+}
+
+}  // namespace
+
+std::unique_ptr<Compute> make_opaque_compute() {
+  return std::make_unique<OpaqueCompute>();
+}
+
+}  // namespace distmuon
