@@ -19,6 +19,13 @@ class CountingCompute final : public Compute {
  public:
   std::map<std::string, int> calls;
   std::string name() const override { return "counting"; }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+  void copy_from_host(ConstMatrixView host, MatrixView dst) override {
+    cpu_compute().copy_from_host(host, dst);
+  }
+  void copy_to_host(ConstMatrixView src, MatrixView host) override {
+    cpu_compute().copy_to_host(src, host);
+  }
   void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
             MatrixView c) override {
     ++calls["gemm"];
@@ -65,6 +72,12 @@ class CountingCompute final : public Compute {
              MatrixView p) override {
     ++calls["adamw"];
     cpu_compute().adamw(k, g, m, v, p);
+  }
+
+ protected:
+  float* do_allocate(std::size_t count) override { return cpu_compute().allocate(count); }
+  void do_release(float* data, std::size_t count) noexcept override {
+    cpu_compute().release(data, count);
   }
 };
 

@@ -21,6 +21,13 @@ class CountingCompute final : public Compute {
  public:
   double flops = 0;
   std::string name() const override { return "counting"; }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+  void copy_from_host(ConstMatrixView host, MatrixView dst) override {
+    cpu_compute().copy_from_host(host, dst);
+  }
+  void copy_to_host(ConstMatrixView src, MatrixView host) override {
+    cpu_compute().copy_to_host(src, host);
+  }
   void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
             MatrixView c) override {
     flops += 2.0 * c.rows * c.cols * (ta == Trans::kNo ? a.cols : a.rows);
@@ -51,6 +58,12 @@ class CountingCompute final : public Compute {
   void adamw(const AdamWStep& k, ConstMatrixView g, MatrixView m, MatrixView v,
              MatrixView p) override {
     cpu_compute().adamw(k, g, m, v, p);
+  }
+
+ protected:
+  float* do_allocate(std::size_t count) override { return cpu_compute().allocate(count); }
+  void do_release(float* data, std::size_t count) noexcept override {
+    cpu_compute().release(data, count);
   }
 };
 
