@@ -82,7 +82,7 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
     }
     Matrix shard = shard_of(full.view(), dim, g, world.rank());
     const auto t0 = std::chrono::steady_clock::now();
-    newton_schulz_tp(shard.view(), dim, world, mode, opts);
+    newton_schulz_tp(shard.view(), dim, world, mode, opts, cpu_compute());
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     // Gather the shards (rank order) and reassemble the full matrix on rank 0.
