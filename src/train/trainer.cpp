@@ -59,7 +59,7 @@ Trainer::Trainer(TrainConfig config, Communicator world)
   s.run_id = decide_on_root<std::string>(w, 0, "train: the run id", new_run_id);
 
   s.model = std::make_unique<ShardedCharLm>(s.config.model, s.config.train.seed, w);
-  s.muon.emplace(s.options, w);
+  s.muon.emplace(s.options, w, cpu_compute());
   for (ShardedParam& p : s.model->params()) {
     ParamSpec spec;
     spec.name = p.name;
