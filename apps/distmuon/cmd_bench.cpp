@@ -99,7 +99,7 @@ void add_bench_command(CLI::App& app, Context& ctx) {
       return c;
     });
     set_blas_threads(o->threads);
-    const TpBenchReport report = run_tp_bench(ctx.world, config);
+    const TpBenchReport report = run_tp_bench(ctx.world, config, cpu_compute());
     if (ctx.world.rank() != 0) return;
     if (o->json) {
       nlohmann::json j = to_json(report);
