@@ -3,6 +3,7 @@
 // mean, whose float sum over ranks may be ordered differently from the reference's: 1e-6 relative.
 #include <gtest/gtest.h>
 
+#include "distmuon/compute.h"
 #include "distmuon/error.h"
 #include "distmuon/fsdp.h"
 #include "test_util.h"
@@ -92,6 +93,45 @@ TEST(RowSharding, AllReduceMean) {
   const float mean_rank = static_cast<float>(comm.size() - 1) / 2.0f;
   for (Index i = 0; i < m.size(); ++i)
     EXPECT_FLOAT_EQ(m.data()[i], mean_rank + static_cast<float>(i));
+}
+
+// The collectives on the opaque backend (memory the host cannot address): bit-equal to the CPU
+// backend (the same arithmetic and the same reduction: tolerance 0), and the padded buffer is
+// kept (no allocation on a second call of the same shapes).
+TEST(RowSharding, OpaqueBackendIsBitEqualToCpuAndReusesItsBuffer) {
+  const Communicator& comm = world();
+  Compute& opaque = compute_backend("opaque");
+  ShardingWorkspace cpu_ws, opaque_ws;
+  for (const Shape& sh : kShapes) {
+    const RowSharding s = RowSharding::make(sh.rows, sh.cols, comm.size());
+    const Matrix full = random_matrix(sh.rows, sh.cols, 31);
+    const Matrix shard = row_shard(full, s, comm.rank());
+    const Matrix grad =
+        random_matrix(sh.rows, sh.cols, 40 + static_cast<std::uint64_t>(comm.rank()));
+    Matrix gathered(sh.rows, sh.cols), reduced(s.shard_rows, s.cols), mean = grad;
+    all_gather_rows(shard, s, comm, gathered, cpu_ws, cpu_compute());
+    reduce_scatter_rows_mean(grad, s, comm, reduced, cpu_ws, cpu_compute());
+    all_reduce_mean(mean, comm, cpu_compute());
+
+    const DeviceMatrix d_shard = to_device(opaque, shard.view());
+    const DeviceMatrix d_grad = to_device(opaque, grad.view());
+    DeviceMatrix d_gathered(opaque, sh.rows, sh.cols), d_reduced(opaque, s.shard_rows, s.cols);
+    DeviceMatrix d_mean = to_device(opaque, grad.view());
+    std::size_t allocations = 0;
+    for (int call = 0; call < 2; ++call) {
+      all_gather_rows(d_shard.view(), s, comm, d_gathered.view(), opaque_ws, opaque);
+      reduce_scatter_rows_mean(d_grad.view(), s, comm, d_reduced.view(), opaque_ws, opaque);
+      if (call == 0) allocations = opaque.memory_stats().allocations;
+    }
+    EXPECT_EQ(opaque.memory_stats().allocations, allocations) << shape_str(sh.rows, sh.cols);
+    all_reduce_mean(d_mean.view(), comm, opaque);
+    const std::string what = shape_str(sh.rows, sh.cols);
+    EXPECT_EQ(relative_error(to_host(opaque, d_gathered.view()).view(), gathered.view()), 0.0)
+        << what;
+    EXPECT_EQ(relative_error(to_host(opaque, d_reduced.view()).view(), reduced.view()), 0.0)
+        << what;
+    EXPECT_EQ(relative_error(to_host(opaque, d_mean.view()).view(), mean.view()), 0.0) << what;
+  }
 }
 
 TEST(RowSharding, ShapeMismatchOnOneRankThrowsOnAllRanks) {

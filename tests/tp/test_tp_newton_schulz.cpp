@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "distmuon/compute.h"
 #include "distmuon/error.h"
 #include "distmuon/tp.h"
 #include "test_util.h"
@@ -205,6 +206,35 @@ TEST(TpNewtonSchulz, InvalidArgumentsAreErrors) {
   EXPECT_EQ(parse_tp_mode("distributed"), TpMode::kDistributed);
   EXPECT_EQ(parse_partition_dim("none"), kNoPartition);
   EXPECT_THROW(parse_partition_dim("2"), Error);
+}
+
+// The opaque backend (memory the host cannot address) in every mode, both NS algorithms and both
+// partition dims: bit-equal to the CPU backend (the same arithmetic: tolerance 0); and
+// all_gather_shards returns the full matrix in the backend's memory.
+TEST(TpNewtonSchulz, OpaqueBackendIsBitEqualToCpu) {
+  Compute& opaque = compute_backend("opaque");
+  for (const Communicator& group : tp_groups()) {
+    for (int dim : {0, 1}) {
+      const Matrix full = random_matrix(40, 24, 23);
+      for (const TpMode mode : {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed}) {
+        for (const NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+          NsOptions o = ns_options("quintic", true);
+          o.algorithm = algorithm;
+          Matrix cpu = my_shard(full.view(), dim, group);
+          newton_schulz_tp(cpu.view(), dim, group, mode, o, cpu_compute());
+          DeviceMatrix x = to_device(opaque, my_shard(full.view(), dim, group).view());
+          newton_schulz_tp(x.view(), dim, group, mode, o, opaque);
+          EXPECT_TRUE(bit_equal(to_host(opaque, x.view()), cpu))
+              << label(group, {40, 24}, dim, "quintic", true) << " " << to_string(mode) << " "
+              << to_string(algorithm);
+        }
+      }
+      const DeviceMatrix shard = to_device(opaque, my_shard(full.view(), dim, group).view());
+      const Communicator data = opaque.data_communicator(group);
+      const DeviceMatrix gathered = all_gather_shards(shard.view(), dim, data, opaque);
+      EXPECT_TRUE(bit_equal(to_host(opaque, gathered.view()), full)) << "dim " << dim;
+    }
+  }
 }
 
 TEST(Sharding, ShardAndUnshardRoundTrip) {
