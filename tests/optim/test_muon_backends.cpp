@@ -148,26 +148,33 @@ TEST(MuonBackends, OpaqueIsBitEqualToCpuAndStepsDoNotAllocate) {
 }
 
 TEST(MuonBackends, HostMemoryOnADeviceBackendIsRefused) {
-  // Host memory where the opaque backend's belongs is refused by the first operation on it (the
-  // batched gradient check), on every rank together: CollectiveError naming the reason.
+  // A host gradient on the last rank only, where the opaque backend's memory belongs: refused by
+  // the batched gradient check before any collective, so every rank throws CollectiveError
+  // naming the reason (none waits for the others), and no weight changes.
+  const Communicator& world = test::world();
   Compute& opaque = compute_backend("opaque");
-  Matrix host(4, 6);
-  Muon opt(MuonOptions{.tp_mode = TpMode::kDuplicated}, test::world(), opaque);
+  const Matrix init = test::random_matrix(4, 6, 2);
+  DeviceMatrix weight = to_device(opaque, init.view());
+  Muon opt(MuonOptions{.tp_mode = TpMode::kDuplicated}, world, opaque);
   ParamSpec s;
-  s.name = "host";
-  s.local = host.view();
+  s.name = "w";
+  s.local = weight.view();
   s.rows = 4;
   s.cols = 6;
   opt.add_parameter(s);
   const Matrix g = test::random_matrix(4, 6, 3);
-  const ConstMatrixView grads[] = {g.view()};
+  const DeviceMatrix g_device = to_device(opaque, g.view());
+  const bool host = world.rank() == world.size() - 1;
+  const ConstMatrixView grads[] = {host ? g.view() : g_device.view()};
   try {
     opt.step(grads);
-    FAIL() << "host gradients on the opaque backend";
+    FAIL() << "a host gradient on the opaque backend";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("not memory of this backend"), std::string::npos)
         << e.what();
   }
+  EXPECT_TRUE(bit_equal(to_host(opaque, weight.view()), init));
+  EXPECT_EQ(opt.step_count(), 0);
 }
 
 }  // namespace
