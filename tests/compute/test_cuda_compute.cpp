@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -249,8 +250,18 @@ TEST(CudaCompute, ReductionsMatchCpuOneMatrixAndBatched) {
   EXPECT_EQ(one->col, want->col);
 }
 
-TEST(CudaCompute, PrecisionNamesParse) {
-  // Needs no device.
+// Without a device the backend refuses to start with a clear error (this test skips nothing, so
+// that a GPU machine runs it too: there it checks only the names).
+TEST(CudaCompute, PrecisionNamesAndNoDeviceError) {
+  if (cuda_device_count() == 0) {
+    try {
+      compute_backend("cuda");
+      ADD_FAILURE() << "compute_backend(\"cuda\") without a device did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(make_cuda_compute(), Error);
+  }
   EXPECT_EQ(parse_cuda_precision("fp32"), CudaPrecision::kFp32);
   EXPECT_EQ(parse_cuda_precision("tf32"), CudaPrecision::kTf32);
   EXPECT_EQ(parse_cuda_precision("bf16"), CudaPrecision::kBf16);
