@@ -6,8 +6,8 @@
 //    root round the same on both.
 //  - gemm, syrk in fp32: relative Frobenius error 1e-5. Both sum k products in fp32 in different
 //    orders; the error of either is about sqrt(k) 2^-24 relative (k <= 300 here), well below 1e-5.
-//  - TF32 (10-bit mantissa, inputs rounded to 2^-11 relative): 5e-3; bf16 (7-bit mantissa,
-//    2^-8): 2e-2. Both accumulate in fp32, so the inputs' rounding dominates.
+//  - TF32 (10-bit mantissa, inputs rounded to 2^-11 relative): 5e-3; bf16 and bf16-operands
+//    (7-bit mantissa, 2^-8): 2e-2. All accumulate in fp32, so the inputs' rounding dominates.
 //  - sum_squares: in double 1e-12 relative (the order of the double sums differs); in float
 //    1e-5 relative to the double sum (fp32 partial sums over <= 1e4 elements of one sign).
 // Every test is skipped ("no CUDA device: skipped") on a machine without a CUDA device.
@@ -88,8 +88,9 @@ TEST(CudaCompute, GemmAndSyrkMatchCpuInEveryPrecision) {
     CudaPrecision precision;
     double tolerance;
   };
-  for (const Case& c : {Case{CudaPrecision::kFp32, 1e-5}, Case{CudaPrecision::kTf32, 5e-3},
-                        Case{CudaPrecision::kBf16, 2e-2}}) {
+  for (const Case& c :
+       {Case{CudaPrecision::kFp32, 1e-5}, Case{CudaPrecision::kTf32, 5e-3},
+        Case{CudaPrecision::kBf16, 2e-2}, Case{CudaPrecision::kBf16Operands, 2e-2}}) {
     auto cuda = make_cuda_compute(c.precision);
     SCOPED_TRACE(to_string(c.precision));
     for (const Trans ta : {Trans::kNo, Trans::kYes}) {
@@ -265,6 +266,7 @@ TEST(CudaCompute, PrecisionNamesAndNoDeviceError) {
   EXPECT_EQ(parse_cuda_precision("fp32"), CudaPrecision::kFp32);
   EXPECT_EQ(parse_cuda_precision("tf32"), CudaPrecision::kTf32);
   EXPECT_EQ(parse_cuda_precision("bf16"), CudaPrecision::kBf16);
+  EXPECT_EQ(parse_cuda_precision("bf16-operands"), CudaPrecision::kBf16Operands);
   EXPECT_THROW(parse_cuda_precision("fp16"), Error);
 }
 

@@ -66,6 +66,7 @@ cublasComputeType_t compute_type(CudaPrecision p) {
     case CudaPrecision::kBf16:
       return CUBLAS_COMPUTE_32F_FAST_16BF;
     case CudaPrecision::kFp32:
+    case CudaPrecision::kBf16Operands:  // bf16 operands, fp32 accumulation
       break;
   }
   return CUBLAS_COMPUTE_32F;
@@ -95,6 +96,10 @@ class CudaCompute final : public Compute {
     cudaStreamSynchronize(stream_);
     if (results_ != nullptr) cudaFree(results_);
     if (host_results_ != nullptr) cudaFreeHost(host_results_);
+    for (auto& buf : bf16_) {
+      if (buf.data != nullptr) cudaFreeAsync(buf.data, stream_);
+    }
+    cudaStreamSynchronize(stream_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -150,6 +155,14 @@ class CudaCompute final : public Compute {
       scale(c, beta);
       return;
     }
+    if (precision_ == CudaPrecision::kBf16Operands) {
+      const void* a16 = bf16_copy(0, a, "gemm");
+      const void* b16 = b.data == a.data && b.ld == a.ld && b.rows == a.rows && b.cols == a.cols
+                            ? a16
+                            : bf16_copy(1, b, "gemm");
+      bf16_gemm("gemm", ta, tb, m, n, k, alpha, a16, a.cols, b16, b.cols, beta, c);
+      return;
+    }
     gemm_ex("gemm", ta, tb, m, n, k, alpha, a, b, beta, c);
   }
 
@@ -164,6 +177,12 @@ class CudaCompute final : public Compute {
     if (n == 0) return;
     if (k == 0) {
       scale(c, beta);
+      return;
+    }
+    if (precision_ == CudaPrecision::kBf16Operands) {
+      const void* a16 = bf16_copy(0, a, "syrk");  // one copy serves as both operands
+      bf16_gemm("syrk", ta, ta == Trans::kYes ? Trans::kNo : Trans::kYes, n, n, k, alpha, a16,
+                a.cols, a16, a.cols, beta, c);
       return;
     }
     if (precision_ != CudaPrecision::kFp32) {
@@ -322,6 +341,36 @@ class CudaCompute final : public Compute {
                       shape_str(m, k), shape_str(k, n), shape_str(m, n)));
   }
 
+  // A contiguous bf16 copy of a in scratch buffer `slot` (0 or 1), grown when needed. The
+  // scratch is stream-ordered like everything else: a product queued later reuses it safely.
+  const void* bf16_copy(int slot, ConstMatrixView a, const char* op) {
+    const auto bytes = static_cast<std::size_t>(a.rows * a.cols) * 2;
+    auto& buf = bf16_[slot];
+    if (bytes > buf.bytes) {
+      if (buf.data != nullptr) cudaFreeAsync(buf.data, stream_);
+      buf = {};
+      check(cudaMallocAsync(&buf.data, bytes, stream_), "cudaMallocAsync",
+            fmt::format("{}: bf16 copy of {}", op, shape_str(a)));
+      buf.bytes = bytes;
+    }
+    check(cuda::to_bf16(stream_, dev(a), buf.data), "to_bf16 kernel",
+          fmt::format("{}: {}", op, shape_str(a)));
+    return buf.data;
+  }
+  // c = alpha op(a) op(b) + beta c on contiguous bf16 copies (leading dimensions lda, ldb: the
+  // original column counts), fp32 c and accumulation.
+  void bf16_gemm(const char* op, Trans ta, Trans tb, Index m, Index n, Index k, float alpha,
+                 const void* a, Index lda, const void* b, Index ldb, float beta, MatrixView c) {
+    check(
+        cublasGemmEx(blas_, cublas_op(tb), cublas_op(ta), blas_int(op, n), blas_int(op, m),
+                     blas_int(op, k), &alpha, b, CUDA_R_16BF, blas_int(op, std::max<Index>(1, ldb)),
+                     a, CUDA_R_16BF, blas_int(op, std::max<Index>(1, lda)), &beta, c.data,
+                     CUDA_R_32F, blas_int(op, c.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx",
+        fmt::format("{} (bf16 operands): op(a) {} x op(b) {} into c {}", op, shape_str(m, k),
+                    shape_str(k, n), shape_str(m, n)));
+  }
+
   // The device slots of a batched reduction (grown when needed, set to `byte`).
   void* results(std::size_t bytes, int byte) {
     if (bytes > results_bytes_) {
@@ -354,6 +403,11 @@ class CudaCompute final : public Compute {
   void* results_ = nullptr;
   void* host_results_ = nullptr;
   std::size_t results_bytes_ = 0;
+  struct Scratch {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  Scratch bf16_[2];  // kBf16Operands: the bf16 copies of a product's operands
   std::mutex comm_mutex_;
   std::map<const CommImpl*, std::weak_ptr<CommImpl>> comms_;
 };
@@ -379,7 +433,9 @@ CudaPrecision parse_cuda_precision(std::string_view name) {
   if (name == "fp32") return CudaPrecision::kFp32;
   if (name == "tf32") return CudaPrecision::kTf32;
   if (name == "bf16") return CudaPrecision::kBf16;
-  throw Error(fmt::format("unknown CUDA precision '{}'; valid: fp32, tf32, bf16", name));
+  if (name == "bf16-operands") return CudaPrecision::kBf16Operands;
+  throw Error(
+      fmt::format("unknown CUDA precision '{}'; valid: fp32, tf32, bf16, bf16-operands", name));
 }
 
 const char* to_string(CudaPrecision precision) {
@@ -390,6 +446,8 @@ const char* to_string(CudaPrecision precision) {
       return "tf32";
     case CudaPrecision::kBf16:
       return "bf16";
+    case CudaPrecision::kBf16Operands:
+      return "bf16-operands";
   }
   return "?";
 }

@@ -16,8 +16,11 @@ enum class CudaPrecision {
   kFp32,  // IEEE fp32 (CUBLAS_COMPUTE_32F): the default
   kTf32,  // TF32 tensor cores, fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_TF32)
   kBf16,  // bf16 tensor cores, fp32 accumulation, fp32 in memory (CUBLAS_COMPUTE_32F_FAST_16BF)
+  // The same arithmetic on bf16 copies of the operands (rounded by a kernel before each
+  // product, into scratch the backend keeps), so that cuBLAS runs its native bf16 GEMM.
+  kBf16Operands,
 };
-// "fp32", "tf32", "bf16"; throws distmuon::Error listing them.
+// "fp32", "tf32", "bf16", "bf16-operands"; throws distmuon::Error listing them.
 CudaPrecision parse_cuda_precision(std::string_view name);
 const char* to_string(CudaPrecision precision);
 // DISTMUON_CUDA_PRECISION (fp32 when unset); throws on an unknown value.

@@ -3,6 +3,8 @@
 // expressions, in the same order, as the CPU backend (src/compute/cpu/cpu_compute.cpp), and this
 // file is compiled without contraction into fused multiply-adds (-fmad=false), so that their
 // results are bit-equal to the CPU backend's.
+#include <cuda_bf16.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -103,6 +105,14 @@ struct AdamWOp {
   }
 };
 
+struct ToBf16Op {
+  ConstDev a;
+  __nv_bfloat16* dst;
+  __device__ void operator()(std::int64_t t) const {
+    dst[t] = __float2bfloat16_rn(a.data[offset(t, a.cols, a.ld)]);
+  }
+};
+
 // The lower triangle of c from its upper one, one 32 x 32 tile at a time through shared memory
 // so that both the reads and the writes are coalesced. Tiles above the diagonal do nothing.
 constexpr int kTile = 32, kTileRows = 8;
@@ -186,6 +196,9 @@ cudaError_t muon_momentum(cudaStream_t s, MomentumArgs k, ConstDev g, ConstDev w
 }
 cudaError_t adamw(cudaStream_t s, AdamWArgs k, ConstDev g, Dev m, Dev v, Dev p) {
   return launch(s, g.rows * g.cols, AdamWOp{k, g, m, v, p});
+}
+cudaError_t to_bf16(cudaStream_t s, ConstDev a, void* dst) {
+  return launch(s, a.rows * a.cols, ToBf16Op{a, static_cast<__nv_bfloat16*>(dst)});
 }
 
 cudaError_t mirror_upper(cudaStream_t s, Dev c) {

@@ -38,6 +38,8 @@ cudaError_t fill(cudaStream_t s, Dev a, float value);
 cudaError_t mirror_upper(cudaStream_t s, Dev c);
 cudaError_t muon_momentum(cudaStream_t s, MomentumArgs k, ConstDev g, ConstDev w, Dev buf, Dev u);
 cudaError_t adamw(cudaStream_t s, AdamWArgs k, ConstDev g, Dev m, Dev v, Dev p);
+// dst (rows * cols bf16 values, row-major, contiguous) = a rounded to bf16 (to nearest even).
+cudaError_t to_bf16(cudaStream_t s, ConstDev a, void* dst);
 // *out += the sum of squares of a (out in device memory, zeroed by the caller): accumulated in
 // double per thread when in_double, else in float per thread and block (the blocks' partial
 // sums are added in double).
