@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "distmuon/comm.h"
 #include "distmuon/error.h"
 #include "test_util.h"
 
@@ -79,6 +80,32 @@ TEST(CudaCompute, HostCopiesRoundTripStridedViews) {
   cuda.copy_to_host(d.view, back.view);
   EXPECT_EQ(relative_error(Matrix::from(back.view).view(), a.view()), 0.0);
   EXPECT_THROW(cuda.copy_from_host(a.view(), DeviceMatrix(cuda, 7, 13).view()), Error);
+  // Host memory where device memory belongs, and the reverse, are refused.
+  Matrix host(13, 7);
+  EXPECT_THROW(cuda.copy_from_host(a.view(), host.view()), Error);
+  EXPECT_THROW(cuda.copy_to_host(a.view(), host.view()), Error);
+  EXPECT_THROW(cuda.copy_from_host(d.view, d.view), Error);
+}
+
+// The data plane of a one-rank group: an NCCL communicator of one rank (no MPI needed), whose
+// collectives move device memory (all_reduce and broadcast: unchanged; all_gather: a copy).
+TEST(CudaCompute, OneRankDataCommunicatorIsNccl) {
+  DISTMUON_REQUIRE_CUDA();
+  Compute& cuda = cuda_compute();
+  const Communicator host = local_communicator();
+  const Communicator comm = cuda.data_communicator(host);
+  ASSERT_TRUE(comm.has_data_plane());
+  EXPECT_EQ(comm.data().backend(), "nccl");
+  EXPECT_EQ(comm.backend(), host.backend());  // the control plane stays on the host
+  const Matrix a = test::random_matrix(6, 5, 3);
+  DeviceMatrix d = to_device(cuda, a.view()), out(cuda, 6, 5);
+  comm.data().all_reduce(std::span<float>(d.view().data, 30));
+  comm.data().broadcast(std::span<float>(d.view().data, 30), 0);
+  comm.data().all_gather(std::span<const float>(d.view().data, 30),
+                         std::span<float>(out.view().data, 30));
+  comm.data().barrier();
+  EXPECT_EQ(relative_error(to_host(cuda, out.view()).view(), a.view()), 0.0);
+  EXPECT_EQ(relative_error(to_host(cuda, d.view()).view(), a.view()), 0.0);
 }
 
 TEST(CudaCompute, GemmAndSyrkMatchCpuInEveryPrecision) {

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -117,10 +116,14 @@ class CudaCompute final : public Compute {
   }
 
   void copy_from_host(ConstMatrixView host, MatrixView dst) override {
+    check_memory("copy_from_host", "the host side", host, false);
+    check_memory("copy_from_host", "the destination", dst, true);
     copy_2d("copy_from_host", host, dst, cudaMemcpyHostToDevice);
     synchronize();  // the caller may free or change host memory on return
   }
   void copy_to_host(ConstMatrixView src, MatrixView host) override {
+    check_memory("copy_to_host", "the source", src, true);
+    check_memory("copy_to_host", "the host side", host, false);
     copy_2d("copy_to_host", src, host, cudaMemcpyDeviceToHost);
     synchronize();
   }
@@ -316,6 +319,20 @@ class CudaCompute final : public Compute {
   }
 
  private:
+  // Refuses host memory where device memory belongs and the reverse (managed memory is both),
+  // as the opaque backend does, so that a mixed-up copy fails with a clear message.
+  static void check_memory(const char* op, const char* name, ConstMatrixView v, bool device) {
+    if (v.size() == 0) return;
+    cudaPointerAttributes attr{};
+    check(cudaPointerGetAttributes(&attr, v.data), "cudaPointerGetAttributes", op);
+    if (attr.type == cudaMemoryTypeManaged) return;
+    if ((attr.type == cudaMemoryTypeDevice) != device) {
+      throw Error(fmt::format("{}: {} ({}) is {} memory, expected {} memory", op, name,
+                              shape_str(v), device ? "host" : "device",
+                              device ? "device" : "host"));
+    }
+  }
+
   // A strided 2-D copy of src into dst (same shapes, any leading dimensions).
   void copy_2d(const char* op, ConstMatrixView src, MatrixView dst, cudaMemcpyKind kind) {
     check_same(op, "destination", dst, src);
@@ -428,48 +445,6 @@ int current_device() {
 }
 
 }  // namespace
-
-CudaPrecision parse_cuda_precision(std::string_view name) {
-  if (name == "fp32") return CudaPrecision::kFp32;
-  if (name == "tf32") return CudaPrecision::kTf32;
-  if (name == "bf16") return CudaPrecision::kBf16;
-  if (name == "bf16-operands") return CudaPrecision::kBf16Operands;
-  throw Error(
-      fmt::format("unknown CUDA precision '{}'; valid: fp32, tf32, bf16, bf16-operands", name));
-}
-
-const char* to_string(CudaPrecision precision) {
-  switch (precision) {
-    case CudaPrecision::kFp32:
-      return "fp32";
-    case CudaPrecision::kTf32:
-      return "tf32";
-    case CudaPrecision::kBf16:
-      return "bf16";
-    case CudaPrecision::kBf16Operands:
-      return "bf16-operands";
-  }
-  return "?";
-}
-
-CudaPrecision cuda_precision_from_env() {
-  const char* env = std::getenv("DISTMUON_CUDA_PRECISION");
-  if (env == nullptr || *env == '\0') return CudaPrecision::kFp32;
-  try {
-    return parse_cuda_precision(env);
-  } catch (const Error& e) {
-    throw Error(fmt::format("DISTMUON_CUDA_PRECISION: {}", e.what()));
-  }
-}
-
-int cuda_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" / "no driver" error
-    return 0;
-  }
-  return n;
-}
 
 std::unique_ptr<Compute> make_cuda_compute(CudaPrecision precision) {
   return std::make_unique<CudaCompute>(current_device(), precision);
