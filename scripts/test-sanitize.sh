@@ -13,7 +13,7 @@ bash "$root/scripts/install-deps.sh"
 # ccache (when installed): paths relative to the checkout, so any clone of it shares the cache.
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 cmake -S "$root" -B "$root/build-sanitize" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DDISTMUON_SANITIZE=ON -DDISTMUON_ENABLE_BENCH=OFF -DDISTMUON_ENABLE_APPS=OFF \
+  -DDISTMUON_SANITIZE=ON -DDISTMUON_ENABLE_CUDA=OFF -DDISTMUON_ENABLE_BENCH=OFF -DDISTMUON_ENABLE_APPS=OFF \
   -DDISTMUON_ENABLE_PYTHON=OFF >/dev/null
 cmake --build "$root/build-sanitize" --parallel "$(nproc)"
 # Leaks: OpenMPI's libraries keep allocations until exit that LeakSanitizer reports; the

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Newton-Schulz in PyTorch on a GPU: the reference the CUDA backend's NS is timed against
+(bench/cuda/bench_cuda_ns.cpp reads this script's JSON; scripts/device-check.sh runs both).
+
+The same algorithms as distmuon with its defaults (src/ns/newton_schulz.cpp,
+src/ns/gram_newton_schulz.cpp, src/ns/coefficients.cpp): the "quintic" coefficients, 5 steps,
+X = G / max(||G||_F, 1e-15), the Gram matrix on the smaller side.
+  standard: per step A = X X^T, B = b A + c A A + a I, X = B X.
+  gram:     R = X X^T once; per step P = c R R + b R + a I, Q = P Q (Q = P on the first step),
+            R = R P^2 (not on the last step; re-formed from X = Q X_0 on a restart); X = Q X_0.
+Precisions: fp32 (TF32 off), tf32 (fp32 tensors, TF32 matmuls), bf16 (bf16 tensors, which
+matmul accumulates in fp32). Times are the median of --reps runs after --warmup runs, with CUDA
+events. Prints a table and writes JSON (--out).
+"""
+import argparse
+import json
+import statistics
+
+import torch
+
+QUINTIC = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+           (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
+STEPS = 5
+GRAM_GROWTH_LIMIT = 5e4  # distmuon's kGramGrowthLimit
+SHAPES = [(4096, 4096), (4096, 14336), (8192, 8192)]
+
+
+def coefficients(step):
+    return QUINTIC[step % len(QUINTIC)]  # the quintic set cycles past its table
+
+
+def gram_restarts_after(step):
+    """distmuon's automatic rule (gram_restarts_after with gram_restart = 0)."""
+    if step < 0 or step + 1 >= STEPS:
+        return False
+    growth = 1.0
+    for k in range(step + 1):
+        a = coefficients(k)[0]
+        growth *= a * a
+        restart = k + 1 < STEPS and growth > GRAM_GROWTH_LIMIT
+        if k == step:
+            return restart
+        if restart:
+            growth = 1.0
+    return False
+
+
+def normalise(g, dtype):
+    x = g.to(dtype)
+    norm = torch.linalg.vector_norm(g.double()).clamp_min(1e-15)
+    return x / norm.to(dtype)
+
+
+def standard_ns(g, dtype):
+    tall = g.shape[0] > g.shape[1]
+    x = normalise(g.T if tall else g, dtype)
+    for step in range(STEPS):
+        a, b, c = coefficients(step)
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c) if c != 0 else gram * b
+        poly.diagonal().add_(a)
+        x = poly @ x
+    return x.T if tall else x
+
+
+def gram_ns(g, dtype):
+    tall = g.shape[0] > g.shape[1]
+    x0 = normalise(g.T if tall else g, dtype)
+    r = x0 @ x0.T
+    q = None
+    for step in range(STEPS):
+        a, b, c = coefficients(step)
+        p = torch.addmm(r, r, r, beta=b, alpha=c) if c != 0 else r * b
+        p.diagonal().add_(a)
+        q = p if q is None else p @ q
+        if step + 1 == STEPS:
+            break
+        if gram_restarts_after(step):
+            x0 = q @ x0
+            r = x0 @ x0.T
+            q = None
+            continue
+        r = r @ (p @ p)
+    x = q @ x0
+    return x.T if tall else x
+
+
+def time_ms(fn, g, dtype, warmup, reps):
+    for _ in range(warmup):
+        fn(g, dtype)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(g, dtype)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="torch_ns.json", help="JSON results")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("torch_newton_schulz.py: no CUDA device")
+    results = []
+    torch.manual_seed(0)
+    for m, n in SHAPES:
+        g = torch.randn(m, n, device="cuda", dtype=torch.float32)
+        for precision in ("fp32", "tf32", "bf16"):
+            torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            for algorithm, fn in (("standard", standard_ns), ("gram", gram_ns)):
+                ms = time_ms(fn, g, dtype, args.warmup, args.reps)
+                results.append({"algorithm": algorithm, "precision": precision, "m": m, "n": n,
+                                "ms": ms})
+                print(f"torch {algorithm:8s} {precision:4s} {m:5d}x{n:<5d} {ms:9.3f} ms",
+                      flush=True)
+        del g
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with open(args.out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "steps": STEPS, "coefficients": "quintic", "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

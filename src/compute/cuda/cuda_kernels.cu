@@ -1,0 +1,229 @@
+// The CUDA backend's elementwise kernels and reductions (cuda_kernels.h). Elementwise kernels
+// walk the rows * cols elements of a view with a grid-stride loop; they evaluate the same float
+// expressions, in the same order, as the CPU backend (src/compute/cpu/cpu_compute.cpp), and this
+// file is compiled without contraction into fused multiply-adds (-fmad=false), so that their
+// results are bit-equal to the CPU backend's.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "compute/cuda/cuda_kernels.h"
+
+namespace distmuon::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kMaxBlocks = 4096;
+
+int blocks_for(std::int64_t n) {
+  const std::int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+__device__ inline std::int64_t offset(std::int64_t t, std::int64_t cols, std::int64_t ld) {
+  const std::int64_t i = t / cols;
+  return i * ld + (t - i * cols);
+}
+
+// Runs f(t) for every element index t in [0, n) (row-major over the view's shape).
+template <class F>
+__global__ void each_element(std::int64_t n, F f) {
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < n;
+       t += stride)
+    f(t);
+}
+
+template <class F>
+cudaError_t launch(cudaStream_t s, std::int64_t n, F f) {
+  if (n <= 0) return cudaSuccess;
+  each_element<<<blocks_for(n), kThreads, 0, s>>>(n, f);
+  return cudaGetLastError();
+}
+
+struct ScaleOp {
+  Dev a;
+  float alpha;
+  __device__ void operator()(std::int64_t t) const {
+    float& x = a.data[offset(t, a.cols, a.ld)];
+    x = alpha == 0.0f ? 0.0f : x * alpha;
+  }
+};
+
+struct AxpbyOp {
+  float alpha;
+  ConstDev x;
+  float beta;
+  Dev y;
+  __device__ void operator()(std::int64_t t) const {
+    const float xv = x.data[offset(t, x.cols, x.ld)];
+    float& yv = y.data[offset(t, y.cols, y.ld)];
+    yv = beta == 0.0f ? alpha * xv : alpha * xv + beta * yv;
+  }
+};
+
+struct DiagonalOp {
+  Dev a;
+  float alpha;
+  __device__ void operator()(std::int64_t t) const { a.data[t * a.ld + t] += alpha; }
+};
+
+struct FillOp {
+  Dev a;
+  float value;
+  __device__ void operator()(std::int64_t t) const { a.data[offset(t, a.cols, a.ld)] = value; }
+};
+
+struct MomentumOp {
+  MomentumArgs k;
+  ConstDev g, w;
+  Dev buf, u;
+  __device__ void operator()(std::int64_t t) const {
+    const float mu = k.momentum;
+    const float gij = g.data[offset(t, g.cols, g.ld)] + k.l2 * w.data[offset(t, w.cols, w.ld)];
+    float& br = buf.data[offset(t, buf.cols, buf.ld)];
+    const float b = mu * br + (1.0f - mu) * gij;
+    br = b;
+    u.data[offset(t, u.cols, u.ld)] = k.nesterov ? (1.0f - mu) * gij + mu * b : b;
+  }
+};
+
+struct AdamWOp {
+  AdamWArgs k;
+  ConstDev g;
+  Dev m, v, p;
+  __device__ void operator()(std::int64_t t) const {
+    const float gij = g.data[offset(t, g.cols, g.ld)];
+    float& mr = m.data[offset(t, m.cols, m.ld)];
+    float& vr = v.data[offset(t, v.cols, v.ld)];
+    float& pr = p.data[offset(t, p.cols, p.ld)];
+    mr = k.beta1 * mr + (1.0f - k.beta1) * gij;
+    vr = k.beta2 * vr + (1.0f - k.beta2) * gij * gij;
+    const float denom = sqrtf(vr) / k.bias2_sqrt + k.eps;
+    pr = pr * k.decay - k.lr * (mr / k.bias1) / denom;
+  }
+};
+
+struct ToBf16Op {
+  ConstDev a;
+  __nv_bfloat16* dst;
+  __device__ void operator()(std::int64_t t) const {
+    dst[t] = __float2bfloat16_rn(a.data[offset(t, a.cols, a.ld)]);
+  }
+};
+
+// The lower triangle of c from its upper one, one 32 x 32 tile at a time through shared memory
+// so that both the reads and the writes are coalesced. Tiles above the diagonal do nothing.
+constexpr int kTile = 32, kTileRows = 8;
+__global__ void mirror_kernel(Dev c) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int bi = blockIdx.y, bj = blockIdx.x;  // the destination tile (rows bi, columns bj)
+  if (bj > bi) return;
+  const std::int64_t n = c.rows;
+  // Read the source tile (rows bj, columns bi) of the upper triangle.
+  for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+    const std::int64_t i = static_cast<std::int64_t>(bj) * kTile + r;
+    const std::int64_t j = static_cast<std::int64_t>(bi) * kTile + threadIdx.x;
+    if (i < n && j < n) tile[r][threadIdx.x] = c.data[i * c.ld + j];
+  }
+  __syncthreads();
+  for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+    const std::int64_t i = static_cast<std::int64_t>(bi) * kTile + r;
+    const std::int64_t j = static_cast<std::int64_t>(bj) * kTile + threadIdx.x;
+    if (i < n && j < n && j < i) c.data[i * c.ld + j] = tile[threadIdx.x][r];
+  }
+}
+
+template <class T>
+__device__ T block_sum(T v) {
+  __shared__ T part[kThreads / 32];
+  for (int o = 16; o > 0; o /= 2)
+    v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : T(0);
+  if (warp == 0) {
+    for (int o = 16; o > 0; o /= 2)
+      v += __shfl_down_sync(0xffffffffu, v, o);
+  }
+  return v;  // the block's sum in thread 0
+}
+
+template <class T>
+__global__ void sum_squares_kernel(ConstDev a, double* out) {
+  const std::int64_t n = a.rows * a.cols;
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  T s = 0;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < n;
+       t += stride) {
+    const T x = a.data[offset(t, a.cols, a.ld)];
+    s += x * x;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) atomicAdd(out, static_cast<double>(s));
+}
+
+__global__ void find_non_finite_kernel(ConstDev a, unsigned long long* out) {
+  const std::int64_t n = a.rows * a.cols;
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < n;
+       t += stride) {
+    if (!isfinite(a.data[offset(t, a.cols, a.ld)])) {
+      atomicMin(out, static_cast<unsigned long long>(t));
+      return;  // later elements of this thread have larger indices
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t scale(cudaStream_t s, Dev a, float alpha) {
+  return launch(s, a.rows * a.cols, ScaleOp{a, alpha});
+}
+cudaError_t axpby(cudaStream_t s, float alpha, ConstDev x, float beta, Dev y) {
+  return launch(s, y.rows * y.cols, AxpbyOp{alpha, x, beta, y});
+}
+cudaError_t add_diagonal(cudaStream_t s, Dev a, float alpha) {
+  return launch(s, a.rows, DiagonalOp{a, alpha});
+}
+cudaError_t fill(cudaStream_t s, Dev a, float value) {
+  return launch(s, a.rows * a.cols, FillOp{a, value});
+}
+cudaError_t muon_momentum(cudaStream_t s, MomentumArgs k, ConstDev g, ConstDev w, Dev buf, Dev u) {
+  return launch(s, g.rows * g.cols, MomentumOp{k, g, w, buf, u});
+}
+cudaError_t adamw(cudaStream_t s, AdamWArgs k, ConstDev g, Dev m, Dev v, Dev p) {
+  return launch(s, g.rows * g.cols, AdamWOp{k, g, m, v, p});
+}
+cudaError_t to_bf16(cudaStream_t s, ConstDev a, void* dst) {
+  return launch(s, a.rows * a.cols, ToBf16Op{a, static_cast<__nv_bfloat16*>(dst)});
+}
+
+cudaError_t mirror_upper(cudaStream_t s, Dev c) {
+  if (c.rows <= 1) return cudaSuccess;
+  const auto tiles = static_cast<unsigned>((c.rows + kTile - 1) / kTile);
+  mirror_kernel<<<dim3(tiles, tiles), dim3(kTile, kTileRows), 0, s>>>(c);
+  return cudaGetLastError();
+}
+
+cudaError_t sum_squares(cudaStream_t s, ConstDev a, bool in_double, double* out) {
+  const std::int64_t n = a.rows * a.cols;
+  if (n <= 0) return cudaSuccess;
+  if (in_double) {
+    sum_squares_kernel<double><<<blocks_for(n), kThreads, 0, s>>>(a, out);
+  } else {
+    sum_squares_kernel<float><<<blocks_for(n), kThreads, 0, s>>>(a, out);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t find_non_finite(cudaStream_t s, ConstDev a, unsigned long long* out) {
+  const std::int64_t n = a.rows * a.cols;
+  if (n <= 0) return cudaSuccess;
+  find_non_finite_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, out);
+  return cudaGetLastError();
+}
+
+}  // namespace distmuon::cuda

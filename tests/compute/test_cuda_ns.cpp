@@ -1,0 +1,116 @@
+// Newton-Schulz (standard and Gram) and a Muon step on the CUDA backend against the CPU backend.
+// Tolerances (relative Frobenius error of the CUDA result against the CPU one), and why:
+//  - fp32: 2e-5. Each backend's NS is within 1e-5 of a float64 reference (tests/ns), and the
+//    products differ only in summation order; Gram NS amplifies rounding more (its s x s
+//    polynomials), 1e-4.
+//  - TF32: 3e-2, bf16 and bf16-operands: 1e-1. NS maps every singular value into [0.7, 1.2]
+//  whatever the input,
+//    so a low-precision run lands on a nearby orthogonal-like matrix rather than on the fp32
+//    result; these bounds are the size of that band's spread, not of the per-product rounding.
+// Every test is skipped ("no CUDA device: skipped") on a machine without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <tuple>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "distmuon/muon.h"
+#include "distmuon/newton_schulz.h"
+#include "test_util.h"
+
+namespace distmuon {
+namespace {
+
+struct Shape {
+  Index m, n;
+};
+constexpr Shape kShapes[] = {{64, 160}, {160, 64}, {96, 96}};
+
+Matrix cuda_ns(Compute& cuda, const Matrix& g, const NsOptions& opts) {
+  DeviceMatrix x = to_device(cuda, g.view());
+  NsWorkspace ws;
+  newton_schulz_inplace(x.view(), opts, cuda, nullptr, &ws);
+  return to_host(cuda, x.view());
+}
+
+double tolerance(CudaPrecision p, NsAlgorithm algorithm) {
+  switch (p) {
+    case CudaPrecision::kTf32:
+      return 3e-2;
+    case CudaPrecision::kBf16:
+    case CudaPrecision::kBf16Operands:
+      return 1e-1;
+    case CudaPrecision::kFp32:
+      break;
+  }
+  return algorithm == NsAlgorithm::kGram ? 1e-4 : 2e-5;
+}
+
+TEST(CudaNewtonSchulz, StandardAndGramMatchCpu) {
+  DISTMUON_REQUIRE_CUDA();
+  for (const CudaPrecision p : {CudaPrecision::kFp32, CudaPrecision::kTf32, CudaPrecision::kBf16,
+                                CudaPrecision::kBf16Operands}) {
+    auto cuda = make_cuda_compute(p);
+    for (const NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+      for (const bool use_syrk : {true, false}) {
+        NsOptions opts;
+        opts.algorithm = algorithm;
+        opts.use_syrk = use_syrk;
+        for (const Shape& sh : kShapes) {
+          const Matrix g = test::random_matrix(sh.m, sh.n, 40 + static_cast<std::uint64_t>(sh.m));
+          const Matrix want = newton_schulz(g.view(), opts, cpu_compute());
+          const Matrix got = cuda_ns(*cuda, g, opts);
+          EXPECT_LE(relative_error(got.view(), want.view()), tolerance(p, algorithm))
+              << to_string(p) << " " << to_string(algorithm) << " syrk " << use_syrk << " "
+              << shape_str(sh.m, sh.n);
+        }
+      }
+    }
+  }
+}
+
+// One hidden weight (Muon) and one embedding (AdamW), three steps, duplicated mode on one rank:
+// the updates after each step on CUDA against the CPU backend's (fp32).
+TEST(CudaMuon, StepsMatchCpu) {
+  DISTMUON_REQUIRE_CUDA();
+  Compute& cuda = cuda_compute();
+  if (to_string(cuda_precision_from_env()) != std::string("fp32")) {
+    GTEST_SKIP() << "DISTMUON_CUDA_PRECISION is not fp32: the fp32 comparison does not apply";
+  }
+  MuonOptions options;
+  options.tp_mode = TpMode::kDuplicated;
+  options.weight_decay = 0.01;
+  const Matrix w0 = test::random_matrix(48, 80, 50), e0 = test::random_matrix(30, 16, 51);
+
+  Matrix w = w0, e = e0;
+  Muon cpu_opt(options, local_communicator(), cpu_compute());
+  cpu_opt.add_parameter({.name = "hidden.w", .local = w.view(), .rows = 48, .cols = 80});
+  cpu_opt.add_parameter(
+      {.name = "embed", .local = e.view(), .rows = 30, .cols = 16, .role = ParamRole::kEmbedding});
+  DeviceMatrix dw = to_device(cuda, w0.view()), de = to_device(cuda, e0.view());
+  Muon cuda_opt(options, local_communicator(), cuda);
+  cuda_opt.add_parameter({.name = "hidden.w", .local = dw.view(), .rows = 48, .cols = 80});
+  cuda_opt.add_parameter(
+      {.name = "embed", .local = de.view(), .rows = 30, .cols = 16, .role = ParamRole::kEmbedding});
+  for (int step = 0; step < 3; ++step) {
+    const Matrix gw = test::random_matrix(48, 80, 60 + static_cast<std::uint64_t>(step));
+    const Matrix ge = test::random_matrix(30, 16, 70 + static_cast<std::uint64_t>(step));
+    const std::vector<ConstMatrixView> grads{gw.view(), ge.view()};
+    cpu_opt.step(grads);
+    const DeviceMatrix dgw = to_device(cuda, gw.view()), dge = to_device(cuda, ge.view());
+    const std::vector<ConstMatrixView> dgrads{dgw.view(), dge.view()};
+    cuda_opt.step(dgrads);
+    // The updates themselves (w - w0), so that the weights' size does not hide their error;
+    // 1e-4: 2e-5 on the update plus the cancellation of w - w0 (|w| / |w - w0| about 20).
+    for (const auto& [got, want, w_start] : {std::tuple{to_host(cuda, dw.view()), w, w0},
+                                             std::tuple{to_host(cuda, de.view()), e, e0}}) {
+      Matrix d_got = got, d_want = want;
+      cpu_compute().axpby(-1.0f, w_start.view(), 1.0f, d_got.view());
+      cpu_compute().axpby(-1.0f, w_start.view(), 1.0f, d_want.view());
+      EXPECT_LE(relative_error(d_got.view(), d_want.view()), 1e-4) << "step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace distmuon
