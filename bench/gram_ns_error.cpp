@@ -133,8 +133,8 @@ int main(int argc, char** argv) try {
     const char* name;
     Index m, n;
   };
-  const Shape shapes[] = {{"tall 512x128", 512, 128}, {"wide 128x512", 128, 512},
-                          {"square 256x256", 256, 256}};
+  const Shape shapes[] = {
+      {"tall 512x128", 512, 128}, {"wide 128x512", 128, 512}, {"square 256x256", 256, 256}};
   fmt::print(
       "| coefficients | shape | input | fp32 floor | gram, no restart | gram (automatic "
       "restarts) | gram, restart 2 |\n");
@@ -164,23 +164,23 @@ int main(int argc, char** argv) try {
         const Matrix x = to_f32(x64, sh.m, sh.n);
         Matrix standard = Matrix::from(x.view()), gram = Matrix::from(x.view()),
                restart = Matrix::from(x.view());
-        newton_schulz_inplace(standard.view(), o);
+        newton_schulz_inplace(standard.view(), o, cpu_compute());
         NsOptions g = o;
         g.algorithm = NsAlgorithm::kGram;
-        newton_schulz_inplace(gram.view(), g);
+        newton_schulz_inplace(gram.view(), g, cpu_compute());
         g.gram_restart = o.steps;  // a period of `steps`: never
         Matrix never = Matrix::from(x.view());
-        newton_schulz_inplace(never.view(), g);
+        newton_schulz_inplace(never.view(), g, cpu_compute());
         g.gram_restart = 2;
-        newton_schulz_inplace(restart.view(), g);
+        newton_schulz_inplace(restart.view(), g, cpu_compute());
         const Matrix exact = to_f32(standard_f64(x64, sh.m, sh.n, o), sh.m, sh.n);
         const double e = rel_diff(gram, standard), er = rel_diff(restart, standard);
         worst = std::max(worst, e);
         worst_restart = std::max(worst_restart, er);
         NsOptions automatic = o;
         automatic.algorithm = NsAlgorithm::kGram;
-        fmt::print("| {} ({} steps, {} Gram) | {} | {} | {:.1e} | {:.1e} | {:.1e} | {:.1e} |\n", set,
-                   o.steps, gram_ns_gram_count(automatic), sh.name,
+        fmt::print("| {} ({} steps, {} Gram) | {} | {} | {:.1e} | {:.1e} | {:.1e} | {:.1e} |\n",
+                   set, o.steps, gram_ns_gram_count(automatic), sh.name,
                    ill ? "s in 1e-6..1" : "well-conditioned", rel_diff(standard, exact),
                    rel_diff(never, standard), e, er);
       }

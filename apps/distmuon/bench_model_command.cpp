@@ -112,7 +112,7 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
   ProgressLine progress(stdout, ctx.world.rank() == 0 && !common.json);
   ModelBenchConfig run = config;
   if (progress.active()) run.progress = [&](const std::string& what) { progress.update(what); };
-  const ModelBenchReport report = run_model_bench(ctx.world, run);
+  const ModelBenchReport report = run_model_bench(ctx.world, run, cpu_compute());
   progress.clear();
   if (ctx.world.rank() == 0 && !model.plot.empty()) {
     try {

@@ -78,7 +78,7 @@ void add_calibrate_command(CLI::App& app, Context& ctx) {
     c.comm_timing = {5, o->comm_reps};
     ProgressLine progress(stdout, ctx.world.rank() == 0 && !o->json);
     if (progress.active()) c.progress = [&](const std::string& what) { progress.update(what); };
-    const CalibrationReport rep = calibrate(ctx.world, c);
+    const CalibrationReport rep = calibrate(ctx.world, c, cpu_compute());
     progress.clear();
     if (ctx.world.rank() == 0) {
       try {

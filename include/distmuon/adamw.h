@@ -25,9 +25,9 @@ struct AdamWOptions {
   void validate() const;  // throws distmuon::Error naming the field and its valid range
 };
 
-// One AdamW step on compute (Compute::adamw). p, g, exp_avg and exp_avg_sq have the same shape;
-// step >= 1.
+// One AdamW step on compute (Compute::adamw). p, g, exp_avg and exp_avg_sq have the same shape
+// and live in compute's memory; step >= 1.
 void adamw_update(MatrixView p, ConstMatrixView g, MatrixView exp_avg, MatrixView exp_avg_sq,
-                  std::int64_t step, const AdamWOptions& options, Compute& compute = cpu_compute());
+                  std::int64_t step, const AdamWOptions& options, Compute& compute);
 
 }  // namespace distmuon

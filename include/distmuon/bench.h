@@ -62,7 +62,7 @@ struct TpBenchReport {
 // partition dim (else CollectiveError on every rank). For each (shape, mode): its sgemm and
 // collective rates, then its NS runs (a fresh copy of the shard before each; warm-up, timed).
 TpBenchReport run_tp_bench(const Communicator& group, const TpBenchConfig& config,
-                           Compute& compute = cpu_compute());
+                           Compute& compute);
 
 // {"group_size", ..., "results": [{"m", "n", "partition_dim", "mode", "median_ms", "min_ms",
 // "max_ms", "bound_ms", "ratio", ..., "sgemm": {...}, "collectives": [...]}]}.

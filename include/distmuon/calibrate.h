@@ -77,7 +77,7 @@ struct CalibrationReport {
 // Collective over the group: every rank must call it with the same options. The profile is the
 // same on every rank (rank 0's host name and CPU model).
 CalibrationReport calibrate(const Communicator& group, const CalibrateOptions& options,
-                            Compute& compute = cpu_compute());
+                            Compute& compute);
 // The measurements as tables, and the profile's summary.
 std::string format_calibration(const CalibrationReport& report);
 

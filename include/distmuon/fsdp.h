@@ -13,9 +13,8 @@
 // each rank holds its rows of the gradient averaged over the ranks' batches. The padding rows of
 // a gradient shard are zero.
 
-#include <vector>
-
 #include "distmuon/comm.h"
+#include "distmuon/compute.h"
 #include "distmuon/matrix.h"
 
 namespace distmuon {
@@ -34,27 +33,34 @@ struct RowSharding {
   friend bool operator==(const RowSharding&, const RowSharding&) = default;
 };
 
-// A rank's shard of a full matrix: [shard_rows, cols], padding rows zero.
+// A host helper (test inputs, benches): a rank's shard of a full host matrix, [shard_rows, cols],
+// padding rows zero.
 Matrix row_shard(ConstMatrixView full, const RowSharding& sharding, int rank);
 
-// Scratch reused across calls (one padded [G * shard_rows, cols] buffer).
+// Scratch reused across calls: one padded [G * shard_rows, cols] buffer in the backend's memory
+// (reallocated only when the shape or the backend changes).
 struct ShardingWorkspace {
-  std::vector<float> padded;
+  DeviceMatrix padded;
 };
+
+// The functions below work on compute's memory (shard, full, m) and move it over group.data()
+// (compute.data_communicator(group) when the group has no data plane yet); the shape checks go
+// over the control plane.
 
 // Collective over `group` (size G == sharding.group_size): full = the unpadded concatenation of
 // every rank's shard. shard must be [shard_rows, cols] and full [rows, cols]; the shapes are
 // checked on every rank together (Communicator::agree_or_throw), so a mismatch on one rank throws
 // CollectiveError on all of them instead of hanging.
 void all_gather_rows(ConstMatrixView shard, const RowSharding& sharding, const Communicator& group,
-                     MatrixView full, ShardingWorkspace& ws);
+                     MatrixView full, ShardingWorkspace& ws, Compute& compute);
 
 // Collective over `group`: shard = this rank's rows of (1/G) * the sum over ranks of their full
 // [rows, cols] gradients; padding rows zero.
 void reduce_scatter_rows_mean(ConstMatrixView full, const RowSharding& sharding,
-                              const Communicator& group, MatrixView shard, ShardingWorkspace& ws);
+                              const Communicator& group, MatrixView shard, ShardingWorkspace& ws,
+                              Compute& compute);
 
 // Collective over `group`: m = the mean over ranks of m (replicated parameters' gradients).
-void all_reduce_mean(MatrixView m, const Communicator& group);
+void all_reduce_mean(MatrixView m, const Communicator& group, Compute& compute);
 
 }  // namespace distmuon

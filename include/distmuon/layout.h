@@ -33,7 +33,7 @@
 namespace distmuon {
 
 namespace detail {
-struct NsWorkspaces;  // the optimizer's NS scratch, kept across steps (internal)
+class NsWorkspaces;  // the optimizer's scratch, kept across steps (internal)
 }  // namespace detail
 
 struct ShardLayout {
@@ -82,10 +82,13 @@ using ScaleFn = std::function<double(Index, Index)>;
 // distributed (auto is resolved by the caller, owner orthogonalises a list of weights). The
 // local NS (unsharded, blockwise, duplicated) keeps ns.side; distributed mode puts the Gram
 // matrix on the unsplit side. Collective over the groups the mode uses.
-// NS takes its scratch from `workspaces` when given (kept across calls by the optimizer).
+// u lives in compute's memory; shards and Gram matrices move over tp.data() and gtp.data(), which
+// must move compute's memory (Compute::data_communicator). NS scratch and the gathered buffers
+// come from `workspaces` when given (kept across calls by the optimizer: no allocation once every
+// shape has been seen), else from buffers allocated for this call.
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute = cpu_compute(),
+                         const ScaleFn& scale, Compute& compute,
                          detail::NsWorkspaces* workspaces = nullptr);
 
 }  // namespace distmuon

@@ -131,7 +131,7 @@ struct ModelBenchReport {
 // Collective over the group (every rank with the same config). Invalid configurations and shapes
 // above max_elements throw CollectiveError on every rank, naming the shapes.
 ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConfig& config,
-                                 Compute& compute = cpu_compute());
+                                 Compute& compute);
 
 // Every number of the report (times in ms).
 nlohmann::json to_json(const ModelBenchReport& report);

@@ -100,8 +100,10 @@ const char* to_string(ParamRole role);
 
 struct ParamSpec {
   std::string name;
-  MatrixView local;  // this rank's shard: (m_tp + pad_length) / G rows x n_tp columns
-  Index rows = 0;    // full, unpadded shape m x n
+  // This rank's shard: (m_tp + pad_length) / G rows x n_tp columns, a view of the memory of the
+  // optimizer's Compute (see the constructor).
+  MatrixView local;
+  Index rows = 0;  // full, unpadded shape m x n
   Index cols = 0;
   ParamRole role = ParamRole::kHidden;
   bool use_muon = true;  // Muon only for role kHidden and use_muon
@@ -139,10 +141,12 @@ struct MuonStepStats {
 
 class Muon {
  public:
-  // compute runs every operation on the optimizer's matrices (the shards, gradients and state
-  // must live where it computes).
-  explicit Muon(MuonOptions options, Communicator world = local_communicator(),
-                Compute& compute = cpu_compute());
+  // compute runs every operation on the optimizer's matrices and owns their memory: the
+  // registered shards (ParamSpec::local) and the gradients given to step() are views of
+  // compute's memory (host memory for cpu_compute(); device memory for a device backend, where
+  // host memory is refused), and the optimizer state is allocated by it. The groups' data moves
+  // over compute.data_communicator(group), attached once per group on registration.
+  Muon(MuonOptions options, Communicator world, Compute& compute);
   ~Muon();
   Muon(Muon&&) noexcept;
   Muon& operator=(Muon&&) noexcept;
@@ -151,8 +155,9 @@ class Muon {
   // takes gradients in registration order.
   std::size_t add_parameter(ParamSpec spec);
 
-  // One optimizer step. grads[i] is the gradient of parameter i's local shard (same shape).
-  // Collective over the world.
+  // One optimizer step. grads[i] is the gradient of parameter i's local shard (same shape, the
+  // Compute's memory). Collective over the world. After the first step a step allocates no
+  // backend memory (its buffers are kept per shape).
   void step(std::span<const ConstMatrixView> grads);
   // The same step for a caller with checks of its own (the Python bindings): a non-empty
   // failure on any rank makes every rank throw CollectiveError carrying the first failing
@@ -176,7 +181,8 @@ class Muon {
   // bindings' state_dict): views of parameter i's state tensors, shard-shaped (Muon: momentum;
   // AdamW: exp_avg, exp_avg_sq), valid until the parameter list changes; writing through them
   // changes the state. set_step_count sets the step counter that AdamW's bias correction and
-  // the checkpoints use.
+  // the checkpoints use. The views are of the optimizer's Compute's memory (the host for
+  // cpu_compute(), which the Python bindings use): read and write them through that backend.
   std::vector<MatrixView> state_tensors(std::size_t i);
   void set_step_count(std::int64_t step);
   std::vector<ParamInfo> parameters() const;

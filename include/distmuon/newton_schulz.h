@@ -94,21 +94,24 @@ struct NsOptions {
   void validate() const;  // throws distmuon::Error with the valid values
 };
 
-// Reusable scratch for the iteration (avoids reallocations across calls of the same shape).
+// Reusable scratch for the iteration, in the backend's memory: each member is sized with
+// DeviceMatrix::ensure, so calls of the same shape on the same backend do not allocate.
 struct NsWorkspace {
-  Matrix gram, poly, next;
-  Matrix gram_q, gram_t, gram_u;  // NsAlgorithm::kGram: Q and two s x s scratch matrices
+  DeviceMatrix gram, poly, next;
+  DeviceMatrix gram_q, gram_t, gram_u;  // NsAlgorithm::kGram: Q and two s x s scratch matrices
 };
 
-// Orthogonalises x in place. With a group, x is this rank's piece of a matrix split along the
-// side that is NOT the Gram side, and the norm and Gram matrices are summed over the group.
+// Orthogonalises x (compute's memory) in place. With a group, x is this rank's piece of a matrix
+// split along the side that is NOT the Gram side, and the norm and Gram matrices are summed over
+// the group: the norm (a host scalar) over its control plane, the Gram matrices (compute's
+// memory) over group->data(), which must move compute's memory (Compute::data_communicator).
 // Non-finite input throws; an all-zero input returns zeros.
-void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute = cpu_compute(),
+void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
                            const Communicator* group = nullptr, NsWorkspace* ws = nullptr);
 
-// Convenience: a new orthogonalised matrix.
-Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts = {},
-                     Compute& compute = cpu_compute());
+// Convenience on host memory: g (a host matrix) is copied to compute, orthogonalised there and
+// the result copied back to a new host matrix.
+Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute);
 
 // FLOPs of one NS run of an m x n matrix as executed (Gram on the side given, syrk or gemm).
 double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side = GramSide::kAuto,

@@ -42,13 +42,13 @@ struct GemmRate {
   double flops_per_s = 0;
 };
 GemmRate measure_sgemm(const Communicator& group, Index m, Index n, Index k,
-                       const TimingOptions& timing, Compute& compute = cpu_compute());
+                       const TimingOptions& timing, Compute& compute);
 
 // Compute::syrk C (n x n) = A A^T with A n x k, both triangles written (as NS calls it), on every
 // rank at once. flops_per_s is per rank in ns_flops' convention: n^2 k / median time. The result's
 // m and n are both n.
 GemmRate measure_ssyrk(const Communicator& group, Index n, Index k, const TimingOptions& timing,
-                       Compute& compute = cpu_compute());
+                       Compute& compute);
 
 // A collective at one payload size. bytes is what counting_communicator counts for one call
 // (nccl-tests' "size"): all-gather: the gathered buffer (group size x chunk); all-reduce: the

@@ -30,23 +30,25 @@
 
 namespace distmuon {
 
-// Orthogonalises this rank's shard in place. Shards must be equal on every rank of the group;
-// a mismatch throws distmuon::CollectiveError on every rank (checked once per distinct shape).
-// partition_dim kNoPartition (or a group of one) is the local NS whatever the mode.
-// mode must not be kAuto (resolve it first). The one-group case of orthogonalize_shard (layout.h,
-// over group_layout), without scaling.
+// Orthogonalises this rank's shard (compute's memory) in place. Shards must be equal on every
+// rank of the group; a mismatch throws distmuon::CollectiveError on every rank (checked once per
+// distinct shape). partition_dim kNoPartition (or a group of one) is the local NS whatever the
+// mode. mode must not be kAuto (resolve it first). The one-group case of orthogonalize_shard
+// (layout.h, over group_layout), without scaling. The shards and Gram matrices move over
+// group.data(); a group without a data plane gets compute.data_communicator(group).
 void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& group, TpMode mode,
-                      const NsOptions& opts, Compute& compute = cpu_compute());
+                      const NsOptions& opts, Compute& compute);
 
-// Splits a full matrix into `parts` equal shards along dim (throws if not divisible), and
-// reassembles shards (in rank order) into the full matrix. Copies go through compute.
-Matrix shard_of(ConstMatrixView full, int dim, int parts, int index,
-                Compute& compute = cpu_compute());
-Matrix unshard(const std::vector<Matrix>& shards, int dim, Compute& compute = cpu_compute());
-// All-gathers this rank's equal shard along dim (0: rows, 1: columns) into the full matrix,
-// shards in group rank order. One all-gather; columns are interleaved after it (with compute).
-Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group,
-                         Compute& compute = cpu_compute());
+// Host helpers (test inputs, the CLI's files): splits a full host matrix into `parts` equal
+// shards along dim (throws if not divisible), and reassembles host shards (in rank order) into
+// the full matrix.
+Matrix shard_of(ConstMatrixView full, int dim, int parts, int index);
+Matrix unshard(const std::vector<Matrix>& shards, int dim);
+// All-gathers this rank's equal shard (compute's memory) along dim (0: rows, 1: columns) into
+// the full matrix in compute's memory, shards in group rank order. One all-gather over
+// group.data(); columns are interleaved after it (one compute.copy per rank).
+DeviceMatrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group,
+                               Compute& compute);
 
 // Communicators of one rank for world = TP x GTP x replicas, TP varying fastest (Megatron):
 // world_rank = tp_rank + tp * (gtp_rank + gtp * replica).

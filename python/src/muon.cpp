@@ -53,7 +53,7 @@ ParamRole parse_role(const std::string& role) {
 class PyMuon {
  public:
   PyMuon(const std::string& options, Communicator world)
-      : muon_(options_from(options), std::move(world)) {}
+      : muon_(options_from(options), std::move(world), cpu_compute()) {}
 
   std::size_t add_parameter(const py::array& shard, const std::string& name, Index rows, Index cols,
                             const std::string& role, bool use_muon, std::optional<int> tp_dim,

@@ -56,7 +56,7 @@ void init_ns(py::module_& m) {
         }
         py::gil_scoped_release release;
         if (dst.data != in.data) copy(in, dst);
-        newton_schulz_tp(dst, 0, local_communicator(), TpMode::kDuplicated, opts);
+        newton_schulz_tp(dst, 0, local_communicator(), TpMode::kDuplicated, opts, cpu_compute());
       },
       py::arg("x"), py::arg("out"), py::arg("coefficients"), py::arg("custom"), py::arg("steps"),
       py::arg("algorithm"), py::arg("use_syrk"), py::arg("gram_restart"));

@@ -98,7 +98,7 @@ void init_plan(py::module_& m) {
             check_output_file(path, "calibrate: out");
           });
         }
-        const CalibrationReport r = calibrate(group, o);
+        const CalibrationReport r = calibrate(group, o, cpu_compute());
         if (out) {
           on_root("calibrate: writing the profile", [&] { save_profile(r.profile, *out); });
         }

@@ -58,46 +58,55 @@ Matrix row_shard(ConstMatrixView full, const RowSharding& s, int rank) {
   return out;
 }
 
+namespace {
+
+// The data plane that moves compute's memory over group.
+Communicator data_plane(const Communicator& group, Compute& compute) {
+  return (group.has_data_plane() ? group : compute.data_communicator(group)).data();
+}
+
+}  // namespace
+
 void all_gather_rows(ConstMatrixView shard, const RowSharding& s, const Communicator& group,
-                     MatrixView full, ShardingWorkspace& ws) {
+                     MatrixView full, ShardingWorkspace& ws, Compute& compute) {
   check_layout("all_gather_rows", shard, full, s, group);
+  const Communicator data = data_plane(group, compute);
   const std::size_t count = static_cast<std::size_t>(shard.size());
+  const std::size_t total = count * static_cast<std::size_t>(s.group_size);
   if (s.pad_length == 0 && full.contiguous()) {
-    group.all_gather<float>({shard.data, count},
-                            {full.data, count * static_cast<std::size_t>(s.group_size)});
+    data.all_gather<float>({shard.data, count}, {full.data, total});
     return;
   }
-  ws.padded.resize(count * static_cast<std::size_t>(s.group_size));
-  group.all_gather<float>({shard.data, count}, ws.padded);
-  copy(ConstMatrixView{ws.padded.data(), s.rows, s.cols, s.cols}, full);
+  ws.padded.ensure(compute, s.shard_rows * s.group_size, s.cols);
+  data.all_gather<float>({shard.data, count}, {ws.padded.view().data, total});
+  compute.copy(ws.padded.view().row_block(0, s.rows), full);
 }
 
 void reduce_scatter_rows_mean(ConstMatrixView full, const RowSharding& s, const Communicator& group,
-                              MatrixView shard, ShardingWorkspace& ws) {
+                              MatrixView shard, ShardingWorkspace& ws, Compute& compute) {
   check_layout("reduce_scatter_rows_mean", shard, full, s, group);
+  const Communicator data = data_plane(group, compute);
   const std::size_t count = static_cast<std::size_t>(shard.size());
   const float* send = full.data;
   if (s.pad_length != 0 || !full.contiguous()) {
-    ws.padded.assign(count * static_cast<std::size_t>(s.group_size), 0.0f);
-    copy(full, MatrixView{ws.padded.data(), s.rows, s.cols, s.cols});
-    send = ws.padded.data();
+    ws.padded.ensure(compute, s.shard_rows * s.group_size, s.cols);
+    const MatrixView padded = ws.padded.view();
+    compute.copy(full, padded.row_block(0, s.rows));
+    if (s.pad_length > 0) compute.fill(padded.row_block(s.rows, s.pad_length), 0.0f);
+    send = padded.data;
   }
-  group.reduce_scatter<float>({send, count * static_cast<std::size_t>(s.group_size)},
-                              {shard.data, count});
-  const float inv = 1.0f / static_cast<float>(s.group_size);
-  for (std::size_t i = 0; i < count; ++i)
-    shard.data[i] *= inv;
+  data.reduce_scatter<float>({send, count * static_cast<std::size_t>(s.group_size)},
+                             {shard.data, count});
+  compute.scale(shard, 1.0f / static_cast<float>(s.group_size));
 }
 
-void all_reduce_mean(MatrixView m, const Communicator& group) {
+void all_reduce_mean(MatrixView m, const Communicator& group, Compute& compute) {
   std::string reason;
   if (!m.contiguous())
     reason = fmt::format("matrix {} with ld {} is not contiguous", shape_str(m.rows, m.cols), m.ld);
   group.agree_or_throw(reason.empty(), "all_reduce_mean", reason);
-  group.all_reduce<float>({m.data, static_cast<std::size_t>(m.size())});
-  const float inv = 1.0f / static_cast<float>(group.size());
-  for (Index i = 0; i < m.size(); ++i)
-    m.data[i] *= inv;
+  data_plane(group, compute).all_reduce<float>({m.data, static_cast<std::size_t>(m.size())});
+  compute.scale(m, 1.0f / static_cast<float>(group.size()));
 }
 
 }  // namespace distmuon

@@ -94,9 +94,9 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
 
   NsWorkspace local_ws;
   NsWorkspace& w = ws != nullptr ? *ws : local_ws;
-  for (Matrix* m : {&w.gram, &w.poly, &w.gram_q, &w.gram_t, &w.gram_u})
-    ensure_shape(*m, s, s);
-  ensure_shape(w.next, x.rows, x.cols);
+  for (DeviceMatrix* m : {&w.gram, &w.poly, &w.gram_q, &w.gram_t, &w.gram_u})
+    ensure_shape(*m, compute, s, s);
+  ensure_shape(w.next, compute, x.rows, x.cols);
 
   MatrixView x0 = x;                 // the iterate Q applies to
   MatrixView spare = w.next.view();  // where X = Q X_0 is formed

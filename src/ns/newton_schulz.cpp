@@ -24,8 +24,8 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
 
   NsWorkspace local_ws;
   NsWorkspace& w = ws != nullptr ? *ws : local_ws;
-  detail::ensure_shape(w.gram, s, s);
-  detail::ensure_shape(w.next, x.rows, x.cols);
+  detail::ensure_shape(w.gram, compute, s, s);
+  detail::ensure_shape(w.next, compute, x.rows, x.cols);
 
   MatrixView cur = x;
   MatrixView nxt = w.next.view();
@@ -36,7 +36,7 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
     // B = c A A + b A + a I, so that the update a X + (b A + c A A) X is one product B X.
     MatrixView b = a;
     if (k.c != 0.0) {
-      detail::ensure_shape(w.poly, s, s);
+      detail::ensure_shape(w.poly, compute, s, s);
       b = w.poly.view();
       detail::symmetric_square(compute, opts.use_syrk, static_cast<float>(k.c), a, b);
       compute.axpby(static_cast<float>(k.b), a, 1.0f, b);
@@ -55,10 +55,9 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
 }
 
 Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute) {
-  Matrix out(g.rows, g.cols);
-  compute.copy(g, out.view());
-  newton_schulz_inplace(out.view(), opts, compute);
-  return out;
+  DeviceMatrix x = to_device(compute, g);
+  newton_schulz_inplace(x.view(), opts, compute);
+  return to_host(compute, x.view());
 }
 
 double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,

@@ -14,10 +14,6 @@ GramSide resolve_side(GramSide side, Index rows, Index cols) {
   return rows <= cols ? GramSide::kRows : GramSide::kCols;
 }
 
-void ensure_shape(Matrix& m, Index rows, Index cols) {
-  if (m.rows() != rows || m.cols() != cols) m = Matrix(rows, cols);
-}
-
 std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
                                            const Communicator* group, std::string_view name) {
   opts.validate();
@@ -41,6 +37,8 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
   start.s = start.side == GramSide::kRows ? x.rows : x.cols;
   start.reduce_over = distributed ? group : nullptr;
 
+  // One norm per NS call (not batched across weights): the iteration needs it before its first
+  // product, and over a group it is one scalar all-reduce on the control plane.
   double ss = compute.sum_squares(x, opts.norm_in_double);
   if (distributed) ss = group->all_reduce(ss);
   if (!std::isfinite(ss)) {
@@ -61,8 +59,10 @@ void form_gram(Compute& compute, GramSide side, bool use_syrk, ConstMatrixView x
   } else {
     compute.gemm(t, rows ? Trans::kYes : Trans::kNo, 1.0f, x, x, 0.0f, a);
   }
-  if (group != nullptr)
-    group->all_reduce(std::span<float>(a.data, static_cast<std::size_t>(a.size())));
+  if (group != nullptr) {
+    DISTMUON_ASSERT(a.contiguous(), "a Gram matrix is a contiguous workspace");
+    group->data().all_reduce(std::span<float>(a.data, static_cast<std::size_t>(a.size())));
+  }
 }
 
 void symmetric_square(Compute& compute, bool use_syrk, float alpha, ConstMatrixView a,

@@ -15,7 +15,10 @@ namespace distmuon::detail {
 
 // kAuto: the smaller side of a rows x cols matrix (rows on a tie).
 GramSide resolve_side(GramSide side, Index rows, Index cols);
-void ensure_shape(Matrix& m, Index rows, Index cols);
+// Sizes a workspace member (no allocation when the shape and backend are unchanged).
+inline void ensure_shape(DeviceMatrix& m, Compute& compute, Index rows, Index cols) {
+  m.ensure(compute, rows, cols);
+}
 
 // What the prologue found: the Gram side, the Gram matrix's size s, and the group to all-reduce
 // over (nullptr when local or a group of one).
@@ -32,8 +35,8 @@ struct NsStart {
 std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
                                            const Communicator* group, std::string_view name);
 
-// a = x x^T (kRows) or x^T x (kCols), full symmetric, by syrk or gemm; summed over group when
-// it is not null.
+// a = x x^T (kRows) or x^T x (kCols), full symmetric, by syrk or gemm; summed over group's data
+// plane when group is not null.
 void form_gram(Compute& compute, GramSide side, bool use_syrk, ConstMatrixView x, MatrixView a,
                const Communicator* group);
 

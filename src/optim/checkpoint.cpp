@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <cstring>
+#include <algorithm>
 #include <map>
 #include <optional>
 
@@ -56,7 +56,7 @@ const std::vector<std::string>& tensor_names(bool muon) {
   return muon ? muon_names : adamw_names;
 }
 
-std::vector<const Matrix*> tensors_of(const ParamState& p) {
+std::vector<const DeviceMatrix*> tensors_of(const ParamState& p) {
   if (p.muon) return {&p.momentum};
   return {&p.exp_avg, &p.exp_avg_sq};
 }
@@ -161,7 +161,8 @@ void Muon::save(const std::filesystem::path& dir) {
       const auto& names = tensor_names(p.muon);
       const auto mats = tensors_of(p);
       for (std::size_t k = 0; k < mats.size(); ++k) {
-        const Matrix& t = *mats[k];
+        // The state lives in the backend's memory: copied to host staging, then to the bytes.
+        const Matrix t = to_host(*s.compute, mats[k]->view());
         tensors.push_back(
             {{"name", names[k]}, {"offset", bytes.size()}, {"rows", t.rows()}, {"cols", t.cols()}});
         const auto* raw = reinterpret_cast<const char*>(t.data());
@@ -213,7 +214,7 @@ namespace {
 
 // What a checkpoint holds for one parameter, resharded to this rank's layout.
 struct LoadedParam {
-  std::vector<Matrix> tensors;
+  std::vector<Matrix> tensors;  // host staging, copied into the backend's state by restore
   std::optional<AutoChoice> choice;
   std::optional<AutoKey> key;
 };
@@ -296,9 +297,8 @@ LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, Ran
                         "shard of {}",
                         t.dump(), p.spec.name, source[g], names[k], shape_str(src_rows, l.n_tp())));
       }
-      std::memcpy(out.tensors[k].view().row_block(j, 1).data,
-                  bytes.data() + offset + row_bytes * static_cast<std::size_t>(row % src_rows),
-                  row_bytes);
+      std::copy_n(bytes.data() + offset + row_bytes * static_cast<std::size_t>(row % src_rows),
+                  row_bytes, reinterpret_cast<char*>(out.tensors[k].view().row_block(j, 1).data));
     }
   }
   // A decision of tp_mode=auto is kept when the layout is unchanged and the key it was made for is
@@ -331,10 +331,10 @@ void restore(Muon::Impl& s, std::int64_t step, std::vector<LoadedParam>& loaded)
     ParamState& p = s.params[i];
     LoadedParam& in = loaded[i];
     if (p.muon) {
-      p.momentum = std::move(in.tensors[0]);
+      s.compute->copy_from_host(in.tensors[0].view(), p.momentum.view());
     } else {
-      p.exp_avg = std::move(in.tensors[0]);
-      p.exp_avg_sq = std::move(in.tensors[1]);
+      s.compute->copy_from_host(in.tensors[0].view(), p.exp_avg.view());
+      s.compute->copy_from_host(in.tensors[1].view(), p.exp_avg_sq.view());
     }
     if (in.choice) {
       p.mode = in.choice->mode;

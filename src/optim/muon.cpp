@@ -55,8 +55,8 @@ detail::ScaleFn muon_scale_fn(const MuonOptions& o) {
 // Muon update of one parameter's shard (see muon.h for the formulas).
 void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
   const MatrixView w = p.spec.local;
-  if (s.scratch.rows() != w.rows || s.scratch.cols() != w.cols) s.scratch = Matrix(w.rows, w.cols);
-  const MatrixView u = s.scratch.view();
+  const MatrixView u =
+      s.workspaces.buffer(*s.compute, detail::BufferRole::kUpdate, 0, w.rows, w.cols).view();
   muon_direction(*s.compute, s.options, p, g, u);
   detail::orthogonalize_shard(u, p.layout, p.tp, p.gtp, *p.mode, s.ns_of(p),
                               muon_scale_fn(s.options), *s.compute, &s.workspaces);
@@ -68,14 +68,13 @@ void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
 void owner_update(Muon::Impl& s, std::span<const std::size_t> owned,
                   std::span<const ConstMatrixView> grads) {
   if (!s.owner) s.owner = std::make_shared<detail::OwnerStep>(detail::ns_flops_cost(s.ns));
-  std::vector<Matrix>& updates = s.owner->updates;
+  std::vector<DeviceMatrix>& updates = s.owner->updates;
   updates.resize(owned.size());
   std::vector<detail::OwnerOrthogonalizer::Weight> weights;
   for (std::size_t k = 0; k < owned.size(); ++k) {
     ParamState& p = s.params[owned[k]];
     const MatrixView w = p.spec.local;
-    if (updates[k].rows() != w.rows || updates[k].cols() != w.cols)
-      updates[k] = Matrix(w.rows, w.cols);
+    updates[k].ensure(*s.compute, w.rows, w.cols);
     muon_direction(*s.compute, s.options, p, grads[owned[k]], updates[k].view());
     weights.push_back({updates[k].view(), &p.layout, &p.tp, &p.gtp, p.algorithm});
   }
@@ -160,10 +159,15 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   for (const ParamState& p : s.params) {
     if (p.spec.name == spec.name) throw Error(what + ": the name is already registered");
   }
+  // Each group once: the backend's data plane attached (unless the caller attached one), and
+  // both planes timed.
   auto timed = [&](const std::optional<Communicator>& g) {
     const Communicator c = g ? *g : local_communicator();
     auto [it, fresh] = s.timed.try_emplace(c.impl_ptr().get(), c);
-    if (fresh) it->second = detail::timed_communicator(c, s.comm_seconds);
+    if (fresh) {
+      const Communicator planes = c.has_data_plane() ? c : s.compute->data_communicator(c);
+      it->second = detail::timed_communicator(planes, s.comm_seconds);
+    }
     return it->second;
   };
   ParamState p(std::move(spec), timed(std::nullopt), timed(std::nullopt));
@@ -198,15 +202,15 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   }
   p.muon = ps.use_muon && ps.role == ParamRole::kHidden;
   if (p.muon) {
-    p.momentum = Matrix(ps.local.rows, ps.local.cols);
+    p.momentum = DeviceMatrix(*s.compute, ps.local.rows, ps.local.cols);
     // One full matrix per rank: plain NS whatever the mode; auto has nothing to decide.
     if (!p.sharded() && s.options.tp_mode == TpMode::kAuto) {
       p.mode = TpMode::kDuplicated;
       p.algorithm = s.fixed_algorithm();
     }
   } else {
-    p.exp_avg = Matrix(ps.local.rows, ps.local.cols);
-    p.exp_avg_sq = Matrix(ps.local.rows, ps.local.cols);
+    p.exp_avg = DeviceMatrix(*s.compute, ps.local.rows, ps.local.cols);
+    p.exp_avg_sq = DeviceMatrix(*s.compute, ps.local.rows, ps.local.cols);
   }
   s.params.push_back(std::move(p));
   s.prepared = false;
@@ -226,15 +230,27 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
       reason = fmt::format("gradient of '{}' is {}, its shard is {}", s.params[i].spec.name,
                            shape_str(grads[i]), shape_str(w));
     }
-    // Checked here, before any collective: a rank-local failure inside NS would strand the others.
-    // Padding rows (the shard's trailing local_pad rows) are ignored.
-    if (!reason.empty()) break;
-    const ConstMatrixView g = grads[i];
-    const auto bad =
-        s.compute->find_non_finite(g.row_block(0, g.rows - s.params[i].layout.local_pad()));
-    if (bad) {
-      reason = fmt::format("gradient of '{}' has a non-finite value at ({}, {}) of its shard",
-                           s.params[i].spec.name, bad->row, bad->col);
+  }
+  // Checked here, before any collective: a rank-local failure inside NS would strand the others.
+  // Padding rows (the shard's trailing local_pad rows) are ignored. One batched check of every
+  // gradient (one result transfer on a device backend).
+  if (reason.empty()) {
+    s.check_views.clear();
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const ConstMatrixView g = grads[i];
+      s.check_views.push_back(g.row_block(0, g.rows - s.params[i].layout.local_pad()));
+    }
+    s.check_results.assign(grads.size(), std::nullopt);
+    try {
+      s.compute->find_non_finite(s.check_views, s.check_results);
+    } catch (const Error& e) {  // e.g. host memory passed to a device backend
+      reason = e.what();
+    }
+    for (std::size_t i = 0; reason.empty() && i < grads.size(); ++i) {
+      if (const auto& bad = s.check_results[i]) {
+        reason = fmt::format("gradient of '{}' has a non-finite value at ({}, {}) of its shard",
+                             s.params[i].spec.name, bad->row, bad->col);
+      }
     }
   }
   s.world.agree_or_throw(reason.empty(), "Muon::step", reason);

@@ -22,8 +22,8 @@ struct ParamState {
   Communicator gtp;
   detail::ShardLayout layout;
   bool muon = false;
-  Matrix momentum;                                 // Muon: shard-shaped
-  Matrix exp_avg, exp_avg_sq;                      // AdamW: shard-shaped
+  DeviceMatrix momentum;                           // Muon: shard-shaped, compute's memory
+  DeviceMatrix exp_avg, exp_avg_sq;                // AdamW: shard-shaped, compute's memory
   std::optional<TpMode> mode;                      // Muon: the mode used (auto: once planned)
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm (auto: planned)
   std::optional<AutoKey> auto_key;                 // auto: the key it was resolved on
@@ -40,14 +40,17 @@ struct Muon::Impl {
   NsOptions ns;
   Communicator world;
   Compute* compute;                 // every operation on the matrices (never null)
-  detail::NsWorkspaces workspaces;  // NS scratch per shape, kept across steps
+  detail::NsWorkspaces workspaces;  // NS scratch and gathered buffers per shape, kept across steps
   std::vector<ParamState> params;
   std::int64_t step = 0;
   bool prepared = false;  // configuration checked across the world since the last registration
   std::shared_ptr<double> comm_seconds = std::make_shared<double>(0.0);
-  std::map<const CommImpl*, Communicator> timed;  // wrappers of the caller's groups
+  // The caller's groups with the backend's data plane attached, both planes timed.
+  std::map<const CommImpl*, Communicator> timed;
   MuonStepStats last;
-  Matrix scratch;
+  // validate_gradients' batched check: the views checked and their results, kept across steps.
+  mutable std::vector<ConstMatrixView> check_views;
+  mutable std::vector<std::optional<MatrixIndex>> check_results;
   std::unique_ptr<AutoState, void (*)(AutoState*)> auto_state{nullptr, nullptr};
   std::shared_ptr<detail::OwnerStep> owner;  // tp_mode owner, created on the first step
   NsOptions ns_gram;                         // ns with the Gram algorithm

@@ -14,19 +14,20 @@ namespace distmuon {
 namespace {
 
 // A scratch shard of p's shape with fixed random values (NS time does not depend on them), and
-// the copy NS runs on (reset from the source before every run).
+// the copy NS runs on (reset from the source before every run), both in compute's memory.
 struct Scratch {
-  Matrix source, work;
+  DeviceMatrix source, work;
 };
 
-std::shared_ptr<Scratch> scratch_of(const ParamState& p, std::uint64_t seed) {
+std::shared_ptr<Scratch> scratch_of(const ParamState& p, std::uint64_t seed, Compute& compute) {
   const MatrixView w = p.spec.local;
-  auto s = std::make_shared<Scratch>(Scratch{Matrix(w.rows, w.cols), Matrix(w.rows, w.cols)});
+  Matrix host(w.rows, w.cols);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist;
-  for (float& v : s->source.values())
+  for (float& v : host.values())
     v = dist(rng);
-  return s;
+  return std::make_shared<Scratch>(
+      Scratch{to_device(compute, host.view()), DeviceMatrix(compute, w.rows, w.cols)});
 }
 
 const ScaleFn kUnitScale = [](Index, Index) { return 1.0; };
@@ -82,7 +83,7 @@ class MuonTarget final : public MeasureTarget {
   // One scratch per weight, shared by all its tasks (each run resets its copy from the source).
   std::shared_ptr<Scratch> scratch(std::size_t weight) {
     std::shared_ptr<Scratch>& d = scratch_[weight];
-    if (!d) d = scratch_of(s_.params[params_[weight]], weight);
+    if (!d) d = scratch_of(s_.params[params_[weight]], weight, *s_.compute);
     return d;
   }
 

@@ -36,10 +36,11 @@ struct Exchange {
   }
 };
 
-// Packs every block sent into one buffer (peer by peer), runs the all-to-all, and unpacks what
-// arrives into the blocks received. send and recv are scratch kept across the stages.
+// Packs every block sent into one staging buffer (peer by peer, one compute.copy per block), runs
+// the all-to-all over the group's data plane, and unpacks what arrives into the blocks received.
+// The staging buffers come from workspaces, kept across steps.
 void exchange(const Communicator& group, const Exchange& x, Compute& compute,
-              std::vector<float>& send, std::vector<float>& recv) {
+              NsWorkspaces& workspaces) {
   const std::size_t peers = x.to.size();
   DISTMUON_ASSERT(peers == static_cast<std::size_t>(group.size()), "one list per peer");
   std::vector<std::size_t> send_counts(peers, 0), recv_counts(peers, 0);
@@ -49,21 +50,27 @@ void exchange(const Communicator& group, const Exchange& x, Compute& compute,
     for (const MatrixView& v : x.from[j])
       recv_counts[j] += elems(v.rows, v.cols);
   }
-  send.resize(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}));
-  recv.resize(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
-  float* out = send.data();
+  const std::size_t n_send =
+      std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
+  const std::size_t n_recv =
+      std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
+  float* const send =
+      workspaces.buffer(compute, BufferRole::kSend, 0, static_cast<Index>(n_send), 1).view().data;
+  float* const recv =
+      workspaces.buffer(compute, BufferRole::kRecv, 0, static_cast<Index>(n_recv), 1).view().data;
+  std::size_t at = 0;
   for (const auto& blocks : x.to) {
     for (const MatrixView& v : blocks) {
-      compute.copy(v, MatrixView{out, v.rows, v.cols, v.cols});
-      out += elems(v.rows, v.cols);
+      compute.copy(v, MatrixView{send + at, v.rows, v.cols, v.cols});
+      at += elems(v.rows, v.cols);
     }
   }
-  group.all_to_all_v<float>(send, send_counts, recv, recv_counts);
-  const float* in = recv.data();
+  group.data().all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv}, recv_counts);
+  at = 0;
   for (const auto& blocks : x.from) {
     for (const MatrixView& v : blocks) {
-      compute.copy(ConstMatrixView{in, v.rows, v.cols, v.cols}, v);
-      in += elems(v.rows, v.cols);
+      compute.copy(ConstMatrixView{recv + at, v.rows, v.cols, v.cols}, v);
+      at += elems(v.rows, v.cols);
     }
   }
 }
@@ -108,6 +115,8 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
                          const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
   DISTMUON_ASSERT(items.size() == owners.size(), "one owner per item");
   if (items.empty()) return;
+  NsWorkspaces call_workspaces;  // only when the caller keeps none
+  NsWorkspaces& ws = workspaces != nullptr ? *workspaces : call_workspaces;
   const Grid grid = grid_of(*items.front().layout);
   DISTMUON_ASSERT(grid.T == 1 || tp.size() == grid.T, "TP group size");
   DISTMUON_ASSERT(grid.G == 1 || gtp.size() == grid.G, "GTP group size");
@@ -120,13 +129,21 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   // The TP-local tensors this rank gathers (the weights whose owner sits in its GTP row,
   // g_o == g; without GTP every weight, its shard being the TP-local tensor), and the owner's
   // full work matrices (without TP the TP-local tensor is the full one).
-  std::vector<Matrix> tp_local(n_items), full(n_items);
+  // Both kept across steps in ws, per weight of the bucket (slot i).
+  std::vector<MatrixView> tp_local(n_items), full(n_items);
   for (std::size_t i = 0; i < n_items; ++i) {
-    if (grid.G == 1 || in_row(i)) tp_local[i] = Matrix(layout(i).padded_rows(), layout(i).n_tp());
-    if (grid.T > 1 && mine(i))
-      full[i] = Matrix(full_work_rows(layout(i)), full_work_cols(layout(i)));
+    if (grid.G == 1 || in_row(i)) {
+      tp_local[i] =
+          ws.buffer(compute, BufferRole::kTpLocal, i, layout(i).padded_rows(), layout(i).n_tp())
+              .view();
+    }
+    if (grid.T > 1 && mine(i)) {
+      full[i] = ws.buffer(compute, BufferRole::kFull, i, full_work_rows(layout(i)),
+                          full_work_cols(layout(i)))
+                    .view();
+    }
   }
-  auto work = [&](std::size_t i) { return grid.T > 1 ? full[i].view() : tp_local[i].view(); };
+  auto work = [&](std::size_t i) { return grid.T > 1 ? full[i] : tp_local[i]; };
 
   // Stage 1 (GTP): GTP rank j sends the owner's row (g_o) its row block of the TP-local tensor.
   Exchange over_gtp(G);
@@ -136,7 +153,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
         over_gtp.to[j].push_back(items[i].shard);
       if (in_row(i)) {
         const Index r_l = layout(i).shard_rows();
-        over_gtp.from[j].push_back(tp_local[i].view().row_block(static_cast<Index>(j) * r_l, r_l));
+        over_gtp.from[j].push_back(tp_local[i].row_block(static_cast<Index>(j) * r_l, r_l));
       }
     }
   }
@@ -145,20 +162,18 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   for (std::size_t j = 0; j < T && grid.T > 1; ++j) {
     for (std::size_t i = 0; i < n_items; ++i) {
       if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
-        over_tp.to[j].push_back(tp_local[i].view());
-      if (mine(i))
-        over_tp.from[j].push_back(tp_block(full[i].view(), layout(i), static_cast<int>(j)));
+        over_tp.to[j].push_back(tp_local[i]);
+      if (mine(i)) over_tp.from[j].push_back(tp_block(full[i], layout(i), static_cast<int>(j)));
     }
   }
 
-  std::vector<float> send, recv;
   if (grid.G > 1) {
-    exchange(gtp, over_gtp, compute, send, recv);
+    exchange(gtp, over_gtp, compute, ws);
   } else {
     for (std::size_t i = 0; i < n_items; ++i)
-      compute.copy(items[i].shard, tp_local[i].view());
+      compute.copy(items[i].shard, tp_local[i]);
   }
-  if (grid.T > 1) exchange(tp, over_tp, compute, send, recv);
+  if (grid.T > 1) exchange(tp, over_tp, compute, ws);
 
   // The owner's NS: the code duplicated mode runs on the same matrix.
   NsOptions gram = ns;
@@ -166,16 +181,16 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   for (std::size_t i = 0; i < n_items; ++i) {
     if (!mine(i)) continue;
     orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
-                       scale, compute, workspaces);
+                       scale, compute, ws);
   }
 
   // The scatter: stages 2 and 1 reversed.
-  if (grid.T > 1) exchange(tp, over_tp.reversed(), compute, send, recv);
+  if (grid.T > 1) exchange(tp, over_tp.reversed(), compute, ws);
   if (grid.G > 1) {
-    exchange(gtp, over_gtp.reversed(), compute, send, recv);
+    exchange(gtp, over_gtp.reversed(), compute, ws);
   } else {
     for (std::size_t i = 0; i < n_items; ++i)
-      compute.copy(tp_local[i].view(), items[i].shard);
+      compute.copy(tp_local[i], items[i].shard);
   }
 }
 

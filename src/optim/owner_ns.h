@@ -52,7 +52,8 @@ struct OwnerItem {
 // Orthogonalises and scales a bucket in place: owners[i] (t + T g) runs NS for items[i]. Every
 // item shares tp (used when the layouts are TP-sharded) and gtp (when GTP-sharded), and every
 // rank of the T x G grid calls this with the same items in the same order. No agreement check:
-// see OwnerOrthogonalizer.
+// see OwnerOrthogonalizer. The shards move over tp.data() and gtp.data(); the gathered buffers
+// and the all-to-all staging come from workspaces when given (kept across steps).
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
                          const Communicator& tp, const Communicator& gtp, const NsOptions& ns,
                          const ScaleFn& scale, Compute& compute,
@@ -97,7 +98,7 @@ class OwnerOrthogonalizer {
 struct OwnerStep {
   explicit OwnerStep(OwnerCostFn cost) : orth(std::move(cost)) {}
   OwnerOrthogonalizer orth;
-  std::vector<Matrix> updates;
+  std::vector<DeviceMatrix> updates;  // compute's memory, kept across steps
 };
 
 }  // namespace distmuon::detail

@@ -56,7 +56,9 @@ class TimedComm final : public CommImpl {
 }  // namespace
 
 Communicator timed_communicator(const Communicator& inner, std::shared_ptr<double> seconds) {
-  return Communicator(std::make_shared<TimedComm>(inner.impl_ptr(), std::move(seconds)));
+  Communicator timed(std::make_shared<TimedComm>(inner.impl_ptr(), seconds));
+  if (!inner.has_data_plane()) return timed;
+  return timed.with_data(std::make_shared<TimedComm>(inner.data().impl_ptr(), std::move(seconds)));
 }
 
 }  // namespace distmuon::detail

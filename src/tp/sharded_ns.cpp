@@ -19,19 +19,34 @@ struct Placement {
   bool local_scale = false;             // blockwise: scale with the block's own shape
 };
 
-NsWorkspace* workspace_for(NsWorkspaces* workspaces, ConstMatrixView x, const NsOptions& o) {
-  return workspaces != nullptr ? &workspaces->get(x.rows, x.cols, o.side) : nullptr;
+NsWorkspace* workspace_for(NsWorkspaces& workspaces, ConstMatrixView x, const NsOptions& o) {
+  return &workspaces.get(x.rows, x.cols, o.side);
+}
+
+// The maximal runs [first, first + count) of consecutive entries of a sorted list of rows.
+std::vector<std::pair<Index, Index>> runs_of(const std::vector<Index>& rows) {
+  std::vector<std::pair<Index, Index>> runs;
+  for (const Index k : rows) {
+    if (!runs.empty() && runs.back().first + runs.back().second == k) {
+      ++runs.back().second;
+    } else {
+      runs.emplace_back(k, 1);
+    }
+  }
+  return runs;
 }
 
 // Step 2 of the header: per class, orthogonalise P's rows of that class; zero padding rows.
+// Rows are moved by runs of consecutive rows (one compute.copy or fill per run).
 void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const ShardLayout& layout,
                            const Placement& where, const NsOptions& ns, const ScaleFn& scale,
-                           Compute& compute, NsWorkspaces* workspaces) {
+                           Compute& compute, NsWorkspaces& workspaces) {
   DISTMUON_ASSERT(static_cast<Index>(ids.size()) == p.rows, "one id per work row");
   NsOptions o = ns;
   o.side = where.group != nullptr ? where.side : ns.side;
+  std::vector<Index> rows;
   for (int c = 0; c < layout.classes(); ++c) {
-    std::vector<Index> rows;
+    rows.clear();
     for (Index k = 0; k < p.rows; ++k) {
       if (ids[k] >= 0 && layout.row_class(ids[k]) == c) rows.push_back(k);
     }
@@ -44,27 +59,39 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
                      : where.local_scale ? scale(static_cast<Index>(rows.size()), p.cols)
                                          : scale(layout.class_rows(c), layout.n);
     const Communicator* group = distributed ? where.group : nullptr;
+    const auto runs = runs_of(rows);
     // The usual case (no QKV split; padding only at the end) is one run of rows: orthogonalise
     // it in place rather than through a copy.
-    if (!rows.empty() && rows.back() - rows.front() + 1 == static_cast<Index>(rows.size())) {
-      const MatrixView run = p.row_block(rows.front(), static_cast<Index>(rows.size()));
+    if (runs.size() == 1) {
+      const MatrixView run = p.row_block(runs[0].first, runs[0].second);
       newton_schulz_inplace(run, o, compute, group, workspace_for(workspaces, run, o));
       if (scale) compute.scale(run, static_cast<float>(f));
       continue;
     }
-    Matrix x(std::max<Index>(1, static_cast<Index>(rows.size())), p.cols);
-    for (std::size_t k = 0; k < rows.size(); ++k) {
-      compute.copy(p.row_block(rows[k], 1), x.view().row_block(static_cast<Index>(k), 1));
+    DeviceMatrix& buf =
+        workspaces.buffer(compute, BufferRole::kClassRows, static_cast<std::size_t>(c),
+                          std::max<Index>(1, static_cast<Index>(rows.size())), p.cols);
+    const MatrixView x = buf.view();
+    if (rows.empty()) compute.fill(x, 0.0f);
+    Index at = 0;
+    for (const auto& [first, count] : runs) {
+      compute.copy(p.row_block(first, count), x.row_block(at, count));
+      at += count;
     }
-    newton_schulz_inplace(x.view(), o, compute, group, workspace_for(workspaces, x.view(), o));
-    if (scale) compute.scale(x.view(), static_cast<float>(f));
-    for (std::size_t k = 0; k < rows.size(); ++k) {
-      compute.copy(x.view().row_block(static_cast<Index>(k), 1), p.row_block(rows[k], 1));
+    newton_schulz_inplace(x, o, compute, group, workspace_for(workspaces, x, o));
+    if (scale) compute.scale(x, static_cast<float>(f));
+    at = 0;
+    for (const auto& [first, count] : runs) {
+      compute.copy(x.row_block(at, count), p.row_block(first, count));
+      at += count;
     }
   }
+  rows.clear();
   for (Index k = 0; k < p.rows; ++k) {
-    if (ids[k] < 0) compute.fill(p.row_block(k, 1), 0.0f);
+    if (ids[k] < 0) rows.push_back(k);
   }
+  for (const auto& [first, count] : runs_of(rows))
+    compute.fill(p.row_block(first, count), 0.0f);
 }
 
 }  // namespace
@@ -79,7 +106,7 @@ Index full_work_cols(const ShardLayout& layout) {
 }
 
 void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
-                        const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
+                        const ScaleFn& scale, Compute& compute, NsWorkspaces& workspaces) {
   DISTMUON_ASSERT(full.rows == full_work_rows(layout) && full.cols == full_work_cols(layout),
                   "full work matrix shape");
   const int blocks = layout.tp_dim == 0 && layout.tp_size > 1 ? layout.tp_size : 1;
@@ -101,7 +128,14 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
   DISTMUON_ASSERT(mode != TpMode::kAuto, "auto must be resolved before orthogonalising");
   DISTMUON_ASSERT(mode != TpMode::kOwner, "owner mode orthogonalises buckets (owner_ns.h)");
   DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
+  using detail::BufferRole;
+  using detail::gather_shards_into;
   using detail::orthogonalize_classes;
+  detail::NsWorkspaces call_workspaces;  // only when the caller keeps none
+  detail::NsWorkspaces& ws = workspaces != nullptr ? *workspaces : call_workspaces;
+  auto buffer = [&](BufferRole role, Index rows, Index cols) -> MatrixView {
+    return ws.buffer(compute, role, 0, rows, cols).view();
+  };
   const bool tp_on = layout.tp_on(), gtp_on = layout.gtp_on();
   const Index r_l = layout.shard_rows(), r_tp = layout.padded_rows(), n_tp = layout.n_tp();
   const int t_rank = layout.tp_rank, g_rank = layout.gtp_rank;
@@ -116,23 +150,28 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
   if (mode == TpMode::kBlockwise || (!tp_on && !gtp_on)) {
     ids_of(t_rank, g_rank * r_l, r_l, ids);
     orthogonalize_classes(u, ids, layout, {.local_scale = mode == TpMode::kBlockwise}, ns, scale,
-                          compute, workspaces);
+                          compute, ws);
     return;
   }
 
   if (mode == TpMode::kDuplicated) {
     // GTP gather -> TP-local tensor; TP gather -> the full (padded per TP block) weight.
-    Matrix tp_local = gtp_on ? all_gather_shards(u, 0, gtp, compute) : Matrix(u.rows, u.cols);
-    if (!gtp_on) compute.copy(u, tp_local.view());
-    Matrix full = !tp_on
-                      ? std::move(tp_local)
-                      : (layout.tp_dim == 0 ? all_gather_shards(tp_local.view(), 0, tp, compute)
-                                            : all_gather_shards(tp_local.view(), 1, tp, compute));
+    MatrixView tp_local = u;
+    if (gtp_on) {
+      tp_local = buffer(BufferRole::kTpLocal, r_tp, n_tp);
+      gather_shards_into(u, 0, gtp, compute, ws, tp_local);
+    }
+    MatrixView full = tp_local;
+    if (tp_on) {
+      full =
+          buffer(BufferRole::kFull, detail::full_work_rows(layout), detail::full_work_cols(layout));
+      gather_shards_into(tp_local, layout.tp_dim, tp, compute, ws, full);
+    }
     const int blocks = tp_on && layout.tp_dim == 0 ? layout.tp_size : 1;
-    detail::orthogonalize_full(full.view(), layout, ns, scale, compute, workspaces);
+    detail::orthogonalize_full(full, layout, ns, scale, compute, ws);
     const Index row0 = (blocks > 1 ? t_rank * r_tp : 0) + g_rank * r_l;
     const Index col0 = tp_on && layout.tp_dim == 1 ? t_rank * n_tp : 0;
-    compute.copy(full.view().block(row0, col0, r_l, n_tp), u);
+    compute.copy(full.block(row0, col0, r_l, n_tp), u);
     return;
   }
 
@@ -141,35 +180,37 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
   const GramSide tp_side = layout.tp_dim == 0 ? GramSide::kCols : GramSide::kRows;
   if (tp_on && gtp_on && over_gtp) {
     // Gather over TP, distribute over GTP with the Gram on the columns.
+    const int t = layout.tp_size;
     if (layout.tp_dim == 0) {
-      Matrix p = all_gather_shards(u, 0, tp, compute);
-      for (int t = 0; t < layout.tp_size; ++t)
-        ids_of(t, g_rank * r_l, r_l, ids);
-      orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute,
-                            workspaces);
-      compute.copy(p.view().block(t_rank * r_l, 0, r_l, n_tp), u);
+      const MatrixView p = buffer(BufferRole::kGathered, r_l * t, n_tp);
+      gather_shards_into(u, 0, tp, compute, ws, p);
+      for (int j = 0; j < t; ++j)
+        ids_of(j, g_rank * r_l, r_l, ids);
+      orthogonalize_classes(p, ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute, ws);
+      compute.copy(p.block(t_rank * r_l, 0, r_l, n_tp), u);
     } else {
-      Matrix p = all_gather_shards(u, 1, tp, compute);
+      const MatrixView p = buffer(BufferRole::kGathered, r_l, n_tp * t);
+      gather_shards_into(u, 1, tp, compute, ws, p);
       ids_of(t_rank, g_rank * r_l, r_l, ids);
-      orthogonalize_classes(p.view(), ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute,
-                            workspaces);
-      compute.copy(p.view().block(0, t_rank * n_tp, r_l, n_tp), u);
+      orthogonalize_classes(p, ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute, ws);
+      compute.copy(p.block(0, t_rank * n_tp, r_l, n_tp), u);
     }
     return;
   }
   if (tp_on && gtp_on) {
     // TP larger: gather over GTP into the TP-local tensor, distribute over TP.
-    Matrix p = all_gather_shards(u, 0, gtp, compute);
+    const MatrixView p = buffer(BufferRole::kGathered, r_tp, n_tp);
+    gather_shards_into(u, 0, gtp, compute, ws, p);
     ids_of(t_rank, 0, r_tp, ids);
-    orthogonalize_classes(p.view(), ids, layout, {&tp, tp_side}, ns, scale, compute, workspaces);
-    compute.copy(p.view().block(g_rank * r_l, 0, r_l, n_tp), u);
+    orthogonalize_classes(p, ids, layout, {&tp, tp_side}, ns, scale, compute, ws);
+    compute.copy(p.block(g_rank * r_l, 0, r_l, n_tp), u);
     return;
   }
   ids_of(t_rank, g_rank * r_l, r_l, ids);
   if (over_gtp) {
-    orthogonalize_classes(u, ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute, workspaces);
+    orthogonalize_classes(u, ids, layout, {&gtp, GramSide::kCols}, ns, scale, compute, ws);
   } else {
-    orthogonalize_classes(u, ids, layout, {&tp, tp_side}, ns, scale, compute, workspaces);
+    orthogonalize_classes(u, ids, layout, {&tp, tp_side}, ns, scale, compute, ws);
   }
 }
 

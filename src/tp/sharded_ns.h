@@ -21,8 +21,14 @@ Index full_work_rows(const ShardLayout& layout);
 Index full_work_cols(const ShardLayout& layout);
 // Orthogonalises and scales that full work matrix in place, per row class, zeroing padding rows:
 // exactly what duplicated mode runs on it (owner mode runs the same code on the owner rank).
-// NS takes its scratch from workspaces when given (kept across steps), else allocates it.
+// NS scratch and the class-row buffers come from workspaces (kept across steps).
 void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
-                        const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces = nullptr);
+                        const ScaleFn& scale, Compute& compute, NsWorkspaces& workspaces);
+
+// All-gathers this rank's equal shard along dim (0: rows, 1: columns) over group.data() into
+// full (compute's memory, contiguous, the gathered shape), the column interleave's staging from
+// workspaces.
+void gather_shards_into(ConstMatrixView shard, int dim, const Communicator& group, Compute& compute,
+                        NsWorkspaces& workspaces, MatrixView full);
 
 }  // namespace distmuon::detail

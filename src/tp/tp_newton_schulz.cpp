@@ -1,13 +1,14 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
-#include <cstring>
 #include <memory>
 
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/layout.h"
 #include "distmuon/tp.h"
+#include "tp/sharded_ns.h"
 
 namespace distmuon {
 namespace {
@@ -24,7 +25,7 @@ void check_equal_shards(const Communicator& group, Index rows, Index cols, int p
            fmt::format("newton_schulz_tp over a group of {}", group.size()),
            [&](std::string_view root_bytes, std::string_view) {
              Shape root{};
-             std::memcpy(root.data(), root_bytes.data(), sizeof(Shape));
+             std::copy_n(root_bytes.data(), sizeof(Shape), reinterpret_cast<char*>(root.data()));
              return fmt::format("shards differ: rank 0 holds {} dim {}, rank {} holds {} dim {}",
                                 shape_str(root[0], root[1]), root[2], group.rank(),
                                 shape_str(rows, cols), partition_dim);
@@ -33,7 +34,7 @@ void check_equal_shards(const Communicator& group, Index rows, Index cols, int p
 
 }  // namespace
 
-Matrix shard_of(ConstMatrixView full, int dim, int parts, int index, Compute& compute) {
+Matrix shard_of(ConstMatrixView full, int dim, int parts, int index) {
   if (dim != 0 && dim != 1)
     throw Error(fmt::format("shard_of: partition dim must be 0 or 1, got {}", dim));
   const Index extent = dim == 0 ? full.rows : full.cols;
@@ -42,41 +43,55 @@ Matrix shard_of(ConstMatrixView full, int dim, int parts, int index, Compute& co
                             shape_str(full), parts, dim, index));
   }
   const Index n = extent / parts;
-  const ConstMatrixView part =
-      dim == 0 ? full.block(n * index, 0, n, full.cols) : full.block(0, n * index, full.rows, n);
-  Matrix out(part.rows, part.cols);
-  compute.copy(part, out.view());
-  return out;
+  return Matrix::from(dim == 0 ? full.block(n * index, 0, n, full.cols)
+                               : full.block(0, n * index, full.rows, n));
 }
 
-Matrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group,
-                         Compute& compute) {
+namespace detail {
+
+void gather_shards_into(ConstMatrixView shard, int dim, const Communicator& group, Compute& compute,
+                        NsWorkspaces& ws, MatrixView full) {
   const int g = group.size();
-  Matrix contiguous;
+  DISTMUON_ASSERT(dim == 0 || dim == 1, "gather dim");
+  DISTMUON_ASSERT(full.contiguous() && full.rows == (dim == 0 ? shard.rows * g : shard.rows) &&
+                      full.cols == (dim == 0 ? shard.cols : shard.cols * g),
+                  "gathered shape");
+  const float* send = shard.data;
   if (!shard.contiguous()) {
-    contiguous = Matrix(shard.rows, shard.cols);
-    compute.copy(shard, contiguous.view());
+    DeviceMatrix& c = ws.buffer(compute, BufferRole::kStaging, 1, shard.rows, shard.cols);
+    compute.copy(shard, c.view());
+    send = c.view().data;
   }
-  const float* send = shard.contiguous() ? shard.data : contiguous.data();
   const auto count = static_cast<std::size_t>(shard.size());
+  const Communicator data = group.data();
   if (dim == 0) {
-    Matrix full(shard.rows * g, shard.cols);
-    group.all_gather<float>({send, count}, full.values());
-    return full;
+    data.all_gather<float>({send, count}, {full.data, count * static_cast<std::size_t>(g)});
+    return;
   }
-  // Columns: gather shards back to back, then interleave their rows.
-  std::vector<float> stacked(count * static_cast<std::size_t>(g));
-  group.all_gather<float>({send, count}, stacked);
-  Matrix full(shard.rows, shard.cols * g);
+  // Columns: gather shards back to back, then interleave them (one copy per rank).
+  DeviceMatrix& stacked = ws.buffer(compute, BufferRole::kStaging, 0, shard.rows * g, shard.cols);
+  data.all_gather<float>({send, count}, {stacked.view().data, count * static_cast<std::size_t>(g)});
   for (int r = 0; r < g; ++r) {
-    const ConstMatrixView piece{stacked.data() + count * static_cast<std::size_t>(r), shard.rows,
-                                shard.cols, shard.cols};
-    compute.copy(piece, full.view().block(0, shard.cols * r, shard.rows, shard.cols));
+    compute.copy(stacked.view().row_block(shard.rows * r, shard.rows),
+                 full.block(0, shard.cols * r, shard.rows, shard.cols));
   }
+}
+
+}  // namespace detail
+
+DeviceMatrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group,
+                               Compute& compute) {
+  if (dim != 0 && dim != 1)
+    throw Error(fmt::format("all_gather_shards: dim must be 0 or 1, got {}", dim));
+  const int g = group.size();
+  DeviceMatrix full(compute, dim == 0 ? shard.rows * g : shard.rows,
+                    dim == 0 ? shard.cols : shard.cols * g);
+  detail::NsWorkspaces ws;
+  detail::gather_shards_into(shard, dim, group, compute, ws, full.view());
   return full;
 }
 
-Matrix unshard(const std::vector<Matrix>& shards, int dim, Compute& compute) {
+Matrix unshard(const std::vector<Matrix>& shards, int dim) {
   if (shards.empty()) throw Error("unshard: no shards");
   const Index r = shards[0].rows(), c = shards[0].cols();
   const auto g = static_cast<Index>(shards.size());
@@ -84,8 +99,8 @@ Matrix unshard(const std::vector<Matrix>& shards, int dim, Compute& compute) {
   for (Index i = 0; i < g; ++i) {
     const Matrix& s = shards[static_cast<std::size_t>(i)];
     if (s.rows() != r || s.cols() != c) throw Error("unshard: shards differ in shape");
-    compute.copy(s.view(),
-                 dim == 0 ? full.view().block(r * i, 0, r, c) : full.view().block(0, c * i, r, c));
+    copy(s.view(),
+         dim == 0 ? full.view().block(r * i, 0, r, c) : full.view().block(0, c * i, r, c));
   }
   return full;
 }
@@ -109,7 +124,9 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
   // TP-only case (the group is the TP group; the GTP group is this rank alone).
   const ShardLayout layout =
       group_layout(shard.rows, shard.cols, partition_dim, group.size(), group.rank());
-  orthogonalize_shard(shard, layout, group, local_communicator(), mode, opts, {}, compute);
+  // The shards move over the group's data plane: attach the backend's when it has none yet.
+  const Communicator tp = group.has_data_plane() ? group : compute.data_communicator(group);
+  orthogonalize_shard(shard, layout, tp, local_communicator(), mode, opts, {}, compute);
 }
 
 ProcessGroups make_process_groups(const Communicator& world, int tp_size, int gtp_size) {

@@ -69,7 +69,7 @@ void ShardedCharLm::gather_into_full() {
   for (std::size_t p = 0; p < params_.size(); ++p) {
     const ShardedParam& sp = params_[p];
     if (sp.sharded) {
-      all_gather_rows(sp.value, sp.sharding, group_, *full[p], ws_);
+      all_gather_rows(sp.value, sp.sharding, group_, *full[p], ws_, cpu_compute());
     } else {
       copy(sp.value, *full[p]);
     }
@@ -108,10 +108,10 @@ double ShardedCharLm::forward_backward(const CharBatch& local_batch) {
   for (std::size_t p = 0; p < params_.size(); ++p) {
     ShardedParam& sp = params_[p];
     if (sp.sharded) {
-      reduce_scatter_rows_mean(*grads[p], sp.sharding, group_, sp.grad, ws_);
+      reduce_scatter_rows_mean(*grads[p], sp.sharding, group_, sp.grad, ws_, cpu_compute());
     } else {
       copy(*grads[p], sp.grad);
-      all_reduce_mean(sp.grad, group_);
+      all_reduce_mean(sp.grad, group_, cpu_compute());
     }
   }
   const double mean_loss = group_.all_reduce(loss) / static_cast<double>(group_.size());

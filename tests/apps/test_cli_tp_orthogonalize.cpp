@@ -58,7 +58,7 @@ TEST_F(CliTpOrthogonalize, SingleProcessIsTheLocalNs) {
             std::string::npos)
       << r.output;
   const Matrix got = read_npy(out());
-  const Matrix ref = newton_schulz(input_.view(), options("quintic", true));
+  const Matrix ref = newton_schulz(input_.view(), options("quintic", true), cpu_compute());
   EXPECT_EQ(relative_error(got.view(), ref.view()), 0.0);  // the same code on the same data
 }
 
@@ -86,7 +86,7 @@ TEST_F(CliTpOrthogonalize, MpiRunsMatchTheSingleProcessResult) {
                               out(), c.mode, c.dim, c.set, c.syrk ? "--syrk" : "--no-syrk"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const Matrix got = read_npy(out());
-    const Matrix ref = newton_schulz(input_.view(), options(c.set, c.syrk));
+    const Matrix ref = newton_schulz(input_.view(), options(c.set, c.syrk), cpu_compute());
     const double err = relative_error(got.view(), ref.view());
     EXPECT_LE(err, 1e-5);
     if (c.mode == "duplicated") EXPECT_EQ(err, 0.0);
@@ -99,8 +99,8 @@ TEST_F(CliTpOrthogonalize, BlockwiseIsNsOfEachShard) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<Matrix> shards;
   for (int i = 0; i < 2; ++i)
-    shards.push_back(
-        newton_schulz(shard_of(input_.view(), 1, 2, i).view(), options("quintic", true)));
+    shards.push_back(newton_schulz(shard_of(input_.view(), 1, 2, i).view(),
+                                   options("quintic", true), cpu_compute()));
   EXPECT_LE(relative_error(read_npy(out()).view(), unshard(shards, 1).view()), 1e-6);
 }
 

@@ -61,7 +61,7 @@ TEST(Bench, CollectiveRatesFollowNcclTestsConventions) {
 }
 
 TEST(Bench, SgemmRateIsFlopsOverMedianTime) {
-  const GemmRate r = measure_sgemm(world(), 64, 32, 48, {1, 3});
+  const GemmRate r = measure_sgemm(world(), 64, 32, 48, {1, 3}, cpu_compute());
   EXPECT_DOUBLE_EQ(r.flops_per_s, 2.0 * 64 * 32 * 48 / r.time.median_s);
 }
 
@@ -72,7 +72,7 @@ TEST(Bench, TpBenchReportsEveryShapeAndModeAgainstItsBound) {
   c.partition_dim = 0;
   c.timing = {0, 2};
   c.rate_timing = {0, 1};
-  const TpBenchReport rep = run_tp_bench(w, c);
+  const TpBenchReport rep = run_tp_bench(w, c, cpu_compute());
   const double c_steps = c.ns.steps;
   ASSERT_EQ(rep.results.size(), 6u);
   EXPECT_EQ(rep.group_size, w.size());
@@ -113,10 +113,10 @@ TEST(Bench, InvalidConfigurationFailsOnEveryRank) {
   TpBenchConfig c;
   c.shapes = {{w.size() * 8 + 1, 8}};
   c.timing = {0, 1};
-  if (w.size() > 1) EXPECT_THROW(run_tp_bench(w, c), CollectiveError);
+  if (w.size() > 1) EXPECT_THROW(run_tp_bench(w, c, cpu_compute()), CollectiveError);
   c.shapes = {{8, 8}};
   c.modes = {TpMode::kAuto};
-  EXPECT_THROW(run_tp_bench(w, c), CollectiveError);
+  EXPECT_THROW(run_tp_bench(w, c, cpu_compute()), CollectiveError);
 }
 
 }  // namespace

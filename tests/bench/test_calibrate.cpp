@@ -79,7 +79,7 @@ CalibrateOptions tiny() {
 
 TEST(Calibrate, TinyCalibrationWritesAProfileThatLoads) {
   const Communicator& w = world();
-  const CalibrationReport rep = calibrate(w, tiny());
+  const CalibrationReport rep = calibrate(w, tiny(), cpu_compute());
   const HardwareProfile& p = rep.profile;
   ASSERT_TRUE(p.calibration.has_value());
   const Calibration& c = *p.calibration;
@@ -132,10 +132,10 @@ TEST(Calibrate, TinyCalibrationWritesAProfileThatLoads) {
 TEST(Calibrate, BadOptionsFailOnEveryRank) {
   CalibrateOptions o = tiny();
   o.sizes = {32, 16};
-  EXPECT_THROW(calibrate(world(), o), CollectiveError);
+  EXPECT_THROW(calibrate(world(), o, cpu_compute()), CollectiveError);
   o = tiny();
   o.factor = 1;
-  EXPECT_THROW(calibrate(world(), o), CollectiveError);
+  EXPECT_THROW(calibrate(world(), o, cpu_compute()), CollectiveError);
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ void expect_sum(double actual, double expected) {
 TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
   const Communicator& w = world();
   const ModelBenchConfig c = tiny_config();
-  const ModelBenchReport r = run_model_bench(w, c);
+  const ModelBenchReport r = run_model_bench(w, c, cpu_compute());
   EXPECT_EQ(r.group_size, w.size());
   EXPECT_EQ(r.profile, "h100");
   EXPECT_TRUE(r.has_profile);
@@ -147,7 +147,7 @@ TEST(ModelBench, MeasuredPlanFollowsThePlannersTimes) {
   c.modes = {TpMode::kDuplicated, TpMode::kDistributed};
   c.plan = PlanMode::kMeasure;
   c.measure.reps = 1;
-  const ModelBenchReport r = run_model_bench(w, c);
+  const ModelBenchReport r = run_model_bench(w, c, cpu_compute());
   EXPECT_EQ(r.plan, PlanMode::kMeasure);
   EXPECT_GT(r.plan_timed_runs, 0u);
   double per_weight = 0;
@@ -178,24 +178,24 @@ TEST(ModelBench, Refusals) {
   ModelBenchConfig c = tiny_config();
   c.max_elements = 32 * 32 - 1;  // 48x32's distributed Gram is 32 x 32
   try {
-    run_model_bench(w, c);
+    run_model_bench(w, c, cpu_compute());
     FAIL() << "no throw";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("48x32"), std::string::npos) << e.what();
   }
   c = tiny_config();
   c.modes = {TpMode::kDuplicated};
-  EXPECT_THROW(run_model_bench(w, c), CollectiveError);
+  EXPECT_THROW(run_model_bench(w, c, cpu_compute()), CollectiveError);
   c = tiny_config();
   c.profile = "no-such-gpu";
-  EXPECT_THROW(run_model_bench(w, c), CollectiveError);
+  EXPECT_THROW(run_model_bench(w, c, cpu_compute()), CollectiveError);
   c = tiny_config();
   c.weights.clear();
-  EXPECT_THROW(run_model_bench(w, c), CollectiveError);
+  EXPECT_THROW(run_model_bench(w, c, cpu_compute()), CollectiveError);
   c = tiny_config();  // auto would plan standard NS, which gram alone does not measure
   c.cost_model = "reference";
   c.algorithm = NsAlgorithm::kGram;
-  EXPECT_THROW(run_model_bench(w, c), CollectiveError);
+  EXPECT_THROW(run_model_bench(w, c, cpu_compute()), CollectiveError);
 }
 
 TEST(ModelBench, PlotIsWritten) {
@@ -204,7 +204,7 @@ TEST(ModelBench, PlotIsWritten) {
   c.timing = {0, 1};
   c.modes = {TpMode::kDuplicated, TpMode::kDistributed};
   c.algorithm = ModelBenchConfig{}.algorithm;  // the default: standard only, as Muon's default
-  const ModelBenchReport r = run_model_bench(w, c);
+  const ModelBenchReport r = run_model_bench(w, c, cpu_compute());
   for (const ModelBenchShape& s : r.shapes) {
     ASSERT_EQ(s.modes.size(), 2u);
     for (const ModelBenchMode& m : s.modes)

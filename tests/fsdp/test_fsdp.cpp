@@ -53,7 +53,7 @@ TEST(RowSharding, AllGatherOfShardsIsTheFullMatrix) {
     const RowSharding s = RowSharding::make(sh.rows, sh.cols, comm.size());
     const Matrix shard = row_shard(full, s, comm.rank());
     Matrix gathered(sh.rows, sh.cols);
-    all_gather_rows(shard, s, comm, gathered, ws);
+    all_gather_rows(shard, s, comm, gathered, ws, cpu_compute());
     EXPECT_EQ(relative_error(gathered.view(), full.view()), 0.0) << shape_str(sh.rows, sh.cols);
   }
 }
@@ -74,7 +74,7 @@ TEST(RowSharding, ReduceScatterIsTheMeanOfTheRanksGradients) {
         random_matrix(sh.rows, sh.cols, 100 + static_cast<std::uint64_t>(comm.rank()));
     Matrix shard(s.shard_rows, s.cols);
     shard.data()[0] = 123.0f;  // overwritten, not accumulated
-    reduce_scatter_rows_mean(mine, s, comm, shard, ws);
+    reduce_scatter_rows_mean(mine, s, comm, shard, ws, cpu_compute());
     const Matrix want = row_shard(mean, s, comm.rank());
     EXPECT_LE(relative_error(shard.view(), want.view()), 1e-6) << shape_str(sh.rows, sh.cols);
     for (Index i = s.real_rows(comm.rank()); i < s.shard_rows; ++i)
@@ -88,7 +88,7 @@ TEST(RowSharding, AllReduceMean) {
   Matrix m(3, 4);
   for (Index i = 0; i < m.size(); ++i)
     m.data()[i] = static_cast<float>(comm.rank() + i);
-  all_reduce_mean(m, comm);
+  all_reduce_mean(m, comm, cpu_compute());
   const float mean_rank = static_cast<float>(comm.size() - 1) / 2.0f;
   for (Index i = 0; i < m.size(); ++i)
     EXPECT_FLOAT_EQ(m.data()[i], mean_rank + static_cast<float>(i));
@@ -102,12 +102,12 @@ TEST(RowSharding, ShapeMismatchOnOneRankThrowsOnAllRanks) {
   const bool bad = comm.rank() == comm.size() - 1;
   Matrix shard(s.shard_rows, bad ? 5 : 4);
   Matrix full(8, 4);
-  EXPECT_THROW(all_gather_rows(shard, s, comm, full, ws), CollectiveError);
-  EXPECT_THROW(reduce_scatter_rows_mean(full, s, comm, shard, ws), CollectiveError);
+  EXPECT_THROW(all_gather_rows(shard, s, comm, full, ws, cpu_compute()), CollectiveError);
+  EXPECT_THROW(reduce_scatter_rows_mean(full, s, comm, shard, ws, cpu_compute()), CollectiveError);
   // A sharding made for another group size is refused the same way.
   const RowSharding other = RowSharding::make(8, 4, comm.size() + 1);
   Matrix other_shard(other.shard_rows, 4);
-  EXPECT_THROW(all_gather_rows(other_shard, other, comm, full, ws), CollectiveError);
+  EXPECT_THROW(all_gather_rows(other_shard, other, comm, full, ws, cpu_compute()), CollectiveError);
 }
 
 }  // namespace

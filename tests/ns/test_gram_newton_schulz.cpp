@@ -116,8 +116,10 @@ double worst_gram_error(const std::string& set, const char* conditioning, int re
   double worst = 0;
   for (const Shape& sh : kShapes) {
     const Matrix g = input(sh.m, sh.n);
-    const Matrix standard = newton_schulz(g.view(), options(set, NsAlgorithm::kStandard));
-    const Matrix gram = newton_schulz(g.view(), options(set, NsAlgorithm::kGram, restart));
+    const Matrix standard =
+        newton_schulz(g.view(), options(set, NsAlgorithm::kStandard), cpu_compute());
+    const Matrix gram =
+        newton_schulz(g.view(), options(set, NsAlgorithm::kGram, restart), cpu_compute());
     const double err = relative_error(gram.view(), standard.view());
     std::printf("  gram vs standard  %-14s %-6s %-5s restart=%d  rel.err %.3e\n", set.c_str(),
                 sh.label, conditioning, restart, err);
@@ -221,9 +223,12 @@ TEST(GramNewtonSchulz, RestartsMatchStandard) {
 // reached) is bit-equal to quintic's automatic plan at 5 steps (no restart either).
 TEST(GramNewtonSchulz, RestartPastTheLastStepIsNoRestart) {
   const Matrix g = random_matrix(40, 72, 3);
-  const Matrix none = newton_schulz(g.view(), options("quintic", NsAlgorithm::kGram, 0));
-  const Matrix late = newton_schulz(g.view(), options("quintic", NsAlgorithm::kGram, 5));
-  const Matrix every = newton_schulz(g.view(), options("quintic", NsAlgorithm::kGram, 1));
+  const Matrix none =
+      newton_schulz(g.view(), options("quintic", NsAlgorithm::kGram, 0), cpu_compute());
+  const Matrix late =
+      newton_schulz(g.view(), options("quintic", NsAlgorithm::kGram, 5), cpu_compute());
+  const Matrix every =
+      newton_schulz(g.view(), options("quintic", NsAlgorithm::kGram, 1), cpu_compute());
   EXPECT_EQ(relative_error(late.view(), none.view()), 0.0);
   EXPECT_GT(relative_error(every.view(), none.view()), 0.0);  // a different order of products
 }
@@ -257,7 +262,7 @@ TEST(GramNewtonSchulz, DistributedMatchesSingleProcess) {
       const Matrix full = random_matrix(m, n, 71);
       NsOptions o = options(set, NsAlgorithm::kGram, restart);
       o.side = dim == 0 ? GramSide::kCols : GramSide::kRows;
-      const Matrix single = newton_schulz(full.view(), o);
+      const Matrix single = newton_schulz(full.view(), o, cpu_compute());
       Matrix mine = shard_of(full.view(), dim, 2, pair.rank());
       auto stats = std::make_shared<CommStats>();
       const Communicator counted = counting_communicator(pair, stats);
@@ -337,7 +342,7 @@ TEST(GramNewtonSchulz, OptionsRejectAutoAndNegativeRestart) {
   EXPECT_NO_THROW(o.validate());
   Matrix x = random_matrix(4, 6, 1);
   o.algorithm = NsAlgorithm::kAuto;
-  EXPECT_THROW(newton_schulz_inplace(x.view(), o), Error);
+  EXPECT_THROW(newton_schulz_inplace(x.view(), o, cpu_compute()), Error);
 }
 
 }  // namespace

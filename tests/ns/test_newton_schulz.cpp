@@ -40,7 +40,7 @@ TEST(NewtonSchulz, MatchesFloat64ReferenceForEverySetAndShape) {
         if (name == "cans" && (sh.m == 1 || sh.n == 1)) continue;
         const Matrix g = random_matrix(sh.m, sh.n, 7);
         const NsOptions o = options(name, syrk);
-        const Matrix got = newton_schulz(g.view(), o);
+        const Matrix got = newton_schulz(g.view(), o, cpu_compute());
         const Matrix ref = test::reference_newton_schulz<double>(g.view(), o.coefficients, o.steps);
         EXPECT_LE(relative_error(got.view(), ref.view()), 1e-5)
             << name << " syrk=" << syrk << " " << shape_str(sh.m, sh.n);
@@ -52,8 +52,8 @@ TEST(NewtonSchulz, MatchesFloat64ReferenceForEverySetAndShape) {
 TEST(NewtonSchulz, SyrkAndGemmPathsAgree) {
   for (const auto& sh : {Shape{64, 200}, Shape{200, 64}, Shape{96, 96}}) {
     const Matrix g = random_matrix(sh.m, sh.n, 11);
-    const Matrix a = newton_schulz(g.view(), options("quintic", true));
-    const Matrix b = newton_schulz(g.view(), options("quintic", false));
+    const Matrix a = newton_schulz(g.view(), options("quintic", true), cpu_compute());
+    const Matrix b = newton_schulz(g.view(), options("quintic", false), cpu_compute());
     EXPECT_LE(relative_error(a.view(), b.view()), 1e-5) << shape_str(sh.m, sh.n);
   }
 }
@@ -61,8 +61,9 @@ TEST(NewtonSchulz, SyrkAndGemmPathsAgree) {
 TEST(NewtonSchulz, TallIsTransposeOfWide) {
   // The smaller-dimension rule: NS(G^T) == NS(G)^T, with no transpose copy in the tall path.
   const Matrix g = random_matrix(48, 120, 3);
-  const Matrix wide = newton_schulz(g.view(), options("quintic", true));
-  const Matrix tall = newton_schulz(transpose(g.view()).view(), options("quintic", true));
+  const Matrix wide = newton_schulz(g.view(), options("quintic", true), cpu_compute());
+  const Matrix tall =
+      newton_schulz(transpose(g.view()).view(), options("quintic", true), cpu_compute());
   EXPECT_LE(relative_error(transpose(tall.view()).view(), wide.view()), 1e-6);
 }
 
@@ -73,11 +74,11 @@ TEST(NewtonSchulz, ForcedSideIteratesOnTheLargerGram) {
   const Matrix g = random_matrix(20, 36, 5);
   NsOptions o = options("quintic", true);
   o.side = GramSide::kCols;
-  const Matrix forced = newton_schulz(g.view(), o);
+  const Matrix forced = newton_schulz(g.view(), o, cpu_compute());
   // Column side on G == row side on G^T, by definition.
   NsOptions rows = o;
   rows.side = GramSide::kRows;
-  const Matrix viaT = newton_schulz(transpose(g.view()).view(), rows);
+  const Matrix viaT = newton_schulz(transpose(g.view()).view(), rows, cpu_compute());
   EXPECT_LE(relative_error(forced.view(), transpose(viaT.view()).view()), 1e-6);
 }
 
@@ -100,7 +101,7 @@ TEST(NewtonSchulz, SingularValuesInsideEachSetsBand) {
     NsOptions o;
     o.coefficients = coefficient_set(b.name);
     o.steps = b.steps;
-    const auto sv = singular_values(newton_schulz(g.view(), o).view());
+    const auto sv = singular_values(newton_schulz(g.view(), o, cpu_compute()).view());
     EXPECT_GE(sv.back(), b.lo) << b.name;
     EXPECT_LE(sv.front(), b.hi) << b.name;
     std::printf("  %-14s steps=%2d  sigma in [%.4f, %.4f]\n", b.name, b.steps, sv.back(),
@@ -111,14 +112,14 @@ TEST(NewtonSchulz, SingularValuesInsideEachSetsBand) {
 TEST(NewtonSchulz, NonFiniteInputIsAnError) {
   Matrix g = random_matrix(8, 12, 1);
   g(3, 4) = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_THROW(newton_schulz(g.view()), Error);
+  EXPECT_THROW(newton_schulz(g.view(), {}, cpu_compute()), Error);
   g(3, 4) = std::numeric_limits<float>::infinity();
-  EXPECT_THROW(newton_schulz(g.view()), Error);
+  EXPECT_THROW(newton_schulz(g.view(), {}, cpu_compute()), Error);
 }
 
 TEST(NewtonSchulz, ZeroMatrixReturnsZeros) {
   const Matrix z(6, 9);
-  const Matrix out = newton_schulz(z.view());
+  const Matrix out = newton_schulz(z.view(), {}, cpu_compute());
   for (float v : out.values())
     EXPECT_EQ(v, 0.0f);
 }
@@ -127,7 +128,7 @@ TEST(NewtonSchulz, VectorsWork) {
   // A 1 x N matrix orthogonalises to (nearly) its unit direction: sigma -> about 1.
   for (const auto& sh : {Shape{1, 33}, Shape{33, 1}}) {
     const Matrix g = random_matrix(sh.m, sh.n, 9);
-    const auto sv = singular_values(newton_schulz(g.view()).view());
+    const auto sv = singular_values(newton_schulz(g.view(), {}, cpu_compute()).view());
     ASSERT_EQ(sv.size(), 1u);
     EXPECT_NEAR(sv[0], 1.0, 0.35) << shape_str(sh.m, sh.n);
   }
@@ -137,8 +138,8 @@ TEST(NewtonSchulz, StridedViewsAreHandled) {
   // NS of a block inside a larger buffer equals NS of the same matrix stored contiguously.
   Matrix big = random_matrix(30, 50, 4);
   const Matrix block = Matrix::from(big.view().block(2, 5, 20, 40));
-  newton_schulz_inplace(big.view().block(2, 5, 20, 40), NsOptions{});
-  const Matrix ref = newton_schulz(block.view());
+  newton_schulz_inplace(big.view().block(2, 5, 20, 40), NsOptions{}, cpu_compute());
+  const Matrix ref = newton_schulz(block.view(), {}, cpu_compute());
   EXPECT_EQ(relative_error(Matrix::from(big.view().block(2, 5, 20, 40)).view(), ref.view()), 0.0);
 }
 

@@ -1,5 +1,7 @@
 #include "optim_test_util.h"
 
+#include <fmt/format.h>
+
 #include <numeric>
 
 namespace distmuon::test {
@@ -123,6 +125,68 @@ ParamSpec layout_spec(const TestLayout& l, const ProcessGroups& groups, MatrixVi
   s.pad_length = l.pad;
   s.qkv_split = l.qkv;
   return s;
+}
+
+std::vector<TestLayout> layouts_for(int w) {
+  std::vector<TestLayout> out;
+  // GTP only (G = world), tall and wide.
+  out.push_back({.label = "gtp tall", .m = 36, .n = 24, .gtp = w});
+  out.push_back({.label = "gtp wide", .m = 24, .n = 60, .gtp = w});
+  // TP only, both partition dims.
+  out.push_back({.label = "tp dim0", .m = 36, .n = 24, .tp_dim = 0, .tp = w});
+  out.push_back({.label = "tp dim1 wide", .m = 24, .n = 60, .tp_dim = 1, .tp = w});
+  out.push_back({.label = "tp dim1 tall", .m = 36, .n = 24, .tp_dim = 1, .tp = w});
+  // Padding rows at the end of the GTP-sharded rows: in the last shard only, and over two
+  // shards (at G = 2 the last shard is all padding). Tall, so the scale sqrt(max(m, n)) of the
+  // unpadded m differs from the padded one.
+  out.push_back({.label = "gtp pad one shard", .m = 8 * w - 3, .n = 12, .gtp = w, .pad = 3});
+  if (w > 1)
+    out.push_back({.label = "gtp pad two shards", .m = 8 * w - 10, .n = 5, .gtp = w, .pad = 10});
+  // QKV: [q, k, v] and [q, gate, k, v] blocks per query group, groups split across shards.
+  out.push_back({.label = "gtp qkv", .m = 24, .n = 20, .gtp = w, .qkv = {4, 2, 2}});
+  out.push_back({.label = "gtp qkv gate", .m = 24, .n = 20, .gtp = w, .qkv = {4, 4, 2, 2}});
+  out.push_back({.label = "tp dim0 qkv", .m = 24, .n = 20, .tp_dim = 0, .tp = w, .qkv = {4, 2, 2}});
+  out.push_back({.label = "tp dim1 qkv", .m = 24, .n = 24, .tp_dim = 1, .tp = w, .qkv = {4, 2, 2}});
+  // TP x GTP, every factorisation with both > 1 (the larger group distributes; a tie: GTP).
+  for (int t = 2; t < w; ++t) {
+    if (w % t != 0 || w / t < 2) continue;
+    const int g = w / t;
+    const std::string tg = fmt::format("tp{} x gtp{}", t, g);
+    out.push_back({.label = tg + " dim0", .m = 36, .n = 24, .tp_dim = 0, .tp = t, .gtp = g});
+    out.push_back({.label = tg + " dim1", .m = 36, .n = 24, .tp_dim = 1, .tp = t, .gtp = g});
+    out.push_back({.label = tg + " dim1 wide", .m = 12, .n = 48, .tp_dim = 1, .tp = t, .gtp = g});
+    // m_tp = 13 rows per TP block, padded to a multiple of G.
+    const Index pad = (g - 13 % g) % g + g;
+    out.push_back({.label = tg + " dim0 pad",
+                   .m = 13 * t,
+                   .n = 12,
+                   .tp_dim = 0,
+                   .tp = t,
+                   .gtp = g,
+                   .pad = pad});
+    out.push_back({.label = tg + " dim1 pad",
+                   .m = 13,
+                   .n = 6 * t,
+                   .tp_dim = 1,
+                   .tp = t,
+                   .gtp = g,
+                   .pad = pad});
+    out.push_back({.label = tg + " dim0 qkv",
+                   .m = 24 * t,
+                   .n = 20,
+                   .tp_dim = 0,
+                   .tp = t,
+                   .gtp = g,
+                   .qkv = {4, 2, 2}});
+    out.push_back({.label = tg + " dim1 qkv gate",
+                   .m = 24,
+                   .n = 6 * t,
+                   .tp_dim = 1,
+                   .tp = t,
+                   .gtp = g,
+                   .qkv = {4, 4, 2, 2}});
+  }
+  return out;
 }
 
 }  // namespace distmuon::test

@@ -67,4 +67,9 @@ ParamSpec layout_spec(const TestLayout& l, const ProcessGroups& groups, MatrixVi
 
 bool padding_is_zero(ConstMatrixView shard, const TestLayout& l, int tp_rank, int gtp_rank);
 
+// The layouts the optimizer tests run on a world of w ranks: GTP only, TP only (both dims),
+// padding (in one and in two shards), QKV splits (with and without gate) and every TP x GTP
+// factorisation with both > 1 (with padding and QKV).
+std::vector<TestLayout> layouts_for(int w);
+
 }  // namespace distmuon::test

@@ -25,7 +25,7 @@ struct Model {
   explicit Model(const Communicator& w)
       : hidden(test::random_matrix(16 / w.size(), 8, 10 + static_cast<std::uint64_t>(w.rank()))),
         embed(test::random_matrix(6, 4, 20)),
-        opt(MuonOptions{.tp_mode = TpMode::kDuplicated}, w) {
+        opt(MuonOptions{.tp_mode = TpMode::kDuplicated}, w, cpu_compute()) {
     opt.add_parameter({.name = "hidden.w",
                        .local = hidden.view(),
                        .rows = 16,

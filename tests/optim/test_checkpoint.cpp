@@ -9,9 +9,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "distmuon/checkpoint.h"
+#include "distmuon/compute.h"
 #include "distmuon/error.h"
 #include "optim_test_util.h"
 
@@ -82,24 +84,30 @@ Model make_model(int tp, int gtp) {
   return m;
 }
 
-// One rank's optimizer over the model, with its local shards.
+// One rank's optimizer over the model, with its local shards, on a backend ("cpu": the shards are
+// `local` itself; another backend: they live in its memory, `local` holding their host copies
+// after every steps() call).
 struct ModelRun {
   ProcessGroups groups;
   std::vector<Matrix> local;
+  Compute* compute;
+  std::vector<DeviceMatrix> device;  // the shards on a backend other than cpu
   std::unique_ptr<Muon> opt;
 
-  ModelRun(const Model& m, const MuonOptions& o)
+  ModelRun(const Model& m, const MuonOptions& o, const std::string& backend = "cpu")
       : groups(make_process_groups(test::world(), m.tp, m.gtp)),
-        opt(std::make_unique<Muon>(o, test::world())) {
+        compute(&compute_backend(backend)),
+        opt(std::make_unique<Muon>(o, test::world(), *compute)) {
     for (const auto& p : m.params) {
       local.push_back(
           test::shard_for(p.full.view(), p.layout, groups.tp.rank(), groups.gtp.rank()));
+      if (on_device()) device.push_back(to_device(*compute, local.back().view()));
     }
     for (std::size_t i = 0; i < m.params.size(); ++i) {
       const TestLayout& l = m.params[i].layout;
       ParamSpec s;
       s.name = l.label;
-      s.local = local[i].view();
+      s.local = on_device() ? device[i].view() : local[i].view();
       s.rows = l.m;
       s.cols = l.n;
       s.role = m.params[i].role;
@@ -112,21 +120,34 @@ struct ModelRun {
       opt->add_parameter(s);
     }
   }
+  bool on_device() const { return compute != &cpu_compute(); }
   // Steps [first, last) with gradients that depend on the step only.
   void steps(const Model& m, int first, int last) {
     for (int step = first; step < last; ++step) {
       std::vector<Matrix> g;
+      std::vector<DeviceMatrix> g_device;
       std::vector<ConstMatrixView> views;
       for (std::size_t i = 0; i < m.params.size(); ++i) {
         const TestLayout& l = m.params[i].layout;
         const Matrix full =
             test::random_matrix(l.m, l.n, 77 * static_cast<std::uint64_t>(step) + i);
         g.push_back(test::shard_for(full.view(), l, groups.tp.rank(), groups.gtp.rank()));
+        if (on_device()) g_device.push_back(to_device(*compute, g.back().view()));
       }
-      for (const Matrix& x : g)
-        views.push_back(x.view());
+      for (std::size_t i = 0; i < g.size(); ++i)
+        views.push_back(on_device() ? g_device[i].view() : g[i].view());
       opt->step(views);
     }
+    for (std::size_t i = 0; i < device.size(); ++i)
+      compute->copy_to_host(device[i].view(), local[i].view());
+  }
+  // Host copies of the optimizer state of every parameter, in order.
+  std::vector<Matrix> state() const {
+    std::vector<Matrix> out;
+    for (std::size_t i = 0; i < local.size(); ++i)
+      for (const MatrixView& t : opt->state_tensors(i))
+        out.push_back(to_host(*compute, t));
+    return out;
   }
   // The full weights now (all-gather over TP and GTP; padding stripped).
   Model current(const Model& m) const {
@@ -228,6 +249,50 @@ TEST(Checkpoint, ReshardsToAnotherGtpSize) {
   check_reshard(2, 4, TpMode::kDuplicated, 1e-6, dir);
   check_reshard(4, 2, TpMode::kDuplicated, 1e-6, dir);
   check_reshard(2, 4, TpMode::kDistributed, 1e-5, dir);
+}
+
+// Save, load (into the same and into another GTP size) and continue on the opaque backend, whose
+// memory the host cannot address: the weights and the state are bit-equal to the same run on
+// the CPU backend (tolerance 0: the same arithmetic; the files go through host staging).
+TEST(Checkpoint, OpaqueBackendIsBitEqualToCpu) {
+  const int w = test::world().size();
+  SharedTempDir dir;
+  // The same GTP size, and (with 2 or more ranks) G -> G / 2 with two replicas.
+  const std::vector<std::pair<int, int>> sizes =
+      w > 1 ? std::vector<std::pair<int, int>>{{w, w}, {w, w / 2}}
+            : std::vector<std::pair<int, int>>{{1, 1}};
+  for (const auto& [g_from, g_to] : sizes) {
+    for (TpMode mode :
+         {TpMode::kDuplicated, TpMode::kDistributed, TpMode::kBlockwise, TpMode::kOwner}) {
+      const Model from = make_model(1, g_from);
+      std::map<std::string, std::pair<std::vector<Matrix>, std::vector<Matrix>>> result;
+      for (const std::string backend : {"cpu", "opaque"}) {
+        ModelRun first(from, options(mode), backend);
+        first.steps(from, 0, 2);
+        const fs::path path =
+            dir.sub(fmt::format("{}-{}-{}-{}", backend, to_string(mode), g_from, g_to));
+        first.opt->save(path);
+        Model at2 = first.current(from);
+        const Model to = make_model(1, g_to);
+        for (std::size_t i = 0; i < to.params.size(); ++i)
+          at2.params[i].layout = to.params[i].layout;
+        at2.gtp = g_to;
+        ModelRun second(at2, options(mode), backend);
+        second.opt->load(path);
+        second.steps(to, 2, 4);
+        result[backend] = {second.local, second.state()};
+      }
+      const auto& [cpu_w, cpu_s] = result["cpu"];
+      const auto& [opaque_w, opaque_s] = result["opaque"];
+      for (std::size_t i = 0; i < cpu_w.size(); ++i)
+        EXPECT_TRUE(bit_equal(cpu_w[i], opaque_w[i]))
+            << to_string(mode) << " G " << g_from << " -> " << g_to << " weight " << i;
+      ASSERT_EQ(cpu_s.size(), opaque_s.size());
+      for (std::size_t i = 0; i < cpu_s.size(); ++i)
+        EXPECT_TRUE(bit_equal(cpu_s[i], opaque_s[i]))
+            << to_string(mode) << " G " << g_from << " -> " << g_to << " state " << i;
+    }
+  }
 }
 
 std::string load_error(Muon& opt, const fs::path& path) {

@@ -62,7 +62,7 @@ Result run(const std::vector<Case>& cases, TpMode mode, const std::string& model
   o.lr = 1.0;
   o.tp_mode = mode;
   o.cost_model = model;
-  Muon opt(o, world);
+  Muon opt(o, world, cpu_compute());
   std::vector<Held> held;
   held.reserve(cases.size());
   for (const Case& c : cases) {
@@ -175,7 +175,7 @@ TEST(MuonAuto, DecisionsSurviveACheckpoint) {
   MuonOptions o;
   o.tp_mode = TpMode::kAuto;
   Held a{make_process_groups(world, 1, w), Matrix(l.shard_rows(), l.n_tp())};
-  Muon first(o, world);
+  Muon first(o, world, cpu_compute());
   first.add_parameter(spec(l, a, false));
   const Matrix g = test::shard_for(test::random_matrix(l.m, l.n, 4).view(), l, 0, a.gtp_rank());
   const ConstMatrixView grads[] = {g.view()};
@@ -183,7 +183,7 @@ TEST(MuonAuto, DecisionsSurviveACheckpoint) {
   first.save(dir);
 
   Held b{make_process_groups(world, 1, w), Matrix::from(a.local.view())};
-  Muon second(o, world);
+  Muon second(o, world, cpu_compute());
   second.add_parameter(spec(l, b, false));
   if (w > 1) EXPECT_FALSE(second.parameters()[0].mode.has_value());  // not decided yet
   second.load(dir);
@@ -207,7 +207,7 @@ std::string save_auto_checkpoint(const MuonOptions& o, Held& held, const TestLay
               .string();
   }
   dir = world.broadcast_string(dir, 0);
-  Muon first(o, world);
+  Muon first(o, world, cpu_compute());
   first.add_parameter(spec(l, held, false));
   const Matrix g = test::shard_for(test::random_matrix(l.m, l.n, 4).view(), l, 0, held.gtp_rank());
   const ConstMatrixView grads[] = {g.view()};
@@ -232,7 +232,7 @@ TEST(MuonAuto, ADecisionMadeForAnotherKeyIsPlannedAgain) {
   MuonOptions now = saved;
   now.ns_algorithm = NsAlgorithm::kStandard;
   Held b{make_process_groups(world, 1, w), Matrix::from(a.local.view())};
-  Muon second(now, world);
+  Muon second(now, world, cpu_compute());
   second.add_parameter(spec(l, b, false));
   second.load(dir);
   if (w > 1) {  // dropped: planned at the next step
@@ -251,7 +251,7 @@ TEST(MuonAuto, ADecisionMadeForAnotherKeyIsPlannedAgain) {
 
   // The same options: the saved decision is applied as it is.
   Held c{make_process_groups(world, 1, w), Matrix::from(a.local.view())};
-  Muon third(saved, world);
+  Muon third(saved, world, cpu_compute());
   third.add_parameter(spec(l, c, false));
   third.load(dir);
   if (w > 1) {
@@ -292,7 +292,7 @@ TEST(MuonAuto, OptionsAbsentFromAnOlderCheckpointCountAsDefaults) {
     const auto previous = spdlog::default_logger();
     spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
     Held b{make_process_groups(world, 1, w), Matrix::from(a.local.view())};
-    Muon second(opts, world);
+    Muon second(opts, world, cpu_compute());
     second.add_parameter(spec(l, b, false));
     second.load(dir);
     spdlog::set_default_logger(previous);

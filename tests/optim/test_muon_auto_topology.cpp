@@ -35,7 +35,7 @@ Result run(const TestLayout& l, TpMode mode) {
   o.lr = 1.0;
   o.tp_mode = mode;
   o.cost_model = "reference";
-  Muon opt(o, world);
+  Muon opt(o, world, cpu_compute());
   Result r{Matrix(l.shard_rows(), l.n_tp()), {}, {}};
   opt.add_parameter(test::layout_spec(l, groups, r.shard.view(), l.label));
   for (int step = 0; step < 3; ++step) {

@@ -102,7 +102,7 @@ std::pair<Matrix, Matrix> run(TpMode mode, Compute* compute) {
   o.tp_mode = mode;
   o.ns_algorithm = NsAlgorithm::kStandard;
   o.weight_decay = 0.1;
-  Muon muon = compute != nullptr ? Muon(o, world, *compute) : Muon(o, world);
+  Muon muon = compute != nullptr ? Muon(o, world, *compute) : Muon(o, world, cpu_compute());
   Matrix w = test::shard_for(test::random_matrix(16, 24, 1).view(), l, groups.tp.rank(), 0);
   Matrix bias = test::random_matrix(6, 1, 2);
   muon.add_parameter(test::layout_spec(l, groups, w.view(), "w"));

@@ -19,68 +19,6 @@ using test::TestLayout;
 
 constexpr double kTol = 1e-5;
 
-std::vector<TestLayout> layouts_for(int w) {
-  std::vector<TestLayout> out;
-  // GTP only (G = world), tall and wide.
-  out.push_back({.label = "gtp tall", .m = 36, .n = 24, .gtp = w});
-  out.push_back({.label = "gtp wide", .m = 24, .n = 60, .gtp = w});
-  // TP only, both partition dims.
-  out.push_back({.label = "tp dim0", .m = 36, .n = 24, .tp_dim = 0, .tp = w});
-  out.push_back({.label = "tp dim1 wide", .m = 24, .n = 60, .tp_dim = 1, .tp = w});
-  out.push_back({.label = "tp dim1 tall", .m = 36, .n = 24, .tp_dim = 1, .tp = w});
-  // Padding rows at the end of the GTP-sharded rows: in the last shard only, and over two
-  // shards (at G = 2 the last shard is all padding). Tall, so the scale sqrt(max(m, n)) of the
-  // unpadded m differs from the padded one.
-  out.push_back({.label = "gtp pad one shard", .m = 8 * w - 3, .n = 12, .gtp = w, .pad = 3});
-  if (w > 1)
-    out.push_back({.label = "gtp pad two shards", .m = 8 * w - 10, .n = 5, .gtp = w, .pad = 10});
-  // QKV: [q, k, v] and [q, gate, k, v] blocks per query group, groups split across shards.
-  out.push_back({.label = "gtp qkv", .m = 24, .n = 20, .gtp = w, .qkv = {4, 2, 2}});
-  out.push_back({.label = "gtp qkv gate", .m = 24, .n = 20, .gtp = w, .qkv = {4, 4, 2, 2}});
-  out.push_back({.label = "tp dim0 qkv", .m = 24, .n = 20, .tp_dim = 0, .tp = w, .qkv = {4, 2, 2}});
-  out.push_back({.label = "tp dim1 qkv", .m = 24, .n = 24, .tp_dim = 1, .tp = w, .qkv = {4, 2, 2}});
-  // TP x GTP, every factorisation with both > 1 (the larger group distributes; a tie: GTP).
-  for (int t = 2; t < w; ++t) {
-    if (w % t != 0 || w / t < 2) continue;
-    const int g = w / t;
-    const std::string tg = fmt::format("tp{} x gtp{}", t, g);
-    out.push_back({.label = tg + " dim0", .m = 36, .n = 24, .tp_dim = 0, .tp = t, .gtp = g});
-    out.push_back({.label = tg + " dim1", .m = 36, .n = 24, .tp_dim = 1, .tp = t, .gtp = g});
-    out.push_back({.label = tg + " dim1 wide", .m = 12, .n = 48, .tp_dim = 1, .tp = t, .gtp = g});
-    // m_tp = 13 rows per TP block, padded to a multiple of G.
-    const Index pad = (g - 13 % g) % g + g;
-    out.push_back({.label = tg + " dim0 pad",
-                   .m = 13 * t,
-                   .n = 12,
-                   .tp_dim = 0,
-                   .tp = t,
-                   .gtp = g,
-                   .pad = pad});
-    out.push_back({.label = tg + " dim1 pad",
-                   .m = 13,
-                   .n = 6 * t,
-                   .tp_dim = 1,
-                   .tp = t,
-                   .gtp = g,
-                   .pad = pad});
-    out.push_back({.label = tg + " dim0 qkv",
-                   .m = 24 * t,
-                   .n = 20,
-                   .tp_dim = 0,
-                   .tp = t,
-                   .gtp = g,
-                   .qkv = {4, 2, 2}});
-    out.push_back({.label = tg + " dim1 qkv gate",
-                   .m = 24,
-                   .n = 6 * t,
-                   .tp_dim = 1,
-                   .tp = t,
-                   .gtp = g,
-                   .qkv = {4, 4, 2, 2}});
-  }
-  return out;
-}
-
 struct Registered {
   ProcessGroups groups;
   int tp_rank, gtp_rank;
@@ -105,7 +43,7 @@ void check_layout(const TestLayout& l, TpMode mode) {
   r.tp_rank = r.groups.tp.rank();
   r.gtp_rank = r.groups.gtp.rank();
   const MuonOptions o = test_options(mode);
-  Muon opt(o, world);
+  Muon opt(o, world, cpu_compute());
   opt.add_parameter(spec_for(l, r, "w"));
 
   test::ReferenceMuon ref(o, l.m, l.n);
@@ -143,7 +81,7 @@ void check_layout(const TestLayout& l, TpMode mode) {
 }
 
 TEST(MuonLayouts, EveryLayoutAndModeMatchesTheReference) {
-  for (const TestLayout& l : layouts_for(test::world().size())) {
+  for (const TestLayout& l : test::layouts_for(test::world().size())) {
     for (TpMode mode : {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed}) {
       check_layout(l, mode);
     }
@@ -159,7 +97,7 @@ TEST(MuonLayouts, ScaleUsesTheUnpaddedShape) {
     Registered r{make_process_groups(test::world(), 1, w), 0, 0, Matrix(l.shard_rows(), l.n_tp())};
     r.gtp_rank = r.groups.gtp.rank();
     const MuonOptions o = test_options(mode);
-    Muon opt(o, test::world());
+    Muon opt(o, test::world(), cpu_compute());
     opt.add_parameter(spec_for(l, r, "w"));
     const Matrix g = test::random_matrix(l.m, l.n, 5);
     const Matrix g_local = test::shard_for(g.view(), l, 0, r.gtp_rank);
@@ -206,7 +144,7 @@ TEST(MuonLayouts, CollectivesPerMode) {
                             c.gtp,
                             1};
       Registered r{counted, pg.tp.rank(), pg.gtp.rank(), Matrix(l.shard_rows(), l.n_tp())};
-      Muon opt(test_options(mode), world);
+      Muon opt(test_options(mode), world, cpu_compute());
       opt.add_parameter(spec_for(l, r, "w"));
       const Matrix g =
           test::shard_for(test::random_matrix(l.m, l.n, 9).view(), l, r.tp_rank, r.gtp_rank);
@@ -262,7 +200,7 @@ TEST(MuonLayouts, ExpertWeightsUseTheirOwnGroups) {
     Registered e{eg, 0, eg.gtp.rank(), Matrix(expert.shard_rows(), expert.n_tp())};
     const int ep_rank = world.rank() / egtp;  // replica index of the expert groups
     const MuonOptions o = test_options(mode);
-    Muon opt(o, world);
+    Muon opt(o, world, cpu_compute());
     opt.add_parameter(spec_for(dense, d, "dense"));
     ParamSpec es = spec_for(expert, e, "expert0");
     es.expert = true;
@@ -302,7 +240,7 @@ TEST(MuonLayouts, QkvShapesThatDoNotDivideAreRefused) {
   s.rows = 10;
   s.cols = 8;
   s.qkv_split = {4, 2, 2};
-  Muon opt(test_options(TpMode::kDuplicated));
+  Muon opt(test_options(TpMode::kDuplicated), local_communicator(), cpu_compute());
   try {
     opt.add_parameter(s);
     FAIL() << "10 rows are not whole query groups of 8";

@@ -55,7 +55,7 @@ Outcome run_once(const MuonOptions& o) {
   const std::vector<TestLayout> ls = layouts(world.size());
   const ProcessGroups gtp = make_process_groups(world, 1, world.size());
   const ProcessGroups tp = make_process_groups(world, world.size(), 1);
-  Muon opt(o, world);
+  Muon opt(o, world, cpu_compute());
   Outcome r;
   std::vector<Matrix> grads;
   std::vector<ConstMatrixView> views;

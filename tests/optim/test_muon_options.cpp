@@ -62,7 +62,7 @@ TEST(MuonOptions, InvalidValuesListTheValidOnes) {
               o.tp_mode = TpMode::kDuplicated;
             }),
             "");
-  EXPECT_THROW(Muon(MuonOptions{.momentum = -0.1}), Error);
+  EXPECT_THROW(Muon(MuonOptions{.momentum = -0.1}, local_communicator(), cpu_compute()), Error);
   EXPECT_EQ(invalid([](MuonOptions&) {}), "");
 }
 
@@ -99,7 +99,7 @@ void check_against_reference(MuonOptions o, const std::string& what) {
   const Index m = 24, n = 40;
   Matrix p = test::random_matrix(m, n, 1);
   Matrix p_ref = Matrix::from(p.view());
-  Muon opt(o);
+  Muon opt(o, local_communicator(), cpu_compute());
   ParamSpec s;
   s.name = "w";
   s.local = p.view();
@@ -141,7 +141,7 @@ TEST(MuonUpdate, NonMuonParametersUseAdamW) {
   MuonOptions o;
   o.tp_mode = TpMode::kDuplicated;
   o.adamw = {.lr = 0.01, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1};
-  Muon opt(o);
+  Muon opt(o, local_communicator(), cpu_compute());
   const Index rows = 6, cols = 5;
   std::vector<Matrix> params;
   for (int k = 0; k < 4; ++k)
@@ -191,7 +191,7 @@ TEST(MuonUpdate, NonMuonParametersUseAdamW) {
 }
 
 TEST(MuonUpdate, RegistrationErrorsAreClear) {
-  Muon opt(MuonOptions{.tp_mode = TpMode::kDuplicated});
+  Muon opt(MuonOptions{.tp_mode = TpMode::kDuplicated}, local_communicator(), cpu_compute());
   Matrix local(4, 4);
   ParamSpec s;
   s.name = "w";
@@ -208,7 +208,7 @@ TEST(MuonUpdate, RegistrationErrorsAreClear) {
 }
 
 TEST(MuonUpdate, StepStatsAreRecorded) {
-  Muon opt(MuonOptions{.tp_mode = TpMode::kDuplicated});
+  Muon opt(MuonOptions{.tp_mode = TpMode::kDuplicated}, local_communicator(), cpu_compute());
   Matrix p(8, 8);
   ParamSpec s;
   s.name = "w";

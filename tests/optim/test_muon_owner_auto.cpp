@@ -81,7 +81,7 @@ struct Harness {
     opt.step(views);
   }
   Result run(const MuonOptions& o, int steps) const {
-    Muon opt(o, test::world());
+    Muon opt(o, test::world(), cpu_compute());
     Result r;
     r.params.reserve(ls.size());
     add(opt, r.params);
@@ -200,7 +200,7 @@ void check_resume(const MuonOptions& o) {
   const std::vector<TestLayout> ls = layouts(world.size());
   const Harness h(ls);
   const std::string dir = temp_dir(world);
-  Muon first(o, world);
+  Muon first(o, world, cpu_compute());
   std::vector<Matrix> a;
   a.reserve(ls.size());
   h.add(first, a);
@@ -212,7 +212,7 @@ void check_resume(const MuonOptions& o) {
     any_owner |= p.mode == TpMode::kOwner;
   EXPECT_TRUE(any_owner) << "the case must run owner mode";
 
-  Muon second(o, world);
+  Muon second(o, world, cpu_compute());
   std::vector<Matrix> b;
   b.reserve(ls.size());
   for (const Matrix& x : a)

@@ -300,7 +300,7 @@ MuonRun run_muon(const std::vector<Case>& cases, TpMode mode, NsAlgorithm algori
   o.lr = 0.5;
   o.tp_mode = mode;
   o.ns_algorithm = algorithm;
-  Muon opt(o, test::world());
+  Muon opt(o, test::world(), cpu_compute());
   Groups groups;
   MuonRun r;
   r.params.reserve(cases.size());

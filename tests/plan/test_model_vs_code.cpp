@@ -90,7 +90,7 @@ TEST(RefinedModelVsCode, CollectivesBytesAndFlopsMatchTheCode) {
         auto stats = std::make_shared<CommStats>();
         const Communicator group = counting_communicator(world, stats);
         Matrix shard = shard_of(full.view(), dim, g, world.rank());
-        newton_schulz_tp(shard.view(), dim, group, mode, opts);  // warm-up
+        newton_schulz_tp(shard.view(), dim, group, mode, opts, cpu_compute());  // warm-up
         stats->reset();
         shard = shard_of(full.view(), dim, g, world.rank());
         CountingCompute compute;

@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
     for (const Weight& w : kWeights)
       weights.push_back(cmd == "resume" ? read_npy(dir / ("weight-" + w.name + ".npy"))
                                         : initial(w));
-    Muon opt(options());
+    Muon opt(options(), local_communicator(), cpu_compute());
     for (std::size_t k = 0; k < kWeights.size(); ++k) {
       opt.add_parameter({.name = kWeights[k].name,
                          .local = weights[k].view(),

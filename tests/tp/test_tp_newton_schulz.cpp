@@ -45,9 +45,10 @@ TEST(TpNewtonSchulz, DuplicatedIsBitForBitTheFullNsSliced) {
         for (bool syrk : {true, false}) {
           const NsOptions o = ns_options("quintic", syrk);
           const Matrix full = random_matrix(sh.m, sh.n, 17);
-          const Matrix expected = my_shard(newton_schulz(full.view(), o).view(), dim, group);
+          const Matrix expected =
+              my_shard(newton_schulz(full.view(), o, cpu_compute()).view(), dim, group);
           Matrix shard = my_shard(full.view(), dim, group);
-          newton_schulz_tp(shard.view(), dim, group, TpMode::kDuplicated, o);
+          newton_schulz_tp(shard.view(), dim, group, TpMode::kDuplicated, o, cpu_compute());
           EXPECT_TRUE(bit_equal(shard, expected)) << label(group, sh, dim, "quintic", syrk);
         }
       }
@@ -68,9 +69,10 @@ TEST(TpNewtonSchulz, DistributedMatchesTheFullNsWithin1e5) {
           for (bool syrk : {true, false}) {
             const NsOptions o = ns_options(set, syrk);
             const Matrix full = random_matrix(sh.m, sh.n, 23);
-            const Matrix expected = my_shard(newton_schulz(full.view(), o).view(), dim, group);
+            const Matrix expected =
+                my_shard(newton_schulz(full.view(), o, cpu_compute()).view(), dim, group);
             Matrix shard = my_shard(full.view(), dim, group);
-            newton_schulz_tp(shard.view(), dim, group, TpMode::kDistributed, o);
+            newton_schulz_tp(shard.view(), dim, group, TpMode::kDistributed, o, cpu_compute());
             // Compare the whole matrix: the largest error of any rank's shard decides.
             const double err =
                 group.all_reduce(relative_error(shard.view(), expected.view()), ReduceOp::kMax);
@@ -88,8 +90,8 @@ TEST(TpNewtonSchulz, BlockwiseIsNsOfEachShard) {
       const NsOptions o = ns_options("quintic", true);
       const Matrix full = random_matrix(64, 40, 5);
       Matrix shard = my_shard(full.view(), dim, group);
-      const Matrix expected = newton_schulz(shard.view(), o);
-      newton_schulz_tp(shard.view(), dim, group, TpMode::kBlockwise, o);
+      const Matrix expected = newton_schulz(shard.view(), o, cpu_compute());
+      newton_schulz_tp(shard.view(), dim, group, TpMode::kBlockwise, o, cpu_compute());
       EXPECT_TRUE(bit_equal(shard, expected)) << "G=" << group.size() << " dim " << dim;
     }
   }
@@ -114,7 +116,7 @@ TEST(TpNewtonSchulz, DistributedNormalisesByTheGlobalNorm) {
       for (float& v : expected.values())
         v = static_cast<float>(v / std::sqrt(ss));
       Matrix shard = my_shard(full.view(), dim, group);
-      newton_schulz_tp(shard.view(), dim, group, TpMode::kDistributed, o);
+      newton_schulz_tp(shard.view(), dim, group, TpMode::kDistributed, o, cpu_compute());
       EXPECT_LE(relative_error(shard.view(), expected.view()), 1e-6)
           << "G=" << group.size() << " dim " << dim;
     }
@@ -128,11 +130,11 @@ TEST(TpNewtonSchulz, GroupOfOneIsTheLocalPath) {
   const Communicator counted = counting_communicator(self, stats);
   const NsOptions o = ns_options("quintic", true);
   const Matrix g = random_matrix(24, 40, 3);
-  const Matrix expected = newton_schulz(g.view(), o);
+  const Matrix expected = newton_schulz(g.view(), o, cpu_compute());
   for (TpMode mode : {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed}) {
     for (int dim : {0, 1}) {
       Matrix x = Matrix::from(g.view());
-      newton_schulz_tp(x.view(), dim, counted, mode, o);
+      newton_schulz_tp(x.view(), dim, counted, mode, o, cpu_compute());
       EXPECT_TRUE(bit_equal(x, expected)) << to_string(mode) << " dim " << dim;
     }
   }
@@ -144,10 +146,10 @@ TEST(TpNewtonSchulz, NoPartitionIsTheLocalNsWithoutCommunication) {
   const Communicator counted = counting_communicator(test::world(), stats);
   const NsOptions o = ns_options("quintic", false);
   const Matrix g = random_matrix(20, 36, 4);
-  const Matrix expected = newton_schulz(g.view(), o);
+  const Matrix expected = newton_schulz(g.view(), o, cpu_compute());
   for (TpMode mode : {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed}) {
     Matrix x = Matrix::from(g.view());
-    newton_schulz_tp(x.view(), kNoPartition, counted, mode, o);
+    newton_schulz_tp(x.view(), kNoPartition, counted, mode, o, cpu_compute());
     EXPECT_TRUE(bit_equal(x, expected)) << to_string(mode);
   }
   EXPECT_EQ(stats->all_gather.calls + stats->all_reduce.calls, 0u);
@@ -161,7 +163,7 @@ TEST(TpNewtonSchulz, MismatchedShardsFailOnEveryRank) {
     // Rank 0 holds one row more than the others: a shape no rank has seen before.
     Matrix shard = random_matrix(w.rank() == 0 ? 9 : 8, 16 + static_cast<int>(mode), 1);
     try {
-      newton_schulz_tp(shard.view(), 0, w, mode, o);
+      newton_schulz_tp(shard.view(), 0, w, mode, o, cpu_compute());
       ADD_FAILURE() << to_string(mode) << ": no error on rank " << w.rank();
     } catch (const CollectiveError& e) {
       EXPECT_NE(std::string(e.what()).find("shards differ"), std::string::npos) << e.what();
@@ -169,7 +171,7 @@ TEST(TpNewtonSchulz, MismatchedShardsFailOnEveryRank) {
   }
   // The group still works afterwards, and equal shards pass.
   Matrix shard = random_matrix(8, 12, 2);
-  EXPECT_NO_THROW(newton_schulz_tp(shard.view(), 0, w, TpMode::kDistributed, o));
+  EXPECT_NO_THROW(newton_schulz_tp(shard.view(), 0, w, TpMode::kDistributed, o, cpu_compute()));
 }
 
 // A shape verified earlier on one rank and a new one on the others: the check runs on every call,
@@ -180,10 +182,10 @@ TEST(TpNewtonSchulz, AShapeVerifiedOnSomeRanksOnlyStillFailsOnEveryRank) {
   const NsOptions o = ns_options("quintic", true);
   for (TpMode mode : {TpMode::kDuplicated, TpMode::kDistributed}) {
     Matrix verified = random_matrix(4, 8, 3);
-    newton_schulz_tp(verified.view(), 0, w, mode, o);  // every rank: 4x8 verified
+    newton_schulz_tp(verified.view(), 0, w, mode, o, cpu_compute());  // every rank: 4x8 verified
     Matrix shard = random_matrix(w.rank() == 0 ? 4 : 6, 8, 4);
     try {
-      newton_schulz_tp(shard.view(), 0, w, mode, o);
+      newton_schulz_tp(shard.view(), 0, w, mode, o, cpu_compute());
       ADD_FAILURE() << to_string(mode) << ": no error on rank " << w.rank();
     } catch (const CollectiveError& e) {
       EXPECT_NE(std::string(e.what()).find("shards differ"), std::string::npos) << e.what();
@@ -193,8 +195,11 @@ TEST(TpNewtonSchulz, AShapeVerifiedOnSomeRanksOnlyStillFailsOnEveryRank) {
 
 TEST(TpNewtonSchulz, InvalidArgumentsAreErrors) {
   Matrix x = random_matrix(8, 8, 1);
-  EXPECT_THROW(newton_schulz_tp(x.view(), 0, test::world(), TpMode::kAuto, NsOptions{}), Error);
-  EXPECT_THROW(newton_schulz_tp(x.view(), 2, test::world(), TpMode::kDistributed, NsOptions{}),
+  EXPECT_THROW(
+      newton_schulz_tp(x.view(), 0, test::world(), TpMode::kAuto, NsOptions{}, cpu_compute()),
+      Error);
+  EXPECT_THROW(newton_schulz_tp(x.view(), 2, test::world(), TpMode::kDistributed, NsOptions{},
+                                cpu_compute()),
                Error);
   EXPECT_THROW(parse_tp_mode("fast"), Error);
   EXPECT_EQ(parse_tp_mode("distributed"), TpMode::kDistributed);

@@ -44,10 +44,10 @@ TEST(TpTraffic, CountedCollectivesMatchTheClosedForm) {
       const Matrix full = random_matrix(k.m, k.n, 9);
       for (TpMode mode : {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed}) {
         Matrix shard = my_shard(full.view(), k.dim, c);
-        newton_schulz_tp(shard.view(), k.dim, c, mode, o);  // warm-up
+        newton_schulz_tp(shard.view(), k.dim, c, mode, o, cpu_compute());  // warm-up
         stats->reset();
         shard = my_shard(full.view(), k.dim, c);
-        newton_schulz_tp(shard.view(), k.dim, c, mode, o);
+        newton_schulz_tp(shard.view(), k.dim, c, mode, o, cpu_compute());
         TpTraffic expected = tp_traffic(k.m, k.n, c.size(), k.dim, mode, o.steps);
         if (c.size() > 1 && mode != TpMode::kBlockwise) {  // the shape check, on every call
           expected.all_reduce_calls += 1;
@@ -77,7 +77,7 @@ TEST(TpTraffic, ShapeCheckRunsOnEveryCall) {
     for (TpMode mode : {TpMode::kDuplicated, TpMode::kDuplicated, TpMode::kDistributed}) {
       stats->reset();
       Matrix shard = my_shard(full.view(), 1, c);
-      newton_schulz_tp(shard.view(), 1, c, mode, o);
+      newton_schulz_tp(shard.view(), 1, c, mode, o, cpu_compute());
       const TpTraffic t = tp_traffic(32, 48, c.size(), 1, mode, o.steps);
       EXPECT_EQ(stats->all_gather.calls, t.all_gather_calls) << to_string(mode);
       EXPECT_EQ(stats->all_gather.bytes, t.all_gather_bytes) << to_string(mode);

@@ -10,7 +10,7 @@ int main() {
   distmuon::Matrix g(4, 6);
   for (distmuon::Index i = 0; i < g.size(); ++i)
     g.data()[i] = static_cast<float>((i * 7) % 5) - 2.0f;
-  const auto x = distmuon::newton_schulz(g.view());
+  const auto x = distmuon::newton_schulz(g.view(), {}, cpu_compute());
   const auto sv = distmuon::singular_values(x.view());
   std::printf("sigma in [%.3f, %.3f]\n", sv.back(), sv.front());
   // The training model's Muon weights: input, fc1 and fc2 (docs/training.md).
