@@ -74,7 +74,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
          "--compare", o->compare,
          "Then train again with this tp-mode from the same start and compare (" + modes + ")")
       ->check(CLI::IsMember(mode_names));
-  auto* device = o->device.add_to(*cmd);
+  auto* device = o->device.add_to(*cmd)->default_str("");  // the config's by default
   device->description(device->get_description() +
                       "; the optimizer runs there, the model on the host (default: the config's "
                       "train.device)");
