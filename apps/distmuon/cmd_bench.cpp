@@ -46,6 +46,7 @@ void add_bench_command(CLI::App& app, Context& ctx) {
     std::uint64_t seed = 0;
     NsCliOptions ns;
     BenchModelOptions model;  // --model: a model's shapes instead (bench_model_command.cpp)
+    DeviceCliOption device;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--shape", o->shapes, "Matrix shapes MxN (repeatable)")->capture_default_str();
@@ -77,8 +78,17 @@ void add_bench_command(CLI::App& app, Context& ctx) {
                "with --model: auto (measure both and let auto pick per weight; the default "
                "measures standard, as the optimizer runs by default)");
   o->model.add_to(*cmd);
+  o->device.add_to(*cmd)->description(
+      "Compute backend of the shape benchmark: cpu, opaque (a CPU test backend whose memory the "
+      "host cannot address) or cuda (a GPU); --model runs on cpu");
   cmd->callback([o, cmd, &ctx] {
     if (o->model.active()) {
+      if (o->device.name != "cpu") {
+        throw CollectiveError(fmt::format(
+            "--device {}: bench --model runs on cpu only; the shape benchmark (--shape) takes "
+            "--device",
+            o->device.name));
+      }
       run_bench_model(o->model, {o->modes, o->reps, o->warmup, o->threads, o->json, o->seed, o->ns},
                       *cmd, ctx);
       return;
@@ -98,15 +108,18 @@ void add_bench_command(CLI::App& app, Context& ctx) {
       c.seed = o->seed;
       return c;
     });
+    Compute& compute = o->device.resolve(ctx.world);
     set_blas_threads(o->threads);
-    const TpBenchReport report = run_tp_bench(ctx.world, config, cpu_compute());
+    const TpBenchReport report = run_tp_bench(ctx.world, config, compute);
     if (ctx.world.rank() != 0) return;
     if (o->json) {
       nlohmann::json j = to_json(report);
+      j["device"] = o->device.name;
       j["blas"] = blas_json();
       std::cout << j.dump(2) << std::endl;
     } else {
-      std::cout << "BLAS: " << blas_summary() << "\n" << format_report(report) << std::flush;
+      std::cout << "device: " << o->device.name << "\nBLAS: " << blas_summary() << "\n"
+                << format_report(report) << std::flush;
     }
   });
 }

@@ -22,6 +22,7 @@ void add_demo_command(CLI::App& app, Context& ctx) {
     unsigned seed = 0;
     int reps = 3;
     NsCliOptions ns;
+    DeviceCliOption device;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--rows", o->m, "Rows")->check(at_least<Index>(1))->capture_default_str();
@@ -33,8 +34,10 @@ void add_demo_command(CLI::App& app, Context& ctx) {
       ->capture_default_str()
       ->check(at_least<int>(1));
   o->ns.add_to(*cmd);
+  o->device.add_to(*cmd);
   cmd->callback([o, &ctx] {
     const NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
+    Compute& compute = o->device.resolve(ctx.world);
     // The input and its working copy, NS's workspace, and singular_values' float64 copy and
     // s x s Gram matrix.
     const double m = static_cast<double>(o->m), n = static_cast<double>(o->n);
@@ -51,24 +54,31 @@ void add_demo_command(CLI::App& app, Context& ctx) {
     std::normal_distribution<float> dist;
     for (float& v : g.values())
       v = dist(rng);
-    Matrix x = Matrix::from(g);
+    // The input and the iterate in the backend's memory; the clock is read after synchronize().
+    const DeviceMatrix input = to_device(compute, g.view());
+    DeviceMatrix x(compute, o->m, o->n);
     NsWorkspace ws;
-    newton_schulz_inplace(x.view(), opts, cpu_compute(), nullptr, &ws);  // warm-up
+    compute.copy(input.view(), x.view());
+    newton_schulz_inplace(x.view(), opts, compute, nullptr, &ws);  // warm-up
     std::vector<double> times;
     for (int r = 0; r < o->reps; ++r) {
-      copy(g.view(), x.view());
+      compute.copy(input.view(), x.view());
+      compute.synchronize();
       const auto t0 = std::chrono::steady_clock::now();
-      newton_schulz_inplace(x.view(), opts, cpu_compute(), nullptr, &ws);
+      newton_schulz_inplace(x.view(), opts, compute, nullptr, &ws);
+      compute.synchronize();
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(times.begin(), times.end());
     const double sec = times[times.size() / 2];
-    check_ns_result(x.view(), opts);
-    const auto sv = singular_values(x.view());
+    check_ns_result(x.view(), opts, compute);
+    const Matrix result = to_host(compute, x.view());
+    const auto sv = singular_values(result.view());
     if (ctx.world.rank() != 0) return;
     fmt::print("Newton-Schulz of a {} Gaussian matrix: {} x {} steps, {} path\n",
                shape_str(o->m, o->n), opts.coefficients.name, opts.steps,
                opts.use_syrk ? "syrk" : "gemm");
+    fmt::print("  device          {}\n", o->device.name);
     fmt::print("  BLAS            {}\n", blas_summary());
     fmt::print("  time            {:.2f} ms (median of {}; min {:.2f} ms)\n", sec * 1e3,
                times.size(), times.front() * 1e3);

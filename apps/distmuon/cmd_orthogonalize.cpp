@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "command_line_errors.h"
 #include "commands.h"
@@ -57,6 +58,7 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
     std::string tp_mode = "duplicated";
     int partition_dim = 0;
     NsCliOptions ns;
+    DeviceCliOption device;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("input", o->in, "Input .npy (float32, C order, 2-D)")->required();
@@ -68,9 +70,11 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
       ->check(CLI::IsMember({0, 1}))
       ->capture_default_str();
   o->ns.add_to(*cmd);
+  o->device.add_to(*cmd);
   cmd->callback([o, &ctx] {
     const Communicator& world = ctx.world;
     const NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
+    Compute& compute = o->device.resolve(world);
     const TpMode mode = parse_tp_mode(o->tp_mode);
     const int g = world.size(), dim = o->partition_dim;
 
@@ -80,10 +84,14 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
       throw CollectiveError(fmt::format("{} does not split into {} equal shards along dim {}",
                                         shape_str(full.view()), g, dim));
     }
-    Matrix shard = shard_of(full.view(), dim, g, world.rank());
+    // This rank's shard runs on the backend; the result comes back to the host to be gathered.
+    DeviceMatrix on_device = to_device(compute, shard_of(full.view(), dim, g, world.rank()).view());
+    compute.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
-    newton_schulz_tp(shard.view(), dim, world, mode, opts, cpu_compute());
+    newton_schulz_tp(on_device.view(), dim, world, mode, opts, compute);
+    compute.synchronize();
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const Matrix shard = to_host(compute, std::as_const(on_device).view());
 
     // Gather the shards (rank order) and reassemble the full matrix on rank 0.
     const auto count = static_cast<std::size_t>(shard.size());
@@ -101,7 +109,7 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
           copy(piece, dim == 0 ? out.view().block(sr * r, 0, sr, sc)
                                : out.view().block(0, sc * r, sr, sc));
         }
-        check_ns_result(out.view(), opts);
+        check_ns_result(out.view(), opts, cpu_compute());  // host memory
         write_npy(o->out, out.view());
       } catch (const std::exception& e) {
         ok = false;
@@ -110,12 +118,12 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
     }
     world.agree_or_throw(ok, "writing the output", reason);
     if (world.rank() == 0) {
-      fmt::print("orthogonalized {} -> {}: {} x {} steps, {} NS, {} in {:.1f} ms\n",
+      fmt::print("orthogonalized {} -> {}: {} x {} steps, {} NS, {} on {} in {:.1f} ms\n",
                  shape_str(full.view()), o->out, o->ns.coefficients, opts.steps,
                  to_string(opts.algorithm),
                  g > 1 ? fmt::format("{} over {} ranks (dim {})", to_string(mode), g, dim)
                        : std::string("one process"),
-                 sec * 1e3);
+                 o->device.name, sec * 1e3);
     }
   });
 }

@@ -23,6 +23,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
     int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
     double progress = 1.0;
     bool overwrite_checkpoints = false;
+    DeviceCliOption device;
   };
   auto o = std::make_shared<Opts>();
   const std::string modes = "blockwise|duplicated|distributed|owner|auto";
@@ -73,11 +74,15 @@ void add_train_command(CLI::App& app, Context& ctx) {
          "--compare", o->compare,
          "Then train again with this tp-mode from the same start and compare (" + modes + ")")
       ->check(CLI::IsMember(mode_names));
+  auto* device = o->device.add_to(*cmd)->default_str("");  // the config's by default
+  device->description(device->get_description() +
+                      "; the optimizer runs there, the model on the host (default: the config's "
+                      "train.device)");
   cmd->add_option("--progress", o->progress,
                   "On a terminal without --log: a progress line updated at most every S seconds "
                   "between logged steps (0: none)")
       ->capture_default_str();
-  cmd->callback([o, &ctx, seed, steps, log_interval, eval_interval] {
+  cmd->callback([o, &ctx, seed, steps, log_interval, eval_interval, device] {
     // Every rank checks the options; one message (from rank 0) when they fail.
     TrainConfig config;
     MuonOptions options;
@@ -89,6 +94,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       if (steps->count() > 0) config.train.steps = o->steps;
       if (log_interval->count() > 0) config.train.log_every = o->log_interval;
       if (eval_interval->count() > 0) config.train.eval_every = o->eval_interval;
+      if (device->count() > 0) config.train.device = o->device.name;
       if (!o->tp_mode.empty()) config.optimizer["tp_mode"] = o->tp_mode;
       if (!o->ns_algorithm.empty()) config.optimizer["ns_algorithm"] = o->ns_algorithm;
       if (!o->profile.empty()) config.optimizer["profile"] = o->profile;
@@ -106,6 +112,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       failure = e.what();
     }
     ctx.world.agree_or_throw(failure.empty(), "train: options", failure);
+    DeviceCliOption{config.train.device}.resolve(ctx.world);  // refused alike on every rank
 
     TrainRunOptions run{.log_jsonl = o->log,
                         .checkpoint_dir = o->checkpoint,

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "distmuon/comm.h"
+#include "distmuon/compute.h"
 #include "distmuon/newton_schulz.h"
 
 namespace distmuon::cli {
@@ -28,10 +29,22 @@ struct NsCliOptions {
   NsOptions resolve() const;
 };
 
+// --device: the compute backend a command runs on (compute_backend: cpu, opaque, cuda). Inputs
+// read from files are uploaded to it, results downloaded before they are written.
+struct DeviceCliOption {
+  std::string name = "cpu";
+  CLI::Option* add_to(CLI::App& app);
+  // Collective: every rank resolves the device. A name that is no backend of this build fails
+  // alike on every rank (naming the valid ones); a backend that a rank cannot start (no GPU)
+  // becomes CollectiveError on every rank with that rank's reason.
+  Compute& resolve(const Communicator& world) const;
+};
+
 // Throws when the result x of Newton-Schulz with opts holds a non-finite value: the coefficients
 // diverged on this input (each within kMaxCoefficientMagnitude, but growing step after step), and
 // the result must not be printed or written as if it were one.
-void check_ns_result(ConstMatrixView x, const NsOptions& opts);
+// x lives in compute's memory.
+void check_ns_result(ConstMatrixView x, const NsOptions& opts, Compute& compute);
 
 void add_demo_command(CLI::App& app, Context& ctx);
 void add_orthogonalize_command(CLI::App& app, Context& ctx);

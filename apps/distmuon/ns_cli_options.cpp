@@ -53,8 +53,8 @@ NsOptions NsCliOptions::resolve() const {
   return o;
 }
 
-void check_ns_result(ConstMatrixView x, const NsOptions& opts) {
-  if (const auto at = cpu_compute().find_non_finite(x)) {
+void check_ns_result(ConstMatrixView x, const NsOptions& opts, Compute& compute) {
+  if (const auto at = compute.find_non_finite(x)) {
     throw Error(fmt::format(
         "the Newton-Schulz result ({}) has a non-finite value at ({}, {}): coefficient set '{}' "
         "with {} steps diverges on this input",

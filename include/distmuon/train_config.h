@@ -32,6 +32,9 @@ struct TrainSchedule {
   int log_every = 10;
   int eval_every = 50;        // validation loss every N steps and at the last step
   Index eval_windows = 2048;  // validation windows per evaluation (spread over the split)
+  // The compute backend the optimizer runs on (compute_backend: cpu, opaque, cuda); the model's
+  // forward and backward stay on the host.
+  std::string device = "cpu";
 };
 
 struct TrainConfig {

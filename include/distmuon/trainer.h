@@ -13,6 +13,10 @@
 //      (auto: decided per shape by the cost model on the first step), AdamW for the embedding and
 //      the head;
 //   4. every eval_every steps and at the last step: the validation loss.
+// The model (steps 1, 2, 4) is host code on host matrices. The optimizer (step 3) runs on the
+// backend config.train.device names: on the CPU on the model's own buffers; on a backend with its
+// own memory (opaque, cuda) on mirrors of the parameters and gradients in that memory, the
+// gradients uploaded before Muon::step and the updated values downloaded into the model after it.
 //
 // Checkpoint directory (save_checkpoint / resume):
 //   trainer.json         format, version, step, world size, the run's id, the run's config, and

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <random>
 
-#include "distmuon/timing.h"
 #include "distmuon/error.h"
+#include "distmuon/timing.h"
 
 namespace distmuon {
 
@@ -46,16 +46,21 @@ TimingSummary time_on_group(const Communicator& group, const TimingOptions& timi
 
 GemmRate measure_sgemm(const Communicator& group, Index m, Index n, Index k,
                        const TimingOptions& timing, Compute& compute) {
-  Matrix a(m, k), b(k, n), c(m, n);
+  Matrix a(m, k), b(k, n);
   std::mt19937 rng(static_cast<unsigned>(group.rank()) + 1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (float& v : a.values())
     v = dist(rng);
   for (float& v : b.values())
     v = dist(rng);
+  // The operands in the backend's memory; each run waits for the backend before the clock.
+  const DeviceMatrix da = to_device(compute, a.view()), db = to_device(compute, b.view());
+  DeviceMatrix dc(compute, m, n);
   GemmRate r{m, n, k, {}, 0};
-  r.time = time_on_group(group, timing,
-                         [&] { compute.gemm(Trans::kNo, Trans::kNo, 1.0f, a, b, 0.0f, c); });
+  r.time = time_on_group(group, timing, [&] {
+    compute.gemm(Trans::kNo, Trans::kNo, 1.0f, da.view(), db.view(), 0.0f, dc.view());
+    compute.synchronize();
+  });
   r.flops_per_s = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) /
                   r.time.median_s;
   return r;
@@ -63,13 +68,18 @@ GemmRate measure_sgemm(const Communicator& group, Index m, Index n, Index k,
 
 GemmRate measure_ssyrk(const Communicator& group, Index n, Index k, const TimingOptions& timing,
                        Compute& compute) {
-  Matrix a(n, k), c(n, n);
+  Matrix a(n, k);
   std::mt19937 rng(static_cast<unsigned>(group.rank()) + 1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (float& v : a.values())
     v = dist(rng);
+  const DeviceMatrix da = to_device(compute, a.view());
+  DeviceMatrix dc(compute, n, n);
   GemmRate r{n, n, k, {}, 0};
-  r.time = time_on_group(group, timing, [&] { compute.syrk(Trans::kNo, 1.0f, a, 0.0f, c); });
+  r.time = time_on_group(group, timing, [&] {
+    compute.syrk(Trans::kNo, 1.0f, da.view(), 0.0f, dc.view());
+    compute.synchronize();
+  });
   r.flops_per_s =
       static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(k) / r.time.median_s;
   return r;

@@ -105,8 +105,10 @@ TpBenchReport run_tp_bench(const Communicator& group, const TpBenchConfig& confi
     std::normal_distribution<float> dist;
     for (float& v : full.values())
       v = dist(rng);
-    const Matrix shard = shard_of(full.view(), dim, g, group.rank());
-    Matrix work(shard.rows(), shard.cols());
+    // The shard and its working copy in the backend's memory.
+    const DeviceMatrix shard =
+        to_device(compute, shard_of(full.view(), dim, g, group.rank()).view());
+    DeviceMatrix work(compute, shard.rows(), shard.cols());
     for (TpMode mode : config.modes) {
       TpBenchResult r;
       r.m = m;
@@ -129,8 +131,14 @@ TpBenchReport run_tp_bench(const Communicator& group, const TpBenchConfig& confi
 
       r.time = time_on_group(
           group, config.timing,
-          [&] { newton_schulz_tp(work.view(), dim, group, mode, config.ns, compute); },
-          [&] { copy(shard.view(), work.view()); });
+          [&] {
+            newton_schulz_tp(work.view(), dim, group, mode, config.ns, compute);
+            compute.synchronize();  // the clock is read after the backend's work is done
+          },
+          [&] {
+            compute.copy(shard.view(), work.view());
+            compute.synchronize();
+          });
       r.ratio = r.time.median_s / r.bound_s;
       report.results.push_back(std::move(r));
     }

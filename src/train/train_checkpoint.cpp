@@ -253,6 +253,7 @@ void Trainer::resume(const fs::path& where) {
     std::memcpy(p.value.data(), bytes.data() + offset, n);
     offset += n;
   }
+  s.upload_values();
   s.step = step;
   s.run_id = run_id;
   s.resumed_from = dir;

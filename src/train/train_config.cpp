@@ -128,6 +128,7 @@ TrainConfig from_json(const json& j) {
   train.read("log_every", c.train.log_every, 1, kMaxInt);
   train.read("eval_every", c.train.eval_every, 1, kMaxInt);
   train.read("eval_windows", c.train.eval_windows, Index{1}, kMaxIndex);
+  train.read("device", c.train.device);
   train.no_unknown_fields();
 
   if (j.contains("optimizer")) {
@@ -258,7 +259,8 @@ nlohmann::json to_json(const TrainConfig& c) {
         {"batch", c.train.batch},
         {"log_every", c.train.log_every},
         {"eval_every", c.train.eval_every},
-        {"eval_windows", c.train.eval_windows}}},
+        {"eval_windows", c.train.eval_windows},
+        {"device", c.train.device}}},
       {"optimizer", c.optimizer},
   };
 }

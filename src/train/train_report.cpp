@@ -70,10 +70,11 @@ void ConsoleReport::on_start(const Trainer& trainer, int first_step) {
       c.data.path, d.bytes().size(), d.windows(Split::kTrain), d.windows(Split::kValidation),
       trainer.unigram_entropy()));
   print(fmt::format(
-      "optimizer: Muon lr {}, momentum {}{}, weight decay {}, {} x {} NS steps ({}), tp_mode {} "
-      "(cost model {}, profile {}{}); AdamW lr {} for the embedding and the head",
-      o.lr, o.momentum, o.nesterov ? " (Nesterov)" : "", o.weight_decay, o.coefficients, o.steps,
-      to_string(o.ns_algorithm), to_string(o.tp_mode), o.cost_model, o.profile,
+      "optimizer ({}): Muon lr {}, momentum {}{}, weight decay {}, {} x {} NS steps ({}), "
+      "tp_mode {} (cost model {}, profile {}{}); AdamW lr {} for the embedding and the head",
+      c.train.device, o.lr, o.momentum, o.nesterov ? " (Nesterov)" : "", o.weight_decay,
+      o.coefficients, o.steps, to_string(o.ns_algorithm), to_string(o.tp_mode), o.cost_model,
+      o.profile,
       o.plan == PlanMode::kMeasure
           ? fmt::format(", plan measure{}", o.wisdom.empty() ? "" : ", wisdom " + o.wisdom)
           : "",

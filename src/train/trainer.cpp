@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <utility>
 
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
@@ -51,6 +52,7 @@ Trainer::Trainer(TrainConfig config, Communicator world)
     s.data.emplace(TextData::from_file(s.config.data.path, s.config.data_options()));
     s.profile = resolve_profile(s.options.profile);
     s.cost_model = parse_cost_model(s.options.cost_model);
+    s.compute = &compute_backend(s.config.train.device);
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -59,11 +61,17 @@ Trainer::Trainer(TrainConfig config, Communicator world)
   s.run_id = decide_on_root<std::string>(w, 0, "train: the run id", new_run_id);
 
   s.model = std::make_unique<ShardedCharLm>(s.config.model, s.config.train.seed, w);
-  s.muon.emplace(s.options, w, cpu_compute());
+  Compute& compute = *s.compute;
+  s.muon.emplace(s.options, w, compute);
+  const bool mirror = compute.memory() != MemoryKind::kHost;
   for (ShardedParam& p : s.model->params()) {
+    if (mirror) {
+      s.values.emplace_back(compute, p.value.rows(), p.value.cols());
+      s.grads_on_device.emplace_back(compute, p.grad.rows(), p.grad.cols());
+    }
     ParamSpec spec;
     spec.name = p.name;
-    spec.local = p.value.view();
+    spec.local = mirror ? s.values.back().view() : p.value.view();
     spec.rows = p.rows;
     spec.cols = p.cols;
     spec.role = role_of(p.name);
@@ -75,10 +83,29 @@ Trainer::Trainer(TrainConfig config, Communicator world)
       spec.pad_length = p.sharding.pad_length;
     }
     s.muon->add_parameter(std::move(spec));
-    s.grads.push_back(p.grad.view());
+    s.grads.push_back(mirror ? std::as_const(s.grads_on_device.back()).view() : p.grad.view());
   }
+  s.upload_values();
   s.validation = s.data->validation_batch(w.rank(), w.size(), s.config.train.eval_windows);
   s.entropy = distmuon::unigram_entropy(s.data->bytes());
+}
+
+void Trainer::Impl::upload_values() {
+  auto& params = model->params();
+  for (std::size_t i = 0; i < values.size(); ++i)
+    compute->copy_from_host(params[i].value.view(), values[i].view());
+}
+
+void Trainer::Impl::download_values() {
+  auto& params = model->params();
+  for (std::size_t i = 0; i < values.size(); ++i)
+    compute->copy_to_host(std::as_const(values[i]).view(), params[i].value.view());
+}
+
+void Trainer::Impl::upload_grads() {
+  auto& params = model->params();
+  for (std::size_t i = 0; i < grads_on_device.size(); ++i)
+    compute->copy_from_host(params[i].grad.view(), grads_on_device[i].view());
 }
 
 Trainer::~Trainer() = default;
@@ -93,7 +120,9 @@ StepRecord Trainer::step() {
   const CharBatch batch = s.data->train_batch(static_cast<std::uint64_t>(r.step), s.world.rank(),
                                               s.world.size(), s.config.train.batch);
   r.loss = s.model->forward_backward(batch);
+  s.upload_grads();
   s.muon->step(s.grads);
+  s.download_values();
   const MuonStepStats stats = s.muon->last_step_stats();
   r.opt_ms = stats.total_s * 1e3;
   r.opt_comm_ms = stats.comm_s * 1e3;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "distmuon/compute.h"
 #include "distmuon/trainer.h"
 
 namespace distmuon {
@@ -21,9 +22,23 @@ struct Trainer::Impl {
   CostModel cost_model = CostModel::kRefined;
   std::optional<TextData> data;
   std::unique_ptr<ShardedCharLm> model;  // its buffers are registered with the optimizer
+  // The optimizer's backend (config.train.device). On a backend with its own memory the
+  // optimizer works on mirrors of the parameters and their gradients in that memory: each step
+  // uploads the gradients and downloads the updated values into the model, which stays on the
+  // host. On the CPU the optimizer works on the model's own buffers (no mirrors).
+  Compute* compute = nullptr;
+  std::vector<DeviceMatrix> values;  // mirrors of the model's parameters (empty on the CPU)
+  std::vector<DeviceMatrix> grads_on_device;  // mirrors of their gradients (empty on the CPU)
   std::optional<Muon> muon;
-  std::vector<ConstMatrixView> grads;  // the model's gradient buffers, in registration order
-  CharBatch validation;                // this rank's part of the validation windows
+  std::vector<ConstMatrixView> grads;  // the gradients Muon reads, in registration order
+
+  bool mirrored() const { return !values.empty(); }
+  // With mirrors: the model's values into the mirrors, the mirrors into the model's values, the
+  // model's gradients into their mirrors (no-ops on the CPU).
+  void upload_values();
+  void download_values();
+  void upload_grads();
+  CharBatch validation;  // this rank's part of the validation windows
   double entropy = 0;
   int step = 0;
   std::string run_id;                  // Trainer::run_id

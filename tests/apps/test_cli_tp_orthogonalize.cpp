@@ -53,7 +53,7 @@ TEST_F(CliTpOrthogonalize, SingleProcessIsTheLocalNs) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // One summary line: shape, output, coefficients, steps, algorithm, where and how long.
   EXPECT_NE(r.output.find(fmt::format("orthogonalized {}x{} -> {}: quintic x 5 steps, standard NS, "
-                                      "one process in ",
+                                      "one process on cpu in ",
                                       input_.rows(), input_.cols(), out())),
             std::string::npos)
       << r.output;
