@@ -108,11 +108,12 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
   }
   ctx.world.agree_or_throw(why.empty(), "bench --model", why);
   why.clear();
+  Compute& compute = common.device.resolve(ctx.world);
   set_blas_threads(common.threads);
   ProgressLine progress(stdout, ctx.world.rank() == 0 && !common.json);
   ModelBenchConfig run = config;
   if (progress.active()) run.progress = [&](const std::string& what) { progress.update(what); };
-  const ModelBenchReport report = run_model_bench(ctx.world, run, cpu_compute());
+  const ModelBenchReport report = run_model_bench(ctx.world, run, compute);
   progress.clear();
   if (ctx.world.rank() == 0 && !model.plot.empty()) {
     try {
@@ -125,10 +126,12 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
   if (ctx.world.rank() != 0) return;
   if (common.json) {
     nlohmann::json j = to_json(report);
+    j["device"] = common.device.name;
     j["blas"] = blas_json();
     std::cout << j.dump(2) << std::endl;
   } else {
-    std::cout << "BLAS: " << blas_summary() << "\n" << format_report(report);
+    std::cout << "device: " << common.device.name << "\nBLAS: " << blas_summary() << "\n"
+              << format_report(report);
     if (!model.plot.empty()) std::cout << "plot written to " << model.plot << "\n";
     std::cout << std::flush;
   }

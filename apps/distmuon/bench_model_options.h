@@ -31,6 +31,7 @@ struct BenchCommonOptions {
   bool json = false;
   std::uint64_t seed = 0;
   NsCliOptions ns;
+  DeviceCliOption device;  // the compute backend both benchmarks run on
 };
 
 // Runs the model benchmark and prints (rank 0) the table or the JSON; draws the plot if asked.

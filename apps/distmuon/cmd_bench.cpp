@@ -79,18 +79,13 @@ void add_bench_command(CLI::App& app, Context& ctx) {
                "measures standard, as the optimizer runs by default)");
   o->model.add_to(*cmd);
   o->device.add_to(*cmd)->description(
-      "Compute backend of the shape benchmark: cpu, opaque (a CPU test backend whose memory the "
-      "host cannot address) or cuda (a GPU); --model runs on cpu");
+      "Compute backend: cpu, opaque (a CPU test backend whose memory the host cannot address) or "
+      "cuda (a GPU)");
   cmd->callback([o, cmd, &ctx] {
     if (o->model.active()) {
-      if (o->device.name != "cpu") {
-        throw CollectiveError(fmt::format(
-            "--device {}: bench --model runs on cpu only; the shape benchmark (--shape) takes "
-            "--device",
-            o->device.name));
-      }
-      run_bench_model(o->model, {o->modes, o->reps, o->warmup, o->threads, o->json, o->seed, o->ns},
-                      *cmd, ctx);
+      run_bench_model(
+          o->model, {o->modes, o->reps, o->warmup, o->threads, o->json, o->seed, o->ns, o->device},
+          *cmd, ctx);
       return;
     }
     const TpBenchConfig config = resolve_on_every_rank([&] {

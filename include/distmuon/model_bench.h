@@ -129,7 +129,12 @@ struct ModelBenchReport {
 };
 
 // Collective over the group (every rank with the same config). Invalid configurations and shapes
-// above max_elements throw CollectiveError on every rank, naming the shapes.
+// above max_elements throw CollectiveError on every rank, naming the shapes. Runs on compute's
+// memory (any backend): each shape's full matrix is drawn on the host and this rank's shard
+// uploaded once; work copies, NS scratch and gathered buffers are the backend's (the scratch kept
+// across runs, as the optimizer keeps it); the shards move over compute.data_communicator(group)
+// (attached once, unless group already has a data plane); the backend is synchronised before the
+// clock is read.
 ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConfig& config,
                                  Compute& compute);
 

@@ -17,6 +17,7 @@
 #include "distmuon/fsdp.h"
 #include "distmuon/memory_check.h"
 #include "distmuon/topology.h"
+#include "ns/ns_workspaces.h"
 #include "optim/owner_ns.h"
 #include "tp/sharded_ns.h"
 
@@ -45,22 +46,25 @@ std::vector<ModelBenchShape> distinct_shapes(const std::vector<WeightShape>& wei
   return out;
 }
 
-// Bytes one rank of a group of g allocates: per shape the full random matrix, its shard, a work
-// copy and NS's workspace; per weight (count copies per shape) auto's key and estimate and, for
-// each of up to three owner runs (on more than one rank), a shard-sized work matrix. With plan
-// measure, the planner's copies too (model_bench_measure.cpp): per weight a shard and a work copy
-// of it, and the largest full matrix while they are drawn.
+// Bytes one rank of a group of g allocates (host and backend memory together): per shape the full
+// random matrix, its shard, a work copy, NS's workspace and the gathered full matrix; per weight
+// (count copies per shape) auto's key and estimate, the owner's buffers (its share of the full
+// matrix and the all-to-all staging) and, for each of up to three owner runs (on more than one
+// rank), a shard-sized work matrix. With plan measure, the planner's copies too
+// (model_bench_measure.cpp): per weight a shard and a work copy of it, and the largest full
+// matrix while they are drawn.
 double bench_memory_bytes(const std::vector<ModelBenchShape>& shapes, int g, bool measure) {
   double bytes = 0, largest = 0;
   for (const ModelBenchShape& s : shapes) {
     const double full = static_cast<double>(s.m) * static_cast<double>(s.n);
     const double shard = full / g + static_cast<double>(s.n);  // rows rounded up
     const double count = static_cast<double>(s.count);
-    bytes += sizeof(float) * (full + 2 * shard) + ns_workspace_bytes(s.m, s.n);
+    bytes += sizeof(float) * (2 * full + 2 * shard) + ns_workspace_bytes(s.m, s.n);
     const double owner_runs = g > 1 ? 3 : 0;  // owner is measured on more than one rank only
     bytes += count * (sizeof(AutoKey) + sizeof(CostEstimate) + sizeof(AutoChoice) +
-                      owner_runs * (sizeof(Matrix) + sizeof(float) * shard + 64));
-    if (measure) bytes += count * (2 * sizeof(float) * shard + 2 * sizeof(Matrix) + 128);
+                      (g > 1 ? sizeof(float) * (full / g + 2 * shard) : 0) +
+                      owner_runs * (sizeof(DeviceMatrix) + sizeof(float) * shard + 64));
+    if (measure) bytes += count * (2 * sizeof(float) * shard + 2 * sizeof(DeviceMatrix) + 128);
     largest = std::max(largest, sizeof(float) * full);
   }
   return bytes + (measure ? largest : 0);
@@ -117,14 +121,17 @@ NsOptions with_algorithm(NsOptions ns, NsAlgorithm a) {
   return ns;
 }
 
-// One shape's shard on this rank and its layout, rows sharded over the group as training does.
+// One shape's shard on this rank (in compute's memory) and its layout, rows sharded over the
+// group as training does.
 struct ShapeData {
-  Matrix shard;
+  DeviceMatrix shard;
   detail::ShardLayout layout;
 };
 
+// The full matrix is drawn on the host (the same values on every backend) and this rank's shard
+// of it uploaded once.
 ShapeData make_shape(const Communicator& group, const ModelBenchConfig& config, std::size_t index,
-                     ModelBenchShape& shape) {
+                     ModelBenchShape& shape, Compute& compute) {
   const int g = group.size(), r = group.rank();
   const RowSharding sharding = RowSharding::make(shape.m, shape.n, g);
   shape.shard_rows = sharding.shard_rows;
@@ -134,7 +141,7 @@ ShapeData make_shape(const Communicator& group, const ModelBenchConfig& config, 
   std::normal_distribution<float> dist;
   for (float& v : full.values())
     v = dist(rng);
-  ShapeData d{row_shard(full.view(), sharding, r), {}};
+  ShapeData d{to_device(compute, row_shard(full.view(), sharding, r).view()), {}};
   d.layout.m = shape.m;
   d.layout.n = shape.n;
   d.layout.gtp_size = g;
@@ -146,7 +153,8 @@ ShapeData make_shape(const Communicator& group, const ModelBenchConfig& config, 
 const detail::ScaleFn kUnitScale = [](Index, Index) { return 1.0; };
 
 // One timed thing: a run (a candidate of one shape, or owner over the model) and the reset of its
-// input before each run; its samples land in `samples`.
+// input before each run, both ending with the backend synchronised (the clock is read after its
+// work is done); its samples land in `samples`.
 struct Task {
   std::function<void()> run, reset;
   std::vector<double>* samples = nullptr;
@@ -173,8 +181,8 @@ void measure(const Communicator& group, const TimingOptions& timing, std::vector
 // Owner over every weight of the model (count copies of each shape) with per-weight algorithms,
 // as Muon::step runs it: one OwnerOrthogonalizer over the bucket.
 struct OwnerRun {
-  std::vector<Matrix> work;
-  std::vector<const Matrix*> source;
+  std::vector<DeviceMatrix> work;
+  std::vector<const DeviceMatrix*> source;
   std::vector<detail::OwnerOrthogonalizer::Weight> weights;
   std::unique_ptr<detail::OwnerOrthogonalizer> orth;
   std::vector<double> samples;
@@ -245,9 +253,17 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     s.estimate = estimate(s.key, profile, resolver->cost_model());
     keys.insert(keys.end(), static_cast<std::size_t>(s.count), s.key);
   }
+  // The backend's data plane, attached once (as Muon::add_parameter does): the shards and Gram
+  // matrices move over it; the group's control plane times and agrees.
+  const Communicator gtp = group.has_data_plane() ? group : compute.data_communicator(group);
+  const Communicator tp = compute.data_communicator(local_communicator());
+  // NS scratch and the gathered buffers, kept across runs as the optimizer keeps them.
+  detail::NsWorkspaces workspaces;
   std::optional<MeasuredPlan> measured;
-  if (config.plan == PlanMode::kMeasure)
-    measured = detail::measure_model_plan(group, config, shapes, keys, *resolver, compute);
+  if (config.plan == PlanMode::kMeasure) {
+    measured =
+        detail::measure_model_plan(gtp, tp, config, shapes, keys, *resolver, compute, workspaces);
+  }
   const std::vector<AutoChoice> plan =
       measured ? measured->choices : plan_on_rank0(group, *resolver, keys);
   rep.auto_owner = !plan.empty() && plan.front().mode == TpMode::kOwner;
@@ -260,12 +276,11 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
   std::vector<ShapeData> data;
   std::vector<std::vector<ModelBenchMode>> candidates(shapes.size());
   std::vector<std::vector<std::vector<double>>> samples(shapes.size());
-  std::vector<Matrix> work;
-  const Communicator tp = local_communicator();
+  std::vector<DeviceMatrix> work;
   std::vector<Task> tasks;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
-    data.push_back(make_shape(group, config, i, shapes[i]));
-    work.emplace_back(data[i].shard.rows(), data[i].shard.cols());
+    data.push_back(make_shape(group, config, i, shapes[i], compute));
+    work.emplace_back(compute, data[i].shard.rows(), data[i].shard.cols());
     for (TpMode mode : config.modes) {
       for (NsAlgorithm a : rep.algorithms)
         candidates[i].push_back({mode, a, {}});
@@ -276,10 +291,15 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     for (std::size_t c = 0; c < candidates[i].size(); ++c) {
       const ModelBenchMode m = candidates[i][c];
       tasks.push_back({[&, i, m, ns = with_algorithm(config.ns, m.algorithm)] {
-                         detail::orthogonalize_shard(work[i].view(), data[i].layout, tp, group,
-                                                     m.mode, ns, kUnitScale, compute);
+                         detail::orthogonalize_shard(work[i].view(), data[i].layout, tp, gtp,
+                                                     m.mode, ns, kUnitScale, compute, &workspaces);
+                         compute.synchronize();
                        },
-                       [&, i] { copy(data[i].shard.view(), work[i].view()); }, &samples[i][c]});
+                       [&, i] {
+                         compute.copy(data[i].shard.view(), work[i].view());
+                         compute.synchronize();
+                       },
+                       &samples[i][c]});
     }
   }
   std::vector<std::pair<std::string, std::vector<NsAlgorithm>>> owner_runs;
@@ -296,24 +316,27 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     OwnerRun& o = owners[r];
     for (std::size_t i = 0; i < shapes.size(); ++i) {
       for (Index c = 0; c < shapes[i].count; ++c) {
-        o.work.emplace_back(data[i].shard.rows(), data[i].shard.cols());
+        o.work.emplace_back(compute, data[i].shard.rows(), data[i].shard.cols());
         o.source.push_back(&data[i].shard);
       }
     }
     for (std::size_t w = 0, i = 0; i < shapes.size(); ++i) {
       for (Index c = 0; c < shapes[i].count; ++c, ++w) {
         o.weights.push_back(
-            {o.work[w].view(), &data[i].layout, &tp, &group, owner_runs[r].second.at(w)});
+            {o.work[w].view(), &data[i].layout, &tp, &gtp, owner_runs[r].second.at(w)});
       }
     }
     o.orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(config.ns));
-    tasks.push_back(
-        {[&o, &config, &compute] { o.orth->run(o.weights, config.ns, kUnitScale, compute); },
-         [&o] {
-           for (std::size_t w = 0; w < o.work.size(); ++w)
-             copy(o.source[w]->view(), o.work[w].view());
-         },
-         &o.samples});
+    tasks.push_back({[&o, &config, &compute, &workspaces] {
+                       o.orth->run(o.weights, config.ns, kUnitScale, compute, &workspaces);
+                       compute.synchronize();
+                     },
+                     [&o, &compute] {
+                       for (std::size_t w = 0; w < o.work.size(); ++w)
+                         compute.copy(o.source[w]->view(), o.work[w].view());
+                       compute.synchronize();
+                     },
+                     &o.samples});
   }
   measure(group, config.timing, tasks, config.progress);
 

@@ -13,9 +13,10 @@
 namespace distmuon::detail {
 namespace {
 
-// One weight's shard (fixed random values), its copy NS runs on, and its layout.
+// One weight's shard (fixed random values), its copy NS runs on (both in the backend's memory),
+// and its layout.
 struct Weight {
-  Matrix source, work;
+  DeviceMatrix source, work;
   ShardLayout layout;
 };
 
@@ -23,9 +24,14 @@ const ScaleFn kUnitScale = [](Index, Index) { return 1.0; };
 
 class BenchTarget final : public MeasureTarget {
  public:
-  BenchTarget(const Communicator& group, const ModelBenchConfig& config,
-              std::span<const ModelBenchShape> shapes, Compute& compute)
-      : group_(group), config_(config), shapes_(shapes), compute_(compute) {}
+  BenchTarget(const Communicator& group, const Communicator& tp, const ModelBenchConfig& config,
+              std::span<const ModelBenchShape> shapes, Compute& compute, NsWorkspaces& workspaces)
+      : group_(group),
+        tp_(tp),
+        config_(config),
+        shapes_(shapes),
+        compute_(compute),
+        workspaces_(workspaces) {}
 
   // Every weight's shard and work copy (built by the first task: the planner checks the memory
   // first), and the largest full matrix while they are drawn.
@@ -46,9 +52,13 @@ class BenchTarget final : public MeasureTarget {
     ns.algorithm = choice.algorithm;
     return {[this, w, ns, mode = choice.mode] {
               orthogonalize_shard(w->work.view(), w->layout, tp_, group_, mode, ns, kUnitScale,
-                                  compute_);
+                                  compute_, &workspaces_);
+              compute_.synchronize();
             },
-            [this, w] { compute_.copy(w->source.view(), w->work.view()); }};
+            [this, w] {
+              compute_.copy(w->source.view(), w->work.view());
+              compute_.synchronize();
+            }};
   }
 
   MeasureTask owner_task(std::size_t, std::span<const NsAlgorithm> algorithms) override {
@@ -63,10 +73,14 @@ class BenchTarget final : public MeasureTarget {
           {weights_[i]->work.view(), &weights_[i]->layout, &tp_, &group_, algorithms[i]});
     }
     r->orth = std::make_unique<OwnerOrthogonalizer>(ns_flops_cost(config_.ns));
-    return {[this, r] { r->orth->run(r->weights, config_.ns, kUnitScale, compute_); },
+    return {[this, r] {
+              r->orth->run(r->weights, config_.ns, kUnitScale, compute_, &workspaces_);
+              compute_.synchronize();
+            },
             [this] {
               for (const auto& w : weights_)
                 compute_.copy(w->source.view(), w->work.view());
+              compute_.synchronize();
             }};
   }
 
@@ -83,8 +97,8 @@ class BenchTarget final : public MeasureTarget {
         v = dist(rng);
       for (Index c = 0; c < s.count; ++c) {
         auto w = std::make_shared<Weight>();
-        w->source = row_shard(full.view(), sharding, group_.rank());
-        w->work = Matrix(w->source.rows(), w->source.cols());
+        w->source = to_device(compute_, row_shard(full.view(), sharding, group_.rank()).view());
+        w->work = DeviceMatrix(compute_, w->source.rows(), w->source.cols());
         w->layout.m = s.m;
         w->layout.n = s.n;
         w->layout.gtp_size = group_.size();
@@ -97,20 +111,22 @@ class BenchTarget final : public MeasureTarget {
   }
 
   const Communicator& group_;
-  const Communicator tp_ = local_communicator();
+  const Communicator& tp_;
   const ModelBenchConfig& config_;
   std::span<const ModelBenchShape> shapes_;
   Compute& compute_;
+  NsWorkspaces& workspaces_;
   std::vector<std::shared_ptr<Weight>> weights_;
 };
 
 }  // namespace
 
-MeasuredPlan measure_model_plan(const Communicator& group, const ModelBenchConfig& config,
+MeasuredPlan measure_model_plan(const Communicator& group, const Communicator& tp,
+                                const ModelBenchConfig& config,
                                 std::span<const ModelBenchShape> shapes,
                                 std::span<const AutoKey> keys, const AutoModeResolver& resolver,
-                                Compute& compute) {
-  BenchTarget target(group, config, shapes, compute);
+                                Compute& compute, NsWorkspaces& workspaces) {
+  BenchTarget target(group, tp, config, shapes, compute, workspaces);
   std::vector<std::vector<std::size_t>> bucket(1);
   for (std::size_t w = 0; w < keys.size(); ++w)
     bucket[0].push_back(w);

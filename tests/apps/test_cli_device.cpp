@@ -1,7 +1,7 @@
-// `--device` of demo, orthogonalize, bench and train under `mpirun -np 2`: a device that is no
-// backend of this build (tpu) is refused naming the valid ones, cuda without a GPU (or without a
-// CUDA build) fails with its reason; either way once, with a non-zero exit on every rank and no
-// hang, and no output file. The commands say which device ran.
+// `--device` of demo, orthogonalize, bench (--shape and --model) and train under `mpirun -np 2`: a
+// device that is no backend of this build (tpu) is refused naming the valid ones, cuda without a
+// GPU (or without a CUDA build) fails with its reason; either way once, with a non-zero exit on
+// every rank and no hang, and no output file. The commands say which device ran.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -52,7 +52,10 @@ class CliDevice : public ::testing::Test {
             {"orthogonalize " + path("in.npy") + " " + path("out.npy") + d, path("out.npy")},
             {"bench --shape 16x8 --reps 1 --warmup 0 --rate-reps 1 --json" + d, ""},
             {"train --config " + path("config.json") + " --log " + path("log.jsonl") + d,
-             path("log.jsonl")}};
+             path("log.jsonl")},
+            {"--log-level warn bench --model train-default --config " + path("config.json") +
+                 " --modes duplicated,distributed --reps 1 --warmup 0 --json" + d,
+             ""}};
   }
 
   // Runs args on 2 ranks: a non-zero exit, `reason` said exactly once (by rank 0, for every
@@ -110,6 +113,9 @@ TEST_F(CliDevice, OutputsNameTheDevice) {
   r = test::run_cli(2, c[3].args, dir_ / "run.log");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\noptimizer (cpu): Muon lr"), std::string::npos) << r.output;
+  r = test::run_cli(2, c[4].args, dir_ / "bench.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.output).at("device"), "cpu") << r.output;
 }
 
 }  // namespace

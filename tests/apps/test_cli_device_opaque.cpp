@@ -2,7 +2,8 @@
 // against the same commands on cpu, at 1, 2 and 4 ranks: orthogonalize writes a byte-identical
 // file, demo prints the same singular values, bench runs every mode, and train prints and logs the
 // same losses, writes byte-identical model and optimizer checkpoint files, and resumes from a cpu
-// checkpoint to the same losses. Exact equality is the claim: the opaque backend runs the CPU
+// checkpoint to the same losses; bench --model plans as on cpu and runs its candidates and its
+// --plan measure planner there. Exact equality is the claim: the opaque backend runs the CPU
 // kernels on its own storage, so any difference means host code touched algorithm data or took
 // another path.
 #include <fmt/format.h>
@@ -141,6 +142,60 @@ TEST_P(CliDeviceOpaque, TrainGivesTheSameLossesAndCheckpoints) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto resumed = losses("resumed.jsonl");
   EXPECT_EQ(resumed, std::vector<json>(cpu.begin() + 2, cpu.end()));
+}
+
+// bench --model on the opaque backend at 2 ranks, a tiny training model (3 shapes, 5 weights):
+// with estimate planning it plans exactly what cpu plans (the plan is a pure function of the
+// shapes, the group and the options, whichever backend then runs it) and measures every candidate
+// and the owner runs; with --plan measure the planner's candidates run on the backend too.
+TEST(CliDeviceOpaqueBenchModel, PlansAsCpuAndMeasuresEveryCandidate) {
+  const fs::path dir = test::fresh_test_dir("distmuon_cli_opaque_bench_model");
+  std::ofstream(dir / "tiny.json")
+      << json{{"model", {{"context", 4}, {"embed", 8}, {"hidden", 32}, {"ffn", 64}, {"layers", 2}}}}
+             .dump();
+  const std::string model = fmt::format(
+      "--log-level warn bench --model train-default --config {} --modes duplicated,distributed "
+      "--reps 1 --warmup 0 --json",
+      (dir / "tiny.json").string());
+  // Per shape "m x n: auto's choice", and whether auto planned owner for the whole model.
+  auto plan_of = [](const json& j) {
+    std::vector<std::string> out = {j.at("auto_owner").dump()};
+    for (const json& s : j.at("shapes"))
+      out.push_back(fmt::format("{}x{}: {}", s.at("m").get<int>(), s.at("n").get<int>(),
+                                s.at("auto").get<std::string>()));
+    return out;
+  };
+  std::vector<std::string> plans[2];
+  int i = 0;
+  for (const std::string device : {"cpu", "opaque"}) {
+    const test::CliRun r =
+        test::run_cli(2, model + " --ns-algorithm auto --device " + device, dir / "run.log");
+    ASSERT_EQ(r.exit_code, 0) << device << "\n" << r.output;
+    json j;
+    ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
+    EXPECT_EQ(j.at("device"), device);
+    ASSERT_EQ(j.at("shapes").size(), 3u) << r.output;
+    for (const json& s : j.at("shapes")) {
+      for (const char* c : {"duplicated", "distributed", "duplicated+gram", "distributed+gram"})
+        EXPECT_GT(s.at("measured").at(c).at("median_ms").get<double>(), 0.0) << device << " " << c;
+    }
+    ASSERT_GE(j.at("owner").size(), 2u) << r.output;  // all standard, all Gram
+    for (const json& o : j.at("owner"))
+      EXPECT_GT(o.at("measured").at("median_ms").get<double>(), 0.0) << device;
+    plans[i++] = plan_of(j);
+  }
+  EXPECT_EQ(plans[1], plans[0]);
+
+  const test::CliRun r =
+      test::run_cli(2, model + " --plan measure --plan-reps 1 --device opaque", dir / "run.log");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json j;
+  ASSERT_NO_THROW(j = json::parse(r.output)) << r.output;
+  EXPECT_EQ(j.at("device"), "opaque");
+  EXPECT_EQ(j.at("plan"), "measure");
+  EXPECT_GT(j.at("plan_timed_runs").get<std::size_t>(), 0u);
+  EXPECT_FALSE(j.at("shapes")[0].at("planned_ms").empty());
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CliDeviceOpaque, ::testing::Values(1, 2, 4),
