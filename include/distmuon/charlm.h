@@ -100,10 +100,11 @@ class CharLm {
   // receives d(loss)/d(weights) for every parameter (overwritten, not accumulated); grads must
   // have the config's shapes (CharLmWeights::zeros). Throws on an empty batch, a token or target
   // outside [0, vocab), a batch of the wrong context, or weights of the wrong shapes.
+  // The model is host code: weights, batch and grads are host Matrix, so compute must run on
+  // host memory (cpu_compute()); it is named by every caller, never assumed.
   double forward_backward(const CharLmWeights& weights, const CharBatch& batch,
-                          CharLmWeights* grads, Compute& compute = cpu_compute());
-  double loss(const CharLmWeights& weights, const CharBatch& batch,
-              Compute& compute = cpu_compute()) {
+                          CharLmWeights* grads, Compute& compute);
+  double loss(const CharLmWeights& weights, const CharBatch& batch, Compute& compute) {
     return forward_backward(weights, batch, nullptr, compute);
   }
 

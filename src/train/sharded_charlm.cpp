@@ -96,7 +96,7 @@ double ShardedCharLm::forward_backward(const CharBatch& local_batch) {
   double loss = 0.0;
   std::string failure;
   try {
-    loss = model_.forward_backward(full_, local_batch, &grads_);
+    loss = model_.forward_backward(full_, local_batch, &grads_, cpu_compute());
   } catch (const Error& e) {
     failure = e.what();
   }
@@ -125,7 +125,8 @@ double ShardedCharLm::evaluate(const CharBatch& local_batch) {
   std::string failure;
   try {
     if (local_batch.size() > 0)
-      sum = model_.loss(full_, local_batch) * static_cast<double>(local_batch.size());
+      sum =
+          model_.loss(full_, local_batch, cpu_compute()) * static_cast<double>(local_batch.size());
   } catch (const Error& e) {
     failure = e.what();
   }

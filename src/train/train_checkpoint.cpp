@@ -120,8 +120,10 @@ void Trainer::save_checkpoint(const fs::path& dir) {
   const std::string what = fmt::format("train: saving checkpoint '{}'", dir.string());
   std::string failure;
   // A NaN or an infinity in any rank's weights: every rank refuses before anything is written.
+  // The model's weights are host memory, checked by the host backend.
+  Compute& host(cpu_compute());
   for (const ShardedParam& p : s.model->params()) {
-    if (const auto at = cpu_compute().find_non_finite(p.value.view())) {
+    if (const auto at = host.find_non_finite(p.value.view())) {
       failure = fmt::format(
           "weight '{}' has a non-finite value at ({}, {}) of rank {}'s {} part; a checkpoint "
           "holds finite weights only, nothing was written",

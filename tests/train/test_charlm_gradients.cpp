@@ -122,7 +122,7 @@ TEST(CharLmGradients, MatchFiniteDifferencesOfFloat64ForwardForEveryParameter) {
   const CharBatch batch = tiny_batch(c, 5, 0);  // 15 context tokens over 11 ids: embeddings repeat
   CharLm model(c);
   CharLmWeights grads = CharLmWeights::zeros(c);
-  const double loss = model.forward_backward(w, batch, &grads);
+  const double loss = model.forward_backward(w, batch, &grads, cpu_compute());
 
   Params p = to_double(w);
   // The float32 forward against the float64 one: ~1e-7 relative rounding per operation.
@@ -171,7 +171,7 @@ TEST(CharLmGradients, DirectionalDerivativesOfFloat32LossMatchBackward) {
   const CharBatch batch = tiny_batch(c, 32, 1);
   CharLm model(c);
   CharLmWeights grads = CharLmWeights::zeros(c);
-  model.forward_backward(w, batch, &grads);
+  model.forward_backward(w, batch, &grads, cpu_compute());
   const CharLmWeights dir = init_charlm_weights(c, 1234);  // random, scaled like the parameters
   const auto infos = charlm_param_infos(c);
   for (std::size_t q = 0; q < infos.size(); ++q) {
@@ -188,7 +188,9 @@ TEST(CharLmGradients, DirectionalDerivativesOfFloat32LossMatchBackward) {
       mp.data()[i] += eps * d.data()[i];
       mm.data()[i] -= eps * d.data()[i];
     }
-    const double numeric = (model.loss(plus, batch) - model.loss(minus, batch)) / (2.0 * eps);
+    const double numeric =
+        (model.loss(plus, batch, cpu_compute()) - model.loss(minus, batch, cpu_compute())) /
+        (2.0 * eps);
     EXPECT_NEAR(analytic, numeric, 5e-3 * std::abs(numeric) + 1e-6) << infos[q].name;
   }
 }
@@ -199,13 +201,14 @@ TEST(CharLmGradients, GradientsAreOverwrittenAndForwardOnlyAgrees) {
   const CharBatch a = tiny_batch(c, 4, 2), b = tiny_batch(c, 7, 3);
   CharLm model(c);
   CharLmWeights g1 = CharLmWeights::zeros(c), g2 = CharLmWeights::zeros(c);
-  const double la = model.forward_backward(w, a, &g1);
-  model.forward_backward(w, b, &g2);  // a different batch size in between (workspace resize)
-  model.forward_backward(w, a, &g2);
+  const double la = model.forward_backward(w, a, &g1, cpu_compute());
+  model.forward_backward(w, b, &g2,
+                         cpu_compute());  // a different batch size in between (workspace resize)
+  model.forward_backward(w, a, &g2, cpu_compute());
   for (std::size_t q = 0; q < g1.list().size(); ++q) {
     EXPECT_EQ(relative_error(g1.list()[q]->view(), g2.list()[q]->view()), 0.0) << "param " << q;
   }
-  EXPECT_EQ(model.loss(w, a), la);
+  EXPECT_EQ(model.loss(w, a, cpu_compute()), la);
 }
 
 TEST(CharLmGradients, RejectsBadBatchesAndShapes) {
@@ -214,19 +217,19 @@ TEST(CharLmGradients, RejectsBadBatchesAndShapes) {
   CharLm model(c);
   CharBatch bad = tiny_batch(c, 2, 0);
   bad.tokens[1] = c.vocab;
-  EXPECT_THROW(model.loss(w, bad), Error);
+  EXPECT_THROW(model.loss(w, bad, cpu_compute()), Error);
   bad = tiny_batch(c, 2, 0);
   bad.targets[0] = -1;
-  EXPECT_THROW(model.loss(w, bad), Error);
+  EXPECT_THROW(model.loss(w, bad, cpu_compute()), Error);
   bad = tiny_batch(c, 2, 0);
   bad.context = c.context + 1;
-  EXPECT_THROW(model.loss(w, bad), Error);
+  EXPECT_THROW(model.loss(w, bad, cpu_compute()), Error);
   CharBatch empty;
   empty.context = c.context;
-  EXPECT_THROW(model.loss(w, empty), Error);
+  EXPECT_THROW(model.loss(w, empty, cpu_compute()), Error);
   CharLmWeights wrong = w;
   wrong.fc2[1] = Matrix(c.hidden, c.ffn + 1);
-  EXPECT_THROW(model.loss(wrong, tiny_batch(c, 2, 0)), Error);
+  EXPECT_THROW(model.loss(wrong, tiny_batch(c, 2, 0), cpu_compute()), Error);
 }
 
 }  // namespace

@@ -75,8 +75,8 @@ TEST(ShardedTraining, SgdOnShardsMatchesSingleProcessAndLearns) {
   std::vector<double> losses;
   double worst = 0;
   for (int step = 0; step < kSteps; ++step) {
-    const double ref_loss =
-        ref_model.forward_backward(ref, data.train_batch(step, 0, 1, kGlobalBatch), &ref_grads);
+    const double ref_loss = ref_model.forward_backward(
+        ref, data.train_batch(step, 0, 1, kGlobalBatch), &ref_grads, cpu_compute());
     const auto rw = ref.list();
     const auto rg = ref_grads.list();
     for (std::size_t p = 0; p < rw.size(); ++p)
@@ -113,7 +113,7 @@ TEST(ShardedTraining, SgdOnShardsMatchesSingleProcessAndLearns) {
   EXPECT_LT(tail, losses.front() - 2.0);
   EXPECT_LT(tail, entropy);
   const double val = model.evaluate(data.validation_batch(comm.rank(), comm.size(), 301));
-  const double ref_val = ref_model.loss(ref, data.validation_batch(0, 1, 301));
+  const double ref_val = ref_model.loss(ref, data.validation_batch(0, 1, 301), cpu_compute());
   EXPECT_LE(rel(val, ref_val), 1e-5);
   EXPECT_LT(val, entropy);
   if (comm.rank() == 0) {
