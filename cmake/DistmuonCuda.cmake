@@ -2,7 +2,8 @@
 # (src/comm/nccl). AUTO (the default) turns them on when the CUDA toolkit (nvcc, the runtime and
 # cuBLAS) and NCCL (nccl.h, libnccl) are found, by default in /usr/local/cuda (CUDAToolkit_ROOT
 # or a CUDA compiler on PATH name another), and off otherwise; ON fails when any is missing; OFF
-# builds without them. The kernels are compiled for the H200 (sm_90) only
+# builds without them. libdistmuon links the static CUDA runtime only: cuBLAS and NCCL are
+# opened at run time by the first use of the cuda backend (docs/gpu.md, "Loading"). The kernels are compiled for the H200 (sm_90) only
 # (DISTMUON_CUDA_ARCHITECTURES to change it). Prints whether CUDA is on and why.
 set(DISTMUON_ENABLE_CUDA AUTO CACHE STRING "Build the CUDA backend and the NCCL communicator (AUTO, ON, OFF)")
 set_property(CACHE DISTMUON_ENABLE_CUDA PROPERTY STRINGS AUTO ON OFF)
@@ -46,6 +47,8 @@ else()
     set(distmuon_cuda_why "no CUDA compiler (nvcc) found")
   elseif(NOT CUDAToolkit_FOUND)
     set(distmuon_cuda_why "the CUDA toolkit was not found")
+  elseif(NOT TARGET CUDA::cudart_static)
+    set(distmuon_cuda_why "the static CUDA runtime (libcudart_static.a) was not found in ${CUDAToolkit_LIBRARY_DIR}")
   elseif(NOT TARGET CUDA::cublas)
     set(distmuon_cuda_why "cuBLAS was not found in ${CUDAToolkit_LIBRARY_DIR}")
   elseif(NOT DISTMUON_NCCL_INCLUDE_DIR OR NOT DISTMUON_NCCL_LIBRARY)

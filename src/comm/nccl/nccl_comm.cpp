@@ -7,10 +7,69 @@
 
 #include <string_view>
 
+#include "compute/cuda/cuda_libraries.h"
 #include "distmuon/error.h"
+
+#ifndef DISTMUON_NCCL_DIR
+#define DISTMUON_NCCL_DIR ""
+#endif
 
 namespace distmuon {
 namespace {
+
+// The NCCL functions distmuon calls, from libnccl.so.<NCCL_MAJOR> opened at the first NCCL
+// communicator (cuda_libraries.h: nothing links against NCCL).
+struct NcclApi {
+  decltype(&::ncclGetUniqueId) get_unique_id;
+  decltype(&::ncclCommInitRank) comm_init_rank;
+  decltype(&::ncclCommDestroy) comm_destroy;
+  decltype(&::ncclCommAbort) comm_abort;
+  decltype(&::ncclCommGetAsyncError) comm_get_async_error;
+  decltype(&::ncclGetErrorString) get_error_string;
+  decltype(&::ncclGetLastError) get_last_error;
+  decltype(&::ncclAllGather) all_gather;
+  decltype(&::ncclAllReduce) all_reduce;
+  decltype(&::ncclReduceScatter) reduce_scatter;
+  decltype(&::ncclBroadcast) broadcast;
+  decltype(&::ncclSend) send;
+  decltype(&::ncclRecv) recv;
+  decltype(&::ncclGroupStart) group_start;
+  decltype(&::ncclGroupEnd) group_end;
+};
+
+template <typename F>
+void resolve(F& slot, void* library, const std::string& soname, const char* name) {
+  slot = reinterpret_cast<F>(cuda::library_symbol(library, soname, name));
+}
+
+NcclApi load_nccl() {
+  const std::string soname = fmt::format("libnccl.so.{}", NCCL_MAJOR);
+  void* lib = cuda::open_library(soname, DISTMUON_NCCL_DIR, "install NCCL or set LD_LIBRARY_PATH");
+  NcclApi api{};
+  resolve(api.get_unique_id, lib, soname, "ncclGetUniqueId");
+  resolve(api.comm_init_rank, lib, soname, "ncclCommInitRank");
+  resolve(api.comm_destroy, lib, soname, "ncclCommDestroy");
+  resolve(api.comm_abort, lib, soname, "ncclCommAbort");
+  resolve(api.comm_get_async_error, lib, soname, "ncclCommGetAsyncError");
+  resolve(api.get_error_string, lib, soname, "ncclGetErrorString");
+  resolve(api.get_last_error, lib, soname, "ncclGetLastError");
+  resolve(api.all_gather, lib, soname, "ncclAllGather");
+  resolve(api.all_reduce, lib, soname, "ncclAllReduce");
+  resolve(api.reduce_scatter, lib, soname, "ncclReduceScatter");
+  resolve(api.broadcast, lib, soname, "ncclBroadcast");
+  resolve(api.send, lib, soname, "ncclSend");
+  resolve(api.recv, lib, soname, "ncclRecv");
+  resolve(api.group_start, lib, soname, "ncclGroupStart");
+  resolve(api.group_end, lib, soname, "ncclGroupEnd");
+  return api;
+}
+
+// NCCL, loaded on the first call (thread-safe; a failed load throws and the next call tries
+// again).
+const NcclApi& nccl() {
+  static const NcclApi api = load_nccl();
+  return api;
+}
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -46,29 +105,48 @@ class NcclComm final : public CommImpl {
       : host_(std::move(host)), stream_(stream), device_(device) {
     rank_ = host_->rank();
     size_ = host_->size();
+    // Every rank loads NCCL, then the ranks agree on it before the first collective of the
+    // bootstrap, so that a rank without the library fails the others instead of leaving them
+    // waiting.
+    std::string load_error;
+    try {
+      nccl();
+    } catch (const Error& e) {
+      load_error = e.what();
+    }
+    int loaded = load_error.empty() ? 1 : 0;
+    host_->all_reduce(&loaded, 1, DType::kI32, ReduceOp::kMin);
+    if (loaded == 0) {
+      throw Error(!load_error.empty()
+                      ? load_error
+                      : fmt::format("nccl: another rank could not load NCCL (rank {} did; the "
+                                    "other rank's error names the library)",
+                                    rank_));
+    }
     ncclUniqueId id{};
     // Rank 0's id travels to every rank even when making it failed there, so that no rank waits
     // in the broadcast; the failure is then agreed over the host group.
     ncclResult_t id_rc = ncclSuccess;
-    if (rank_ == 0) id_rc = ncclGetUniqueId(&id);
+    if (rank_ == 0) id_rc = nccl().get_unique_id(&id);
     host_->broadcast(&id, sizeof(id), DType::kU8, 0);
     int id_ok = id_rc == ncclSuccess ? 1 : 0;
     host_->broadcast(&id_ok, 1, DType::kI32, 0);
     if (id_ok == 0) {
-      throw Error(fmt::format("nccl: ncclGetUniqueId failed on rank 0{}",
-                              rank_ == 0 ? fmt::format(": {}", ncclGetErrorString(id_rc)) : ""));
+      throw Error(
+          fmt::format("nccl: ncclGetUniqueId failed on rank 0{}",
+                      rank_ == 0 ? fmt::format(": {}", nccl().get_error_string(id_rc)) : ""));
     }
     if (const auto rc = cudaSetDevice(device_); rc != cudaSuccess) {
       throw Error(fmt::format("nccl: cudaSetDevice({}) failed on rank {}: {}", device_, rank_,
                               cudaGetErrorString(rc)));
     }
-    check(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank",
+    check(nccl().comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank",
           fmt::format("{} ranks, device {}", size_, device_));
   }
   ~NcclComm() override {
     if (comm_ != nullptr) {
       cudaStreamSynchronize(stream_);
-      ncclCommDestroy(comm_);
+      nccl().comm_destroy(comm_);
     }
   }
   NcclComm(const NcclComm&) = delete;
@@ -79,20 +157,20 @@ class NcclComm final : public CommImpl {
   int size() const override { return size_; }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
-    check(ncclAllGather(send, recv, count, nccl_type(t), comm_, stream_), "ncclAllGather",
+    check(nccl().all_gather(send, recv, count, nccl_type(t), comm_, stream_), "ncclAllGather",
           counted(count, t));
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
-    check(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream_),
+    check(nccl().all_reduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream_),
           "ncclAllReduce", counted(count, t));
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                       ReduceOp op) override {
-    check(ncclReduceScatter(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_),
+    check(nccl().reduce_scatter(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_),
           "ncclReduceScatter", counted(count, t));
   }
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
-    check(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "ncclBroadcast",
+    check(nccl().broadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "ncclBroadcast",
           fmt::format("{}, root {}", counted(count, t), root));
   }
   void all_to_all_v(const void* send, const std::size_t* send_counts,
@@ -101,22 +179,22 @@ class NcclComm final : public CommImpl {
     const std::size_t elem = dtype_size(t);
     const auto* s = static_cast<const char*>(send);
     auto* r = static_cast<char*>(recv);
-    check(ncclGroupStart(), "ncclGroupStart", "all_to_all_v");
+    check(nccl().group_start(), "ncclGroupStart", "all_to_all_v");
     ncclResult_t rc = ncclSuccess;
     const char* failed = nullptr;
     for (int peer = 0; peer < size_ && rc == ncclSuccess; ++peer) {
       if (send_counts[peer] > 0) {
-        rc = ncclSend(s + send_displs[peer] * elem, send_counts[peer], nccl_type(t), peer, comm_,
-                      stream_);
+        rc = nccl().send(s + send_displs[peer] * elem, send_counts[peer], nccl_type(t), peer, comm_,
+                         stream_);
         failed = "ncclSend";
       }
       if (rc == ncclSuccess && recv_counts[peer] > 0) {
-        rc = ncclRecv(r + recv_displs[peer] * elem, recv_counts[peer], nccl_type(t), peer, comm_,
-                      stream_);
+        rc = nccl().recv(r + recv_displs[peer] * elem, recv_counts[peer], nccl_type(t), peer, comm_,
+                         stream_);
         failed = "ncclRecv";
       }
     }
-    const ncclResult_t end = ncclGroupEnd();  // always closes the group
+    const ncclResult_t end = nccl().group_end();  // always closes the group
     if (rc != ncclSuccess) check(rc, failed, "all_to_all_v");
     check(end, "ncclGroupEnd", "all_to_all_v");
   }
@@ -126,7 +204,7 @@ class NcclComm final : public CommImpl {
       throw Error(fmt::format("nccl barrier: cudaStreamSynchronize failed on rank {}: {}", rank_,
                               cudaGetErrorString(rc)));
     }
-    check(ncclCommGetAsyncError(comm_, &async_), "ncclCommGetAsyncError", "barrier");
+    check(nccl().comm_get_async_error(comm_, &async_), "ncclCommGetAsyncError", "barrier");
     check(async_, "an earlier NCCL operation", "barrier");
     host_->barrier();
   }
@@ -134,7 +212,7 @@ class NcclComm final : public CommImpl {
     return std::make_shared<NcclComm>(host_->split(color, key), stream_, device_);
   }
   void abort(int code) override {
-    ncclCommAbort(comm_);
+    if (comm_ != nullptr) nccl().comm_abort(comm_);
     comm_ = nullptr;
     host_->abort(code);
   }
@@ -146,15 +224,16 @@ class NcclComm final : public CommImpl {
   // Throws on a failed call, and on an error NCCL reports asynchronously for this communicator.
   void check(ncclResult_t rc, std::string_view call, std::string_view context) {
     if (rc == ncclSuccess && comm_ != nullptr &&
-        ncclCommGetAsyncError(comm_, &async_) == ncclSuccess && async_ != ncclSuccess &&
+        nccl().comm_get_async_error(comm_, &async_) == ncclSuccess && async_ != ncclSuccess &&
         async_ != ncclInProgress) {
       rc = async_;
     }
     if (rc != ncclSuccess && rc != ncclInProgress) {
-      const char* last = comm_ != nullptr ? ncclGetLastError(comm_) : nullptr;
-      throw Error(fmt::format(
-          "nccl: {} failed on rank {} of {}: {}{} [{}]", call, rank_, size_, ncclGetErrorString(rc),
-          last != nullptr && *last != '\0' ? fmt::format(" ({})", last) : "", context));
+      const char* last = comm_ != nullptr ? nccl().get_last_error(comm_) : nullptr;
+      throw Error(fmt::format("nccl: {} failed on rank {} of {}: {}{} [{}]", call, rank_, size_,
+                              nccl().get_error_string(rc),
+                              last != nullptr && *last != '\0' ? fmt::format(" ({})", last) : "",
+                              context));
     }
   }
 

@@ -7,6 +7,7 @@
 
 #include <string_view>
 
+#include "compute/cuda/cuda_libraries.h"
 #include "distmuon/error.h"
 
 namespace distmuon::cuda {
@@ -20,8 +21,8 @@ inline void check(cudaError_t rc, std::string_view call, std::string_view contex
 
 inline void check(cublasStatus_t rc, std::string_view call, std::string_view context) {
   if (rc != CUBLAS_STATUS_SUCCESS) {
-    throw Error(fmt::format("cuda: {} failed: {} ({}) [{}]", call, cublasGetStatusString(rc),
-                            cublasGetStatusName(rc), context));
+    throw Error(fmt::format("cuda: {} failed: {} ({}) [{}]", call, cublas().get_status_string(rc),
+                            cublas().get_status_name(rc), context));
   }
 }
 

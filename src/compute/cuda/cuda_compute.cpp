@@ -16,6 +16,7 @@
 #include "comm/nccl/nccl_comm.h"
 #include "compute/cuda/cuda_check.h"
 #include "compute/cuda/cuda_kernels.h"
+#include "compute/cuda/cuda_libraries.h"
 #include "distmuon/error.h"
 
 namespace distmuon {
@@ -75,13 +76,14 @@ class CudaCompute final : public Compute {
  public:
   CudaCompute(int device, CudaPrecision precision) : device_(device), precision_(precision) {
     check(cudaSetDevice(device_), "cudaSetDevice", fmt::format("device {}", device_));
+    cuda::cublas();  // loads cuBLAS (or throws) before anything needs releasing
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", "");
-    const auto rc = cublasCreate(&blas_);
+    const auto rc = cuda::cublas().create(&blas_);
     if (rc != CUBLAS_STATUS_SUCCESS) {
       cudaStreamDestroy(stream_);
       check(rc, "cublasCreate", fmt::format("device {}", device_));
     }
-    check(cublasSetStream(blas_, stream_), "cublasSetStream", "");
+    check(cuda::cublas().set_stream(blas_, stream_), "cublasSetStream", "");
     // Freed memory stays in the stream-ordered pool instead of going back to the driver at
     // every synchronisation, so that a workspace released and allocated again costs nothing.
     cudaMemPool_t pool = nullptr;
@@ -99,7 +101,7 @@ class CudaCompute final : public Compute {
       if (buf.data != nullptr) cudaFreeAsync(buf.data, stream_);
     }
     cudaStreamSynchronize(stream_);
-    cublasDestroy(blas_);
+    cuda::cublas().destroy(blas_);
     cudaStreamDestroy(stream_);
   }
   CudaCompute(const CudaCompute&) = delete;
@@ -201,9 +203,10 @@ class CudaCompute final : public Compute {
     const auto context = [&] {
       return fmt::format("op(a) {}, c {}", shape_str(n, k), shape_str(n, n));
     };
-    check(cublasSsyrk(blas_, CUBLAS_FILL_MODE_LOWER, ta == Trans::kYes ? CUBLAS_OP_N : CUBLAS_OP_T,
-                      blas_int("syrk", n), blas_int("syrk", k), &alpha, a.data,
-                      blas_int("syrk", a.ld), &beta, c.data, blas_int("syrk", c.ld)),
+    check(cuda::cublas().ssyrk(blas_, CUBLAS_FILL_MODE_LOWER,
+                               ta == Trans::kYes ? CUBLAS_OP_N : CUBLAS_OP_T, blas_int("syrk", n),
+                               blas_int("syrk", k), &alpha, a.data, blas_int("syrk", a.ld), &beta,
+                               c.data, blas_int("syrk", c.ld)),
           "cublasSsyrk", context());
     check(cuda::mirror_upper(stream_, dev(c)), "mirror_upper kernel", context());
   }
@@ -349,10 +352,11 @@ class CudaCompute final : public Compute {
 
   void gemm_ex(const char* op, Trans ta, Trans tb, Index m, Index n, Index k, float alpha,
                ConstMatrixView a, ConstMatrixView b, float beta, MatrixView c) {
-    check(cublasGemmEx(blas_, cublas_op(tb), cublas_op(ta), blas_int(op, n), blas_int(op, m),
-                       blas_int(op, k), &alpha, b.data, CUDA_R_32F, blas_int(op, b.ld), a.data,
-                       CUDA_R_32F, blas_int(op, a.ld), &beta, c.data, CUDA_R_32F,
-                       blas_int(op, c.ld), compute_type(precision_), CUBLAS_GEMM_DEFAULT),
+    check(cuda::cublas().gemm_ex(blas_, cublas_op(tb), cublas_op(ta), blas_int(op, n),
+                                 blas_int(op, m), blas_int(op, k), &alpha, b.data, CUDA_R_32F,
+                                 blas_int(op, b.ld), a.data, CUDA_R_32F, blas_int(op, a.ld), &beta,
+                                 c.data, CUDA_R_32F, blas_int(op, c.ld), compute_type(precision_),
+                                 CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx",
           fmt::format("{} ({}): op(a) {} x op(b) {} into c {}", op, to_string(precision_),
                       shape_str(m, k), shape_str(k, n), shape_str(m, n)));
@@ -378,14 +382,14 @@ class CudaCompute final : public Compute {
   // original column counts), fp32 c and accumulation.
   void bf16_gemm(const char* op, Trans ta, Trans tb, Index m, Index n, Index k, float alpha,
                  const void* a, Index lda, const void* b, Index ldb, float beta, MatrixView c) {
-    check(
-        cublasGemmEx(blas_, cublas_op(tb), cublas_op(ta), blas_int(op, n), blas_int(op, m),
-                     blas_int(op, k), &alpha, b, CUDA_R_16BF, blas_int(op, std::max<Index>(1, ldb)),
-                     a, CUDA_R_16BF, blas_int(op, std::max<Index>(1, lda)), &beta, c.data,
-                     CUDA_R_32F, blas_int(op, c.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx",
-        fmt::format("{} (bf16 operands): op(a) {} x op(b) {} into c {}", op, shape_str(m, k),
-                    shape_str(k, n), shape_str(m, n)));
+    check(cuda::cublas().gemm_ex(blas_, cublas_op(tb), cublas_op(ta), blas_int(op, n),
+                                 blas_int(op, m), blas_int(op, k), &alpha, b, CUDA_R_16BF,
+                                 blas_int(op, std::max<Index>(1, ldb)), a, CUDA_R_16BF,
+                                 blas_int(op, std::max<Index>(1, lda)), &beta, c.data, CUDA_R_32F,
+                                 blas_int(op, c.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx",
+          fmt::format("{} (bf16 operands): op(a) {} x op(b) {} into c {}", op, shape_str(m, k),
+                      shape_str(k, n), shape_str(m, n)));
   }
 
   // The device slots of a batched reduction (grown when needed, set to `byte`).

@@ -1,0 +1,44 @@
+#pragma once
+// cuBLAS (and, through open_library/library_symbol, NCCL: src/comm/nccl/nccl_comm.cpp) loaded at
+// run time. libdistmuon links only the static CUDA runtime, which opens the driver when first
+// used, so a program that never uses the cuda backend maps none of the GPU libraries. The first
+// use of the cuda backend opens libcublas.so.<major of the headers> with dlopen and resolves the
+// functions distmuon calls into a table of typed pointers (their types come from cublas_v2.h).
+#include <cublas_v2.h>
+
+#include <string>
+
+namespace distmuon::cuda {
+
+// dlopen(soname, RTLD_NOW | RTLD_LOCAL), the loader's search first (LD_LIBRARY_PATH, the
+// loader's cache), then fallback_dir/soname (the directory the build found the library in; empty:
+// none). Throws distmuon::Error "device cuda: cannot load <soname>: <dlerror> (<hint>)". The
+// handle stays open for the life of the process.
+void* open_library(const std::string& soname, const std::string& fallback_dir,
+                   const std::string& hint);
+// dlsym(library, name); throws distmuon::Error naming the symbol, the library and dlerror().
+void* library_symbol(void* library, const std::string& soname, const char* name);
+
+// The cuBLAS functions distmuon calls (the _v2 names behind cublas_v2.h's macros).
+struct CublasApi {
+  decltype(&::cublasCreate_v2) create;
+  decltype(&::cublasDestroy_v2) destroy;
+  decltype(&::cublasSetStream_v2) set_stream;
+  decltype(&::cublasSsyrk_v2) ssyrk;
+  // cublas_api.h overloads cublasGemmEx in C++ (an inline wrapper taking a cudaDataType compute
+  // type): this is the library's function, with a cublasComputeType_t.
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t);
+  decltype(&::cublasGetStatusString) get_status_string;
+  decltype(&::cublasGetStatusName) get_status_name;
+};
+
+// The soname opened: libcublas.so.<CUBLAS_VER_MAJOR>.
+std::string cublas_soname();
+// cuBLAS, loaded on the first call (thread-safe; a failed load throws and the next call tries
+// again).
+const CublasApi& cublas();
+
+}  // namespace distmuon::cuda
