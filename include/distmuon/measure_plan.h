@@ -66,6 +66,9 @@ class MeasureTarget {
   // About how many bytes the tasks of these weights allocate in all (a weight's tasks share its
   // scratch copies), checked against the memory available before any task is built.
   virtual double scratch_bytes(std::span<const std::size_t> weights) const = 0;
+  // The compute backend the tasks run on (Compute::name()): part of the wisdom's context. A
+  // task's run returns only when its work is complete (the backend synchronised).
+  virtual std::string device() const = 0;
 };
 
 // A measured per-weight candidate of a key, and a measured owner run of a bucket.

@@ -5,13 +5,13 @@
 // An entry is keyed by what its times depend on: the weight's key (shape, group sizes, partition,
 // domain crossing, NS steps, syrk, precision, the algorithms allowed) or, for owner mode, the
 // ordered keys of a bucket; the host (hostname, CPU model, BLAS core and threads per rank); and
-// the profile and cost model that chose the candidates. Entries of another host, profile or cost
-// model are kept in the file but not used.
+// the profile and cost model that chose the candidates; and the compute backend timed. Entries of
+// another host, profile, cost model or backend are kept in the file but not used.
 //
 // File format (version 1):
 //   {"format": "distmuon wisdom", "version": 1, "entries": [
 //     {"host": {"hostname": "...", "cpu": "...", "blas_core": "SkylakeX", "blas_threads": 1},
-//      "profile": "none", "cost_model": "refined",
+//      "profile": "none", "cost_model": "refined", "device": "cpu-openblas" (absent: cpu),
 //      "key": {AutoKey as in checkpoints},
 //      "candidates": [{"mode": "duplicated", "algorithm": "gram", "ms": 12.3}, ...]},
 //     {"host": ..., "profile": ..., "cost_model": ...,
@@ -44,6 +44,7 @@ struct WisdomContext {
   HostIdentity host;
   std::string profile = "none";  // the profile's name
   std::string cost_model = "refined";
+  std::string device = "cpu-openblas";  // the compute backend timed (Compute::name())
   bool operator==(const WisdomContext&) const = default;
 };
 

@@ -35,6 +35,7 @@ class BenchTarget final : public MeasureTarget {
 
   // Every weight's shard and work copy (built by the first task: the planner checks the memory
   // first), and the largest full matrix while they are drawn.
+  std::string device() const override { return compute_.name(); }
   double scratch_bytes(std::span<const std::size_t>) const override {
     double bytes = 0, full = 0;
     for (const ModelBenchShape& s : shapes_) {

@@ -45,6 +45,7 @@ class MuonTarget final : public MeasureTarget {
     return {[this, d, &p, &ns, mode = choice.mode] {
               orthogonalize_shard(d->work.view(), p.layout, p.tp, p.gtp, mode, ns, kUnitScale,
                                   *s_.compute, &s_.workspaces);
+              s_.compute->synchronize();
             },
             [this, d] { s_.compute->copy(d->source.view(), d->work.view()); }};
   }
@@ -63,12 +64,17 @@ class MuonTarget final : public MeasureTarget {
       r->weights.push_back({r->data.back()->work.view(), &p.layout, &p.tp, &p.gtp, algorithms[i]});
     }
     r->orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(s_.ns));
-    return {[this, r] { r->orth->run(r->weights, s_.ns, kUnitScale, *s_.compute, &s_.workspaces); },
+    return {[this, r] {
+              r->orth->run(r->weights, s_.ns, kUnitScale, *s_.compute, &s_.workspaces);
+              s_.compute->synchronize();
+            },
             [this, r] {
               for (const auto& d : r->data)
                 s_.compute->copy(d->source.view(), d->work.view());
             }};
   }
+
+  std::string device() const override { return s_.compute->name(); }
 
   double scratch_bytes(std::span<const std::size_t> weights) const override {
     double bytes = 0;

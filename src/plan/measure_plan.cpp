@@ -168,13 +168,14 @@ struct Root {
 // list of owner runs' algorithm codes; empty when the wisdom has them or owner is not priced).
 std::string choose_candidates(Root& root, const Distinct& d, std::span<const AutoKey> keys,
                               std::span<const std::vector<std::size_t>> buckets,
-                              const AutoModeResolver& resolver, const MeasurePlanOptions& options) {
+                              const AutoModeResolver& resolver, const MeasurePlanOptions& options,
+                              const MeasureTarget& target) {
   const HardwareProfile* profile = resolver.profile() ? &*resolver.profile() : nullptr;
   if (!options.wisdom.empty()) {
     // Before any timing: the file is written only after it.
     check_output_file(options.wisdom, "wisdom file");
     WisdomContext context{this_host(), profile ? profile->name : "none",
-                          to_string(resolver.cost_model())};
+                          to_string(resolver.cost_model()), target.device()};
     root.wisdom = Wisdom::load(options.wisdom, std::move(context));
     if (root.wisdom->foreign() > 0) {
       spdlog::info("tp_mode=auto: {} entr(ies) of wisdom file {} are from another {}: ignored",
@@ -323,7 +324,7 @@ MeasuredPlan plan_by_measuring(const Communicator& world, std::span<const AutoKe
   Root root;
   const json program =
       json::parse(decide_on_root<std::string>(world, 0, "tp_mode=auto (measure)", [&] {
-        return choose_candidates(root, d, keys, buckets, resolver, options);
+        return choose_candidates(root, d, keys, buckets, resolver, options, target);
       }));
 
   // Every candidate of the program, in program order, timed in interleaved rounds. The tasks are

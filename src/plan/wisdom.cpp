@@ -45,7 +45,10 @@ double checked_ms(const json& j) {
 }
 
 json context_json(const WisdomContext& c) {
-  return {{"host", host_json(c.host)}, {"profile", c.profile}, {"cost_model", c.cost_model}};
+  return {{"host", host_json(c.host)},
+          {"profile", c.profile},
+          {"cost_model", c.cost_model},
+          {"device", c.device}};
 }
 
 // Why an entry of context `theirs` does not apply here ("" when it does).
@@ -53,6 +56,7 @@ std::string mismatch(const WisdomContext& mine, const WisdomContext& theirs) {
   if (theirs.host != mine.host) return fmt::format("host {}", describe(theirs.host));
   if (theirs.profile != mine.profile) return fmt::format("profile {}", theirs.profile);
   if (theirs.cost_model != mine.cost_model) return fmt::format("cost model {}", theirs.cost_model);
+  if (theirs.device != mine.device) return fmt::format("device {}", theirs.device);
   return {};
 }
 
@@ -153,7 +157,8 @@ Wisdom Wisdom::load(const std::filesystem::path& path, WisdomContext context) {
     }
     for (const json& e : doc.at("entries")) {
       const WisdomContext theirs{host_from(e.at("host")), e.at("profile").get<std::string>(),
-                                 e.at("cost_model").get<std::string>()};
+                                 e.at("cost_model").get<std::string>(),
+                                 e.value("device", std::string("cpu-openblas"))};
       const bool is_key = e.contains("key");
       if (is_key == e.contains("bucket"))
         throw Error("an entry needs exactly one of \"key\" and \"bucket\"");

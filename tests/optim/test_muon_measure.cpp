@@ -204,6 +204,7 @@ class FaultyTarget final : public MeasureTarget {
 
   MeasureTask weight_task(std::size_t, const AutoChoice&) override { return task(); }
   MeasureTask owner_task(std::size_t, std::span<const NsAlgorithm>) override { return task(); }
+  std::string device() const override { return "cpu-openblas"; }
   double scratch_bytes(std::span<const std::size_t>) const override {
     return fault_ == Fault::kMemory && failing() ? 1e30 : 1024;
   }

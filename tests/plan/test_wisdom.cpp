@@ -82,14 +82,15 @@ TEST(Wisdom, RoundTrip) {
   EXPECT_EQ(back.find_owner(other), nullptr);
 }
 
-TEST(Wisdom, AnotherHostProfileOrModelIsKeptButNotUsed) {
+TEST(Wisdom, AnotherHostProfileModelOrDeviceIsKeptButNotUsed) {
   TempDir dir;
   const fs::path file = dir.path / "wisdom.json";
-  WisdomContext host = context(), profile = context(), model = context();
+  WisdomContext host = context(), profile = context(), model = context(), device = context();
   host.host.blas_core = "SkylakeX";
   profile.profile = "h100";
   model.cost_model = "reference";
-  for (const WisdomContext& c : {host, profile, model}) {
+  device.device = "cuda:0-fp32";
+  for (const WisdomContext& c : {host, profile, model, device}) {
     Wisdom w = Wisdom::load(file, c);
     w.record(key(64, 32), {{{TpMode::kDuplicated, NsAlgorithm::kStandard}, 0.01}});
     w.save(file);
@@ -97,12 +98,13 @@ TEST(Wisdom, AnotherHostProfileOrModelIsKeptButNotUsed) {
   Wisdom mine = Wisdom::load(file, context());
   EXPECT_EQ(mine.find(key(64, 32)), nullptr);
   EXPECT_EQ(mine.size(), 0u);
-  ASSERT_EQ(mine.foreign(), 3u);
+  ASSERT_EQ(mine.foreign(), 4u);
   EXPECT_NE(mine.foreign_reasons()[0].find("SkylakeX"), std::string::npos);
+  EXPECT_NE(mine.foreign_reasons()[3].find("device cuda:0-fp32"), std::string::npos);
   // Writing this host's entry keeps the others.
   mine.record(key(64, 32), {{{TpMode::kDistributed, NsAlgorithm::kStandard}, 0.02}});
   mine.save(file);
-  EXPECT_EQ(Wisdom::load(file, context()).foreign(), 3u);
+  EXPECT_EQ(Wisdom::load(file, context()).foreign(), 4u);
   const Wisdom again = Wisdom::load(file, host);
   ASSERT_NE(again.find(key(64, 32)), nullptr);
   EXPECT_EQ(again.find(key(64, 32))->front().choice.mode, TpMode::kDuplicated);
