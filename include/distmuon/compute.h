@@ -171,7 +171,8 @@ Matrix to_host(Compute& compute, ConstMatrixView src);
 // The process-wide CPU (CBLAS) backend.
 Compute& cpu_compute();
 // A backend by name: "cpu", "opaque" (the process-wide opaque test backend) or "cuda" (the
-// process-wide CUDA backend on the current device). Throws distmuon::Error naming the built
+// process-wide CUDA backend of this rank's GPU: DISTMUON_CUDA_DEVICE, else the node-local rank
+// modulo the node's GPU count). Throws distmuon::Error naming the built
 // backends when `name` is unknown, not built, or has no device.
 Compute& compute_backend(std::string_view name);
 // The backends this build has ("cpu", "opaque", and "cuda" when built with CUDA).

@@ -7,7 +7,7 @@
 namespace distmuon {
 
 #ifdef DISTMUON_HAVE_CUDA
-Compute& cuda_compute();  // src/compute/cuda
+Compute& cuda_compute_of_this_rank();  // src/compute/cuda
 #endif
 
 std::vector<std::string> compute_backend_names() {
@@ -25,7 +25,7 @@ Compute& compute_backend(std::string_view name) {
     return *opaque;
   }
 #ifdef DISTMUON_HAVE_CUDA
-  if (name == "cuda") return cuda_compute();
+  if (name == "cuda") return cuda_compute_of_this_rank();
 #else
   if (name == "cuda") {
     throw Error(

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -18,6 +19,14 @@ std::string host_name() {
   if (::gethostname(buf, sizeof(buf) - 1) != 0)
     throw Error(fmt::format("gethostname failed: {}", std::strerror(errno)));
   return buf;
+}
+
+int node_local_rank() {
+  for (const char* var :
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  }
+  return 0;
 }
 
 std::string cpu_model() {

@@ -67,15 +67,6 @@ std::string host_name() {
   }
 }
 
-// The node-local rank the launcher reports (OpenMPI, MPICH/Intel MPI, Slurm, torchrun), else 0.
-int node_local_rank() {
-  for (const char* var :
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
-    if (const char* v = env(var)) return std::atoi(v);
-  }
-  return 0;
-}
-
 std::mutex g_mu;
 std::optional<DomainInfo> g_local;
 
@@ -86,7 +77,7 @@ DomainInfo probe_domain(int world_rank, const TopologyProbeOptions& opts) {
   if (const char* file = env("DISTMUON_TOPOLOGY_FILE"))
     return {domain_from_file(file, world_rank), "file"};
   std::string reason;
-  const int gpu = opts.gpu_index >= 0 ? opts.gpu_index : node_local_rank();
+  const int gpu = opts.gpu_index >= 0 ? opts.gpu_index : detail::node_local_rank();
   bool no_driver = false;
   std::string id = detail::nvml_fabric_domain(opts.nvml_library, gpu, &reason, &no_driver);
   if (!id.empty()) return {std::move(id), "nvml"};

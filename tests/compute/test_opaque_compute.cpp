@@ -18,7 +18,12 @@ TEST(OpaqueComputeDeathTest, HostAccessFaults) {
   auto opaque = make_opaque_compute();
   DeviceMatrix a(*opaque, 4, 4);
   const float* p = a.view().data;
-  EXPECT_DEATH({ volatile float x = p[0]; (void)x; }, "");
+  EXPECT_DEATH(
+      {
+        volatile float x = p[0];
+        (void)x;
+      },
+      "");
   EXPECT_DEATH({ a.view().data[3] = 1.0f; }, "");
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include "compute/cuda/cuda_check.h"
 #include "compute/cuda/cuda_kernels.h"
 #include "compute/cuda/cuda_libraries.h"
+#include "core/host.h"
 #include "distmuon/error.h"
 
 namespace distmuon {
@@ -462,6 +464,25 @@ Compute& cuda_compute() {
   auto& slot = instances[device];
   if (!slot) slot = std::make_unique<CudaCompute>(device, cuda_precision_from_env());
   return *slot;
+}
+
+Compute& cuda_compute_of_this_rank() {
+  current_device();  // throws when there is none
+  const int count = cuda_device_count();
+  int device = detail::node_local_rank() % count;
+  if (const char* v = std::getenv("DISTMUON_CUDA_DEVICE"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const long d = std::strtol(v, &end, 10);
+    if (*end != '\0' || d < 0 || d >= count) {
+      throw Error(
+          fmt::format("device cuda: DISTMUON_CUDA_DEVICE={} is not a device of this node "
+                      "(0 to {})",
+                      v, count - 1));
+    }
+    device = static_cast<int>(d);
+  }
+  check(cudaSetDevice(device), "cudaSetDevice", fmt::format("device {}", device));
+  return cuda_compute();
 }
 
 cudaStream_t cuda_stream(Compute& compute) {

@@ -36,5 +36,9 @@ std::unique_ptr<Compute> make_cuda_compute(CudaPrecision precision = CudaPrecisi
 Compute& cuda_compute();
 // The stream all of a CUDA backend's work is queued on (compute must be a CUDA backend).
 cudaStream_t cuda_stream(Compute& compute);
+// compute_backend("cuda"): makes this rank's GPU current, then cuda_compute(). The GPU is
+// DISTMUON_CUDA_DEVICE when set, else the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, ...)
+// modulo the node's device count: one GPU per rank under mpirun. Throws without a device.
+Compute& cuda_compute_of_this_rank();
 
 }  // namespace distmuon

@@ -52,7 +52,8 @@ class OpaqueDataComm final : public CommImpl {
 class OpaqueCompute final : public Compute {
  public:
   OpaqueCompute() {
-    void* p = mmap(nullptr, kReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p =
+        mmap(nullptr, kReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       throw Error(fmt::format("opaque backend: reserving {} bytes of address space: {}", kReserve,
                               std::strerror(errno)));
@@ -222,8 +223,8 @@ void OpaqueDataComm::broadcast(void* buf, std::size_t count, DType t, int root) 
 }
 void OpaqueDataComm::all_to_all_v(const void* send, const std::size_t* send_counts,
                                   const std::size_t* send_displs, void* recv,
-                                  const std::size_t* recv_counts,
-                                  const std::size_t* recv_displs, DType t) {
+                                  const std::size_t* recv_counts, const std::size_t* recv_displs,
+                                  DType t) {
   const int n = size();
   inner_->all_to_all_v(at(owner_, send, extent(send_counts, send_displs, n), t, "all_to_all_v"),
                        send_counts, send_displs,
