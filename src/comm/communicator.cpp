@@ -91,10 +91,10 @@ std::string Communicator::broadcast_string(const std::string& s, int root) const
 Communicator Communicator::with_data(std::shared_ptr<CommImpl> data) const {
   DISTMUON_ASSERT(data != nullptr, "data plane without implementation");
   if (data->rank() != rank() || data->size() != size()) {
-    throw Error(fmt::format("Communicator::with_data: the data plane ({}) is rank {} of {}, the "
-                            "control plane ({}) rank {} of {}",
-                            data->backend(), data->rank(), data->size(), backend(), rank(),
-                            size()));
+    throw Error(
+        fmt::format("Communicator::with_data: the data plane ({}) is rank {} of {}, the "
+                    "control plane ({}) rank {} of {}",
+                    data->backend(), data->rank(), data->size(), backend(), rank(), size()));
   }
   Communicator out = *this;
   out.data_ = std::move(data);
