@@ -105,6 +105,93 @@ class NcclComm final : public CommImpl {
       : host_(std::move(host)), stream_(stream), device_(device) {
     rank_ = host_->rank();
     size_ = host_->size();
+  }
+  ~NcclComm() override {
+    if (comm_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      nccl().comm_destroy(comm_);
+    }
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  std::string backend() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
+    check(nccl().all_gather(send, recv, count, nccl_type(t), comm(), stream_), "ncclAllGather",
+          counted(count, t));
+  }
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
+    check(nccl().all_reduce(buf, buf, count, nccl_type(t), nccl_op(op), comm(), stream_),
+          "ncclAllReduce", counted(count, t));
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
+                      ReduceOp op) override {
+    check(nccl().reduce_scatter(send, recv, count, nccl_type(t), nccl_op(op), comm(), stream_),
+          "ncclReduceScatter", counted(count, t));
+  }
+  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    check(nccl().broadcast(buf, buf, count, nccl_type(t), root, comm(), stream_), "ncclBroadcast",
+          fmt::format("{}, root {}", counted(count, t), root));
+  }
+  void all_to_all_v(const void* send, const std::size_t* send_counts,
+                    const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
+                    const std::size_t* recv_displs, DType t) override {
+    const std::size_t elem = dtype_size(t);
+    const auto* s = static_cast<const char*>(send);
+    auto* r = static_cast<char*>(recv);
+    ncclComm_t c = comm();
+    check(nccl().group_start(), "ncclGroupStart", "all_to_all_v");
+    ncclResult_t rc = ncclSuccess;
+    const char* failed = nullptr;
+    for (int peer = 0; peer < size_ && rc == ncclSuccess; ++peer) {
+      if (send_counts[peer] > 0) {
+        rc = nccl().send(s + send_displs[peer] * elem, send_counts[peer], nccl_type(t), peer, c,
+                         stream_);
+        failed = "ncclSend";
+      }
+      if (rc == ncclSuccess && recv_counts[peer] > 0) {
+        rc = nccl().recv(r + recv_displs[peer] * elem, recv_counts[peer], nccl_type(t), peer, c,
+                         stream_);
+        failed = "ncclRecv";
+      }
+    }
+    const ncclResult_t end = nccl().group_end();  // always closes the group
+    if (rc != ncclSuccess) check(rc, failed, "all_to_all_v");
+    check(end, "ncclGroupEnd", "all_to_all_v");
+  }
+  // Everything queued so far has completed on this rank, then every rank meets on the host.
+  void barrier() override {
+    if (const auto rc = cudaStreamSynchronize(stream_); rc != cudaSuccess) {
+      throw Error(fmt::format("nccl barrier: cudaStreamSynchronize failed on rank {}: {}", rank_,
+                              cudaGetErrorString(rc)));
+    }
+    if (comm_ != nullptr) {
+      check(nccl().comm_get_async_error(comm_, &async_), "ncclCommGetAsyncError", "barrier");
+      check(async_, "an earlier NCCL operation", "barrier");
+    }
+    host_->barrier();
+  }
+  std::shared_ptr<CommImpl> split(int color, int key) override {
+    return std::make_shared<NcclComm>(host_->split(color, key), stream_, device_);
+  }
+  void abort(int code) override {
+    if (comm_ != nullptr) nccl().comm_abort(comm_);
+    comm_ = nullptr;
+    host_->abort(code);
+  }
+
+ private:
+  // The NCCL communicator, made at the first collective (collective over the host group, in the
+  // order the ranks reach their collectives), so that attaching the data plane
+  // (Compute::data_communicator, Muon::add_parameter) stays rank-local.
+  ncclComm_t comm() {
+    if (comm_ == nullptr) connect();
+    return comm_;
+  }
+  void connect() {
     // Every rank loads NCCL, then the ranks agree on it before the first collective of the
     // bootstrap, so that a rank without the library fails the others instead of leaving them
     // waiting.
@@ -143,81 +230,6 @@ class NcclComm final : public CommImpl {
     check(nccl().comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank",
           fmt::format("{} ranks, device {}", size_, device_));
   }
-  ~NcclComm() override {
-    if (comm_ != nullptr) {
-      cudaStreamSynchronize(stream_);
-      nccl().comm_destroy(comm_);
-    }
-  }
-  NcclComm(const NcclComm&) = delete;
-  NcclComm& operator=(const NcclComm&) = delete;
-
-  std::string backend() const override { return "nccl"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-
-  void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
-    check(nccl().all_gather(send, recv, count, nccl_type(t), comm_, stream_), "ncclAllGather",
-          counted(count, t));
-  }
-  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
-    check(nccl().all_reduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream_),
-          "ncclAllReduce", counted(count, t));
-  }
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
-                      ReduceOp op) override {
-    check(nccl().reduce_scatter(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_),
-          "ncclReduceScatter", counted(count, t));
-  }
-  void broadcast(void* buf, std::size_t count, DType t, int root) override {
-    check(nccl().broadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "ncclBroadcast",
-          fmt::format("{}, root {}", counted(count, t), root));
-  }
-  void all_to_all_v(const void* send, const std::size_t* send_counts,
-                    const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
-                    const std::size_t* recv_displs, DType t) override {
-    const std::size_t elem = dtype_size(t);
-    const auto* s = static_cast<const char*>(send);
-    auto* r = static_cast<char*>(recv);
-    check(nccl().group_start(), "ncclGroupStart", "all_to_all_v");
-    ncclResult_t rc = ncclSuccess;
-    const char* failed = nullptr;
-    for (int peer = 0; peer < size_ && rc == ncclSuccess; ++peer) {
-      if (send_counts[peer] > 0) {
-        rc = nccl().send(s + send_displs[peer] * elem, send_counts[peer], nccl_type(t), peer, comm_,
-                         stream_);
-        failed = "ncclSend";
-      }
-      if (rc == ncclSuccess && recv_counts[peer] > 0) {
-        rc = nccl().recv(r + recv_displs[peer] * elem, recv_counts[peer], nccl_type(t), peer, comm_,
-                         stream_);
-        failed = "ncclRecv";
-      }
-    }
-    const ncclResult_t end = nccl().group_end();  // always closes the group
-    if (rc != ncclSuccess) check(rc, failed, "all_to_all_v");
-    check(end, "ncclGroupEnd", "all_to_all_v");
-  }
-  // Everything queued so far has completed on this rank, then every rank meets on the host.
-  void barrier() override {
-    if (const auto rc = cudaStreamSynchronize(stream_); rc != cudaSuccess) {
-      throw Error(fmt::format("nccl barrier: cudaStreamSynchronize failed on rank {}: {}", rank_,
-                              cudaGetErrorString(rc)));
-    }
-    check(nccl().comm_get_async_error(comm_, &async_), "ncclCommGetAsyncError", "barrier");
-    check(async_, "an earlier NCCL operation", "barrier");
-    host_->barrier();
-  }
-  std::shared_ptr<CommImpl> split(int color, int key) override {
-    return std::make_shared<NcclComm>(host_->split(color, key), stream_, device_);
-  }
-  void abort(int code) override {
-    if (comm_ != nullptr) nccl().comm_abort(comm_);
-    comm_ = nullptr;
-    host_->abort(code);
-  }
-
- private:
   std::string counted(std::size_t count, DType t) const {
     return fmt::format("{} x {}", count, dtype_name(t));
   }
