@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "compute/shape_checks.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
@@ -19,25 +20,7 @@ namespace {
 CBLAS_TRANSPOSE cblas_trans(Trans t) {
   return t == Trans::kYes ? CblasTrans : CblasNoTrans;
 }
-Index op_rows(ConstMatrixView a, Trans t) {
-  return t == Trans::kYes ? a.cols : a.rows;
-}
-Index op_cols(ConstMatrixView a, Trans t) {
-  return t == Trans::kYes ? a.rows : a.cols;
-}
-
-void check_ld(const char* op, const char* name, Index cols, Index ld) {
-  if (ld < std::max<Index>(1, cols)) {
-    throw Error(fmt::format("{}: leading dimension {} of {} is smaller than its {} columns", op, ld,
-                            name, cols));
-  }
-}
-
-void check_same(const char* op, const char* name, ConstMatrixView x, ConstMatrixView y) {
-  if (x.rows != y.rows || x.cols != y.cols) {
-    throw Error(fmt::format("{}: {} is {}, expected {}", op, name, shape_str(x), shape_str(y)));
-  }
-}
+using detail::check_same;
 
 std::once_flag threads_once;
 void init_threads() {
@@ -94,14 +77,7 @@ class CpuCompute final : public Compute {
             MatrixView c) override {
     init_threads();
     warn_about_core_once();
-    const Index m = op_rows(a, ta), k = op_cols(a, ta), n = op_cols(b, tb);
-    if (op_rows(b, tb) != k || c.rows != m || c.cols != n) {
-      throw Error(fmt::format("gemm: op(a) {} x op(b) {} does not fit c {}", shape_str(m, k),
-                              shape_str(op_rows(b, tb), n), shape_str(c.rows, c.cols)));
-    }
-    check_ld("gemm", "a", a.cols, a.ld);
-    check_ld("gemm", "b", b.cols, b.ld);
-    check_ld("gemm", "c", c.cols, c.ld);
+    const auto [m, n, k] = detail::check_gemm(ta, tb, a, b, c);
     if (m == 0 || n == 0) return;
     if (k == 0) {
       scale(c, beta);
@@ -116,13 +92,7 @@ class CpuCompute final : public Compute {
   void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
     init_threads();
     warn_about_core_once();
-    const Index n = op_rows(a, ta), k = op_cols(a, ta);
-    if (c.rows != n || c.cols != n) {
-      throw Error(fmt::format("syrk: op(a) {} needs a {} output, got {}", shape_str(n, k),
-                              shape_str(n, n), shape_str(c.rows, c.cols)));
-    }
-    check_ld("syrk", "a", a.cols, a.ld);
-    check_ld("syrk", "c", c.cols, c.ld);
+    const auto [n, k] = detail::check_syrk(ta, a, c);
     if (n == 0) return;
     if (k == 0) {
       scale(c, beta);

@@ -18,6 +18,7 @@
 #include "compute/cuda/cuda_check.h"
 #include "compute/cuda/cuda_kernels.h"
 #include "compute/cuda/cuda_libraries.h"
+#include "compute/shape_checks.h"
 #include "core/host.h"
 #include "distmuon/error.h"
 
@@ -26,12 +27,8 @@ namespace {
 
 using cuda::check;
 
-Index op_rows(ConstMatrixView a, Trans t) {
-  return t == Trans::kYes ? a.cols : a.rows;
-}
-Index op_cols(ConstMatrixView a, Trans t) {
-  return t == Trans::kYes ? a.rows : a.cols;
-}
+using detail::check_ld;
+using detail::check_same;
 cublasOperation_t cublas_op(Trans t) {
   return t == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
@@ -42,17 +39,6 @@ cuda::ConstDev dev(ConstMatrixView a) {
   return {a.data, a.rows, a.cols, a.ld};
 }
 
-void check_ld(const char* op, const char* name, Index cols, Index ld) {
-  if (ld < std::max<Index>(1, cols)) {
-    throw Error(fmt::format("{}: leading dimension {} of {} is smaller than its {} columns", op, ld,
-                            name, cols));
-  }
-}
-void check_same(const char* op, const char* name, ConstMatrixView x, ConstMatrixView y) {
-  if (x.rows != y.rows || x.cols != y.cols) {
-    throw Error(fmt::format("{}: {} is {}, expected {}", op, name, shape_str(x), shape_str(y)));
-  }
-}
 // cuBLAS takes int dimensions.
 int blas_int(const char* op, Index v) {
   if (v > std::numeric_limits<int>::max()) {
@@ -149,14 +135,7 @@ class CudaCompute final : public Compute {
 
   void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
             MatrixView c) override {
-    const Index m = op_rows(a, ta), k = op_cols(a, ta), n = op_cols(b, tb);
-    if (op_rows(b, tb) != k || c.rows != m || c.cols != n) {
-      throw Error(fmt::format("gemm: op(a) {} x op(b) {} does not fit c {}", shape_str(m, k),
-                              shape_str(op_rows(b, tb), n), shape_str(c.rows, c.cols)));
-    }
-    check_ld("gemm", "a", a.cols, a.ld);
-    check_ld("gemm", "b", b.cols, b.ld);
-    check_ld("gemm", "c", c.cols, c.ld);
+    const auto [m, n, k] = detail::check_gemm(ta, tb, a, b, c);
     if (m == 0 || n == 0) return;
     if (k == 0) {
       scale(c, beta);
@@ -174,13 +153,7 @@ class CudaCompute final : public Compute {
   }
 
   void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
-    const Index n = op_rows(a, ta), k = op_cols(a, ta);
-    if (c.rows != n || c.cols != n) {
-      throw Error(fmt::format("syrk: op(a) {} needs a {} output, got {}", shape_str(n, k),
-                              shape_str(n, n), shape_str(c.rows, c.cols)));
-    }
-    check_ld("syrk", "a", a.cols, a.ld);
-    check_ld("syrk", "c", c.cols, c.ld);
+    const auto [n, k] = detail::check_syrk(ta, a, c);
     if (n == 0) return;
     if (k == 0) {
       scale(c, beta);

@@ -1,0 +1,29 @@
+#pragma once
+// The argument checks every compute backend runs before its arithmetic, so that a wrong shape
+// is the same distmuon::Error on every backend.
+
+#include "distmuon/compute.h"
+
+namespace distmuon::detail {
+
+// op(a)'s rows and columns.
+Index op_rows(ConstMatrixView a, Trans t);
+Index op_cols(ConstMatrixView a, Trans t);
+// Throws unless ld >= max(1, cols).
+void check_ld(const char* op, const char* name, Index cols, Index ld);
+// Throws unless x and y have the same shape.
+void check_same(const char* op, const char* name, ConstMatrixView x, ConstMatrixView y);
+
+// c = op(a) op(b): m x n with inner dimension k; throws on shapes that do not fit or a leading
+// dimension below the columns.
+struct GemmShape {
+  Index m = 0, n = 0, k = 0;
+};
+GemmShape check_gemm(Trans ta, Trans tb, ConstMatrixView a, ConstMatrixView b, ConstMatrixView c);
+// c = op(a) op(a)^T: n x n with inner dimension k; the same checks.
+struct SyrkShape {
+  Index n = 0, k = 0;
+};
+SyrkShape check_syrk(Trans ta, ConstMatrixView a, ConstMatrixView c);
+
+}  // namespace distmuon::detail
