@@ -37,10 +37,7 @@ struct NcclApi {
   decltype(&::ncclGroupEnd) group_end;
 };
 
-template <typename F>
-void resolve(F& slot, void* library, const std::string& soname, const char* name) {
-  slot = reinterpret_cast<F>(cuda::library_symbol(library, soname, name));
-}
+using cuda::resolve;
 
 NcclApi load_nccl() {
   const std::string soname = fmt::format("libnccl.so.{}", NCCL_MAJOR);

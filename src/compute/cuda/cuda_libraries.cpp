@@ -22,11 +22,6 @@ std::string last_dl_error() {
   return err != nullptr ? err : "unknown error";
 }
 
-template <typename F>
-void resolve(F& slot, void* library, const std::string& soname, const char* name) {
-  slot = reinterpret_cast<F>(library_symbol(library, soname, name));
-}
-
 CublasApi load_cublas() {
   const std::string soname = cublas_soname();
   void* lib = open_library(soname, DISTMUON_CUBLAS_DIR, "install cuBLAS or set LD_LIBRARY_PATH");

@@ -18,6 +18,11 @@ void* open_library(const std::string& soname, const std::string& fallback_dir,
                    const std::string& hint);
 // dlsym(library, name); throws distmuon::Error naming the symbol, the library and dlerror().
 void* library_symbol(void* library, const std::string& soname, const char* name);
+// slot = the function `name` of library, as slot's type.
+template <typename F>
+void resolve(F& slot, void* library, const std::string& soname, const char* name) {
+  slot = reinterpret_cast<F>(library_symbol(library, soname, name));
+}
 
 // The cuBLAS functions distmuon calls (the _v2 names behind cublas_v2.h's macros).
 struct CublasApi {
