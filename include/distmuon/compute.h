@@ -94,6 +94,16 @@ class Compute {
   // device backend (the default loops over sum_squares).
   virtual void sum_squares(std::span<const ConstMatrixView> as, bool in_double,
                            std::span<double> out);
+  // Newton-Schulz's normalisation: x /= max(||x||_F, eps), the squares summed in double (float
+  // when in_double is false) and, with a group, over the group. The default (cpu) reads the sum
+  // on the host: sum_squares, a control-plane all_reduce of the double over the group, x scaled
+  // by float(1 / max(sqrt(sum), eps)) only when the sum is finite; it returns the sum, which the
+  // caller checks. A device backend (memory() kDevice: cuda, opaque) keeps the sum in a slot of
+  // its own memory, all-reduces it over group->data(), scales by the same float factor computed
+  // from the slot, writes NaN into every element of x when the sum is not finite, and returns
+  // nullopt: no host read (the caller checks the result later, batched).
+  virtual std::optional<double> normalize(MatrixView x, double eps, bool in_double,
+                                          const Communicator* group);
   // a *= alpha.
   virtual void scale(MatrixView a, float alpha) = 0;
   // y = alpha * x + beta * y (same shapes).

@@ -1,6 +1,9 @@
 // Backend-owned memory: Compute's counted allocation, DeviceMatrix, host <-> backend copies, and
-// the batched reductions' default loops.
+// the batched reductions' default loops, and the host form of Newton-Schulz's normalisation.
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
@@ -38,6 +41,14 @@ void Compute::sum_squares(std::span<const ConstMatrixView> as, bool in_double,
   DISTMUON_ASSERT(as.size() == out.size(), "one result per matrix");
   for (std::size_t i = 0; i < as.size(); ++i)
     out[i] = sum_squares(as[i], in_double);
+}
+
+std::optional<double> Compute::normalize(MatrixView x, double eps, bool in_double,
+                                         const Communicator* group) {
+  double ss = sum_squares(x, in_double);
+  if (group != nullptr) ss = group->all_reduce(ss);
+  if (std::isfinite(ss)) scale(x, static_cast<float>(1.0 / std::max(std::sqrt(ss), eps)));
+  return ss;
 }
 
 void Compute::find_non_finite(std::span<const ConstMatrixView> as,

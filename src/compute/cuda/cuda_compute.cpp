@@ -85,6 +85,7 @@ class CudaCompute final : public Compute {
     cudaStreamSynchronize(stream_);
     if (results_ != nullptr) cudaFree(results_);
     if (host_results_ != nullptr) cudaFreeHost(host_results_);
+    if (norm_slot_ != nullptr) cudaFree(norm_slot_);
     for (auto& buf : bf16_) {
       if (buf.data != nullptr) cudaFreeAsync(buf.data, stream_);
     }
@@ -203,6 +204,24 @@ class CudaCompute final : public Compute {
     fetch_results(as.size() * sizeof(double), "sum_squares");
     const auto* host = static_cast<const double*>(host_results_);
     std::copy_n(host, as.size(), out.begin());
+  }
+
+  // The device form (compute.h): the sum of squares into norm_slot_, summed over the group's data
+  // plane (NCCL on this stream), then the scale computed from it by a kernel. No host wait.
+  std::optional<double> normalize(MatrixView x, double eps, bool in_double,
+                                  const Communicator* group) override {
+    if (norm_slot_ == nullptr) {
+      check(cudaMalloc(reinterpret_cast<void**>(&norm_slot_), sizeof(double)), "cudaMalloc",
+            "the normalisation slot");
+    }
+    check(cudaMemsetAsync(norm_slot_, 0, sizeof(double), stream_), "cudaMemsetAsync",
+          "the normalisation slot");
+    check(cuda::sum_squares(stream_, dev(ConstMatrixView(x)), in_double, norm_slot_),
+          "sum_squares kernel", shape_str(x));
+    if (group != nullptr) group->data().all_reduce(std::span<double>(norm_slot_, 1));
+    check(cuda::scale_by_norm(stream_, dev(x), norm_slot_, eps), "scale_by_norm kernel",
+          shape_str(x));
+    return std::nullopt;
   }
 
   std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {
@@ -399,6 +418,7 @@ class CudaCompute final : public Compute {
   void* results_ = nullptr;
   void* host_results_ = nullptr;
   std::size_t results_bytes_ = 0;
+  double* norm_slot_ = nullptr;  // normalize's sum of squares (device memory, made on first use)
   struct Scratch {
     void* data = nullptr;
     std::size_t bytes = 0;

@@ -51,6 +51,24 @@ struct ScaleOp {
   }
 };
 
+// ScaleOp with the factor computed from the sum of squares in device memory (Compute::normalize).
+struct NormScaleOp {
+  Dev a;
+  const double* sum;
+  double eps;
+  __device__ void operator()(std::int64_t t) const {
+    const double ss = *sum;
+    float& x = a.data[offset(t, a.cols, a.ld)];
+    if (!isfinite(ss)) {
+      x = __int_as_float(0x7fc00000);  // quiet NaN: the caller's check finds it
+      return;
+    }
+    const double norm = sqrt(ss);
+    const float alpha = static_cast<float>(1.0 / (norm < eps ? eps : norm));  // std::max(norm, eps)
+    x = alpha == 0.0f ? 0.0f : x * alpha;
+  }
+};
+
 struct AxpbyOp {
   float alpha;
   ConstDev x;
@@ -181,6 +199,9 @@ __global__ void find_non_finite_kernel(ConstDev a, unsigned long long* out) {
 
 cudaError_t scale(cudaStream_t s, Dev a, float alpha) {
   return launch(s, a.rows * a.cols, ScaleOp{a, alpha});
+}
+cudaError_t scale_by_norm(cudaStream_t s, Dev a, const double* sum, double eps) {
+  return launch(s, a.rows * a.cols, NormScaleOp{a, sum, eps});
 }
 cudaError_t axpby(cudaStream_t s, float alpha, ConstDev x, float beta, Dev y) {
   return launch(s, y.rows * y.cols, AxpbyOp{alpha, x, beta, y});

@@ -31,6 +31,10 @@ struct AdamWArgs {
 cudaError_t scale(cudaStream_t s, Dev a, float alpha);
 // y = alpha x + beta y (beta == 0 ignores y).
 cudaError_t axpby(cudaStream_t s, float alpha, ConstDev x, float beta, Dev y);
+// Newton-Schulz's normalisation from a sum of squares in device memory (*sum): a *= the host's
+// factor float(1 / max(sqrt(*sum), eps)), evaluated in double and cast as the host does, or
+// a = NaN in every element when *sum is not finite.
+cudaError_t scale_by_norm(cudaStream_t s, Dev a, const double* sum, double eps);
 // a(i, i) += alpha.
 cudaError_t add_diagonal(cudaStream_t s, Dev a, float alpha);
 cudaError_t fill(cudaStream_t s, Dev a, float value);

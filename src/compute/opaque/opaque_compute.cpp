@@ -7,9 +7,12 @@
 #include <fmt/format.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -59,6 +62,12 @@ class OpaqueCompute final : public Compute {
                               std::strerror(errno)));
     }
     base_ = reinterpret_cast<std::uintptr_t>(p);
+    // normalize's slot: one double of this backend's memory, outside the counted allocations.
+    slot_ = reinterpret_cast<double*>(do_allocate(sizeof(double) / sizeof(float)));
+    if (slot_ == nullptr) {
+      munmap(p, kReserve);
+      throw Error("opaque backend: allocating the normalisation slot failed");
+    }
   }
   ~OpaqueCompute() override { munmap(reinterpret_cast<void*>(base_), kReserve); }
 
@@ -86,6 +95,22 @@ class OpaqueCompute final : public Compute {
   }
   double sum_squares(ConstMatrixView a, bool in_double) override {
     return cpu().sum_squares(mine("sum_squares", a), in_double);
+  }
+  // The device form (compute.h): the sum of squares into the slot, the slot all-reduced over the
+  // data plane, then the scale computed from the slot (NaN when the sum is not finite), all on
+  // the backend's storage, as a device's kernels would; nothing comes back to the caller.
+  std::optional<double> normalize(MatrixView x, double eps, bool in_double,
+                                  const Communicator* group) override {
+    double& sum = *static_cast<double*>(storage(slot_, sizeof(double), "normalize"));
+    sum = cpu().sum_squares(mine("normalize", ConstMatrixView(x)), in_double);
+    if (group != nullptr) group->data().all_reduce(std::span<double>(slot_, 1));
+    const MatrixView v = mine("normalize", x);
+    if (std::isfinite(sum)) {
+      cpu().scale(v, static_cast<float>(1.0 / std::max(std::sqrt(sum), eps)));
+    } else {
+      cpu().fill(v, std::numeric_limits<float>::quiet_NaN());
+    }
+    return std::nullopt;
   }
   void scale(MatrixView a, float alpha) override { cpu().scale(mine("scale", a), alpha); }
   void axpby(float alpha, ConstMatrixView x, float beta, MatrixView y) override {
@@ -187,6 +212,7 @@ class OpaqueCompute final : public Compute {
   }
 
   std::uintptr_t base_ = 0;
+  double* slot_ = nullptr;  // normalize's sum, in this backend's memory
   std::size_t next_ = 0;
   std::map<std::uintptr_t, Block> blocks_;           // by address
   std::multimap<std::size_t, std::uintptr_t> free_;  // released address ranges by span
