@@ -85,7 +85,9 @@ using ScaleFn = std::function<double(Index, Index)>;
 // u lives in compute's memory; shards and Gram matrices move over tp.data() and gtp.data(), which
 // must move compute's memory (Compute::data_communicator). NS scratch and the gathered buffers
 // come from `workspaces` when given (kept across calls by the optimizer: no allocation once every
-// shape has been seen), else from buffers allocated for this call.
+// shape has been seen), else from buffers allocated for this call. A non-finite input throws on
+// the CPU backend; on a device backend it is not checked here (no host wait): the rows of the
+// class it is in come out NaN, for the caller to check (Muon does, once per step).
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
                          const ScaleFn& scale, Compute& compute,

@@ -103,9 +103,12 @@ struct NsWorkspace {
 
 // Orthogonalises x (compute's memory) in place. With a group, x is this rank's piece of a matrix
 // split along the side that is NOT the Gram side, and the norm and Gram matrices are summed over
-// the group: the norm (a host scalar) over its control plane, the Gram matrices (compute's
-// memory) over group->data(), which must move compute's memory (Compute::data_communicator).
-// Non-finite input throws; an all-zero input returns zeros.
+// the group (Compute::normalize: the norm on the CPU as a host scalar over the control plane, on
+// a device backend in its memory over group->data()), the Gram matrices (compute's memory) over
+// group->data(), which must move compute's memory (Compute::data_communicator).
+// Non-finite input throws distmuon::Error (over a group on every rank): on the CPU before the
+// iteration, on a device backend (which keeps the norm in its own memory) after it, from one
+// find_non_finite of the result. An all-zero input returns zeros.
 void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
                            const Communicator* group = nullptr, NsWorkspace* ws = nullptr);
 

@@ -35,7 +35,9 @@ namespace distmuon {
 // distinct shape). partition_dim kNoPartition (or a group of one) is the local NS whatever the
 // mode. mode must not be kAuto (resolve it first). The one-group case of orthogonalize_shard
 // (layout.h, over group_layout), without scaling. The shards and Gram matrices move over
-// group.data(); a group without a data plane gets compute.data_communicator(group).
+// group.data(); a group without a data plane gets compute.data_communicator(group). A non-finite
+// input throws distmuon::Error on the ranks that hold a piece of its result (every rank of the
+// group unless blockwise): on the CPU before the iteration, on a device backend after it.
 void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& group, TpMode mode,
                       const NsOptions& opts, Compute& compute);
 

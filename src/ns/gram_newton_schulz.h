@@ -8,7 +8,8 @@
 
 namespace distmuon::detail {
 
-void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
+// Returns NsStart::checked (ns_steps.h): false when a non-finite input was left for the caller.
+bool gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
                                 const Communicator* group, NsWorkspace* ws);
 
 double gram_ns_flops(Index m, Index n, const NsOptions& opts);

@@ -11,14 +11,15 @@
 #include "ns/ns_steps.h"
 
 namespace distmuon {
-void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
-                           const Communicator* group, NsWorkspace* ws) {
+namespace detail {
+
+bool newton_schulz_unchecked(MatrixView x, const NsOptions& opts, Compute& compute,
+                             const Communicator* group, NsWorkspace* ws) {
   if (opts.algorithm == NsAlgorithm::kGram) {
-    detail::gram_newton_schulz_inplace(x, opts, compute, group, ws);
-    return;
+    return gram_newton_schulz_inplace(x, opts, compute, group, ws);
   }
-  const auto start = detail::start_newton_schulz(x, opts, compute, group, "newton_schulz");
-  if (!start) return;
+  const auto start = start_newton_schulz(x, opts, compute, group, "newton_schulz");
+  if (!start) return true;
   const GramSide side = start->side;
   const Index s = start->s;
 
@@ -52,6 +53,26 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
     std::swap(cur, nxt);
   }
   if (cur.data != x.data) compute.copy(cur, x);
+  return start->checked;
+}
+
+}  // namespace detail
+
+void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
+                           const Communicator* group, NsWorkspace* ws) {
+  if (detail::newton_schulz_unchecked(x, opts, compute, group, ws)) return;
+  // The backend normalised on its own memory: a non-finite input (or a norm that overflows) made
+  // x NaN, over a group on every rank. One check of the result (one wait) for this call.
+  if (const auto at = compute.find_non_finite(x)) {
+    const bool distributed = group != nullptr && group->size() > 1;
+    throw Error(fmt::format(
+        "{}: input {}{} contains non-finite values (or its norm overflows): the result is not "
+        "finite at ({}, {}) (checked after the iteration on the {} backend; a diverging "
+        "coefficient schedule is reported the same way)",
+        opts.algorithm == NsAlgorithm::kGram ? "gram newton_schulz" : "newton_schulz", shape_str(x),
+        distributed ? fmt::format(" (rank {})", group->rank()) : "", at->row, at->col,
+        compute.name()));
+  }
 }
 
 Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute) {

@@ -37,16 +37,17 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
   start.s = start.side == GramSide::kRows ? x.rows : x.cols;
   start.reduce_over = distributed ? group : nullptr;
 
-  // One norm per NS call (not batched across weights): the iteration needs it before its first
-  // product, and over a group it is one scalar all-reduce on the control plane.
-  double ss = compute.sum_squares(x, opts.norm_in_double);
-  if (distributed) ss = group->all_reduce(ss);
-  if (!std::isfinite(ss)) {
+  // The norm: on the host (cpu) one sum of squares read back, all-reduced over the group on the
+  // control plane and checked here; on a device backend it stays in the backend's memory (the
+  // data plane all-reduces it) and a non-finite input turns x into NaN, which the caller checks.
+  const std::optional<double> ss =
+      compute.normalize(x, opts.eps, opts.norm_in_double, start.reduce_over);
+  if (ss && !std::isfinite(*ss)) {
     throw Error(fmt::format("{}: input {}{} contains non-finite values (or its norm overflows)",
                             name, shape_str(x),
                             distributed ? fmt::format(" (rank {})", group->rank()) : ""));
   }
-  compute.scale(x, static_cast<float>(1.0 / std::max(std::sqrt(ss), opts.eps)));
+  start.checked = ss.has_value();
   return start;
 }
 

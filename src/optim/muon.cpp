@@ -256,6 +256,37 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
   s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
 }
 
+void Muon::Impl::check_updated_weights() const {
+  const Impl& s = *this;
+  if (s.compute->memory() != MemoryKind::kDevice) return;  // the CPU refused it before the update
+  check_views.clear();
+  std::vector<std::size_t> which;
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    const ParamState& p = s.params[i];
+    if (!p.muon) continue;
+    const ConstMatrixView w = p.spec.local;
+    check_views.push_back(w.row_block(0, w.rows - p.layout.local_pad()));  // padding ignored
+    which.push_back(i);
+  }
+  check_results.assign(check_views.size(), std::nullopt);
+  std::string reason;
+  try {
+    s.compute->find_non_finite(check_views, check_results);
+  } catch (const Error& e) {
+    reason = e.what();
+  }
+  for (std::size_t k = 0; reason.empty() && k < which.size(); ++k) {
+    if (const auto& bad = check_results[k]) {
+      reason = fmt::format(
+          "weight '{}' has a non-finite value at ({}, {}) of its shard after the update: its "
+          "Newton-Schulz input was not finite (a non-finite momentum state, or a non-finite "
+          "weight; {} checks this after the update)",
+          s.params[which[k]].spec.name, bad->row, bad->col, s.compute->name());
+    }
+  }
+  s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
+}
+
 void Muon::step(std::span<const ConstMatrixView> grads) {
   step(grads, {});
 }
@@ -282,6 +313,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
     }
   }
   if (!owned.empty()) owner_update(s, owned, grads);
+  s.check_updated_weights();  // device backends: one wait per step, not one per weight
   s.last = {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
             *s.comm_seconds};
 }

@@ -48,7 +48,8 @@ struct Muon::Impl {
   // The caller's groups with the backend's data plane attached, both planes timed.
   std::map<const CommImpl*, Communicator> timed;
   MuonStepStats last;
-  // validate_gradients' batched check: the views checked and their results, kept across steps.
+  // The batched checks (validate_gradients, check_updated_weights): the views checked and their
+  // results, kept across steps.
   mutable std::vector<ConstMatrixView> check_views;
   mutable std::vector<std::optional<MatrixIndex>> check_results;
   std::unique_ptr<AutoState, void (*)(AutoState*)> auto_state{nullptr, nullptr};
@@ -72,6 +73,10 @@ struct Muon::Impl {
   // aside), else CollectiveError on every rank naming the parameter. Nothing is updated.
   // failure: this rank's caller already failed (grads unread); agreed in the same collective.
   void validate_gradients(std::span<const ConstMatrixView> grads, std::string_view failure) const;
+  // On a device backend (which normalises NS inputs on its own memory, leaving a non-finite one
+  // NaN): one batched find_non_finite of every Muon weight after the step's updates, agreed over
+  // the world (CollectiveError on every rank naming the first failing rank's weight).
+  void check_updated_weights() const;
   // The NS options of a planned parameter (its algorithm).
   const NsOptions& ns_of(const ParamState& p) const {
     return p.algorithm == NsAlgorithm::kGram ? ns_gram : ns;

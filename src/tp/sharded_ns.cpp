@@ -7,6 +7,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/tp.h"
+#include "ns/ns_steps.h"
 
 namespace distmuon {
 namespace detail {
@@ -37,7 +38,9 @@ std::vector<std::pair<Index, Index>> runs_of(const std::vector<Index>& rows) {
 }
 
 // Step 2 of the header: per class, orthogonalise P's rows of that class; zero padding rows.
-// Rows are moved by runs of consecutive rows (one compute.copy or fill per run).
+// Rows are moved by runs of consecutive rows (one compute.copy or fill per run). On a device
+// backend a non-finite class matrix is not refused here: its rows come out NaN (the caller
+// checks, once per optimizer step).
 void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const ShardLayout& layout,
                            const Placement& where, const NsOptions& ns, const ScaleFn& scale,
                            Compute& compute, NsWorkspaces& workspaces) {
@@ -64,7 +67,7 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
     // it in place rather than through a copy.
     if (runs.size() == 1) {
       const MatrixView run = p.row_block(runs[0].first, runs[0].second);
-      newton_schulz_inplace(run, o, compute, group, workspace_for(workspaces, run, o));
+      newton_schulz_unchecked(run, o, compute, group, workspace_for(workspaces, run, o));
       if (scale) compute.scale(run, static_cast<float>(f));
       continue;
     }
@@ -78,7 +81,7 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
       compute.copy(p.row_block(first, count), x.row_block(at, count));
       at += count;
     }
-    newton_schulz_inplace(x, o, compute, group, workspace_for(workspaces, x, o));
+    newton_schulz_unchecked(x, o, compute, group, workspace_for(workspaces, x, o));
     if (scale) compute.scale(x, static_cast<float>(f));
     at = 0;
     for (const auto& [first, count] : runs) {

@@ -127,6 +127,18 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
   // The shards move over the group's data plane: attach the backend's when it has none yet.
   const Communicator tp = group.has_data_plane() ? group : compute.data_communicator(group);
   orthogonalize_shard(shard, layout, tp, local_communicator(), mode, opts, {}, compute);
+  // A device backend checks the input's norm on its own memory and leaves a non-finite input's
+  // result NaN (on every rank the mode shares it with, as the CPU backend's error): one check of
+  // the result for this call.
+  if (compute.memory() == MemoryKind::kDevice) {
+    if (const auto at = compute.find_non_finite(shard)) {
+      throw Error(fmt::format(
+          "newton_schulz_tp: input shard {} (rank {}) contains non-finite values (or its norm "
+          "overflows): the result is not finite at ({}, {}) (checked after the iteration on the {} "
+          "backend; a diverging coefficient schedule is reported the same way)",
+          shape_str(shard), group.rank(), at->row, at->col, compute.name()));
+    }
+  }
 }
 
 ProcessGroups make_process_groups(const Communicator& world, int tp_size, int gtp_size) {

@@ -7,13 +7,20 @@
 //  whatever the input,
 //    so a low-precision run lands on a nearby orthogonal-like matrix rather than on the fp32
 //    result; these bounds are the size of that band's spread, not of the per-product rounding.
+//  - Compute::normalize: bit-equal (tolerance 0) to the host formula x * float(1 / max(sqrt(s),
+//    eps)) applied to the backend's own sum s, on a matrix of one kernel block (a fixed order of
+//    summation, so the sum normalize keeps on the device is the one sum_squares reads back).
 // Every test is skipped ("no CUDA device: skipped") on a machine without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <tuple>
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "distmuon/error.h"
 #include "distmuon/muon.h"
 #include "distmuon/newton_schulz.h"
 #include "test_util.h"
@@ -66,6 +73,73 @@ TEST(CudaNewtonSchulz, StandardAndGramMatchCpu) {
         }
       }
     }
+  }
+}
+
+// Compute::normalize on the device: no sum comes back; the factor is the host's expression of the
+// device's sum; a non-finite sum makes every element NaN; a zero matrix stays zero.
+TEST(CudaNorm, NormalizeOnTheDeviceIsTheHostFormula) {
+  DISTMUON_REQUIRE_CUDA();
+  auto cuda = make_cuda_compute(CudaPrecision::kFp32);
+  const double eps = NsOptions{}.eps;
+  for (const bool in_double : {true, false}) {
+    const Matrix g = test::random_matrix(12, 20, 80);  // 240 elements: one block of 256 threads
+    DeviceMatrix x = to_device(*cuda, g.view());
+    const double s = cuda->sum_squares(x.view(), in_double);
+    EXPECT_FALSE(cuda->normalize(x.view(), eps, in_double, nullptr).has_value());
+    const auto f = static_cast<float>(1.0 / std::max(std::sqrt(s), eps));
+    const Matrix got = to_host(*cuda, x.view());
+    for (Index k = 0; k < g.size(); ++k)
+      ASSERT_EQ(got.data()[k], g.data()[k] * f) << "in_double " << in_double << " " << k;
+  }
+  // A large matrix (many blocks: the order of the block sums varies): within 1e-6 of the CPU's.
+  const Matrix big = test::random_matrix(300, 500, 81);
+  Matrix want = big;
+  ASSERT_TRUE(cpu_compute().normalize(want.view(), eps, true, nullptr).has_value());
+  DeviceMatrix xb = to_device(*cuda, big.view());
+  cuda->normalize(xb.view(), eps, true, nullptr);
+  EXPECT_LE(relative_error(to_host(*cuda, xb.view()).view(), want.view()), 1e-6);
+  // Non-finite: every element NaN (the caller's check finds it); zero: zeros.
+  Matrix bad = test::random_matrix(12, 20, 82);
+  bad(5, 7) = std::numeric_limits<float>::infinity();
+  DeviceMatrix xbad = to_device(*cuda, bad.view());
+  cuda->normalize(xbad.view(), eps, true, nullptr);
+  for (const float v : to_host(*cuda, xbad.view()).values())
+    ASSERT_TRUE(std::isnan(v));
+  DeviceMatrix zero(*cuda, 7, 9);
+  cuda->normalize(zero.view(), eps, true, nullptr);
+  for (const float v : to_host(*cuda, zero.view()).values())
+    ASSERT_EQ(v, 0.0f);
+}
+
+// The public NS still refuses a non-finite input on CUDA (checked after the iteration), and a
+// Muon step with a non-finite momentum throws CollectiveError naming the weight.
+TEST(CudaNorm, NonFiniteInputsAreRefused) {
+  DISTMUON_REQUIRE_CUDA();
+  auto cuda = make_cuda_compute(CudaPrecision::kFp32);
+  for (const NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+    NsOptions o;
+    o.algorithm = algorithm;
+    Matrix g = test::random_matrix(24, 40, 83);
+    g(3, 4) = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_THROW(newton_schulz(g.view(), o, *cuda), Error) << to_string(algorithm);
+  }
+  MuonOptions options;
+  options.tp_mode = TpMode::kDuplicated;
+  DeviceMatrix w = to_device(*cuda, test::random_matrix(24, 40, 84).view());
+  Muon opt(options, local_communicator(), *cuda);
+  opt.add_parameter({.name = "hidden.w", .local = w.view(), .rows = 24, .cols = 40});
+  const DeviceMatrix grad = to_device(*cuda, test::random_matrix(24, 40, 85).view());
+  const std::vector<ConstMatrixView> grads{grad.view()};
+  opt.step(grads);
+  Matrix momentum = to_host(*cuda, opt.state_tensors(0).at(0));
+  momentum(0, 0) = std::numeric_limits<float>::quiet_NaN();
+  cuda->copy_from_host(momentum.view(), opt.state_tensors(0).at(0));
+  try {
+    opt.step(grads);
+    ADD_FAILURE() << "a NaN momentum did not fail the step";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("'hidden.w'"), std::string::npos) << e.what();
   }
 }
 

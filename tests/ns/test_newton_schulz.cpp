@@ -117,6 +117,36 @@ TEST(NewtonSchulz, NonFiniteInputIsAnError) {
   EXPECT_THROW(newton_schulz(g.view(), {}, cpu_compute()), Error);
 }
 
+// The opaque backend keeps the norm in its own memory and checks the result instead of the input
+// (compute.h, Compute::normalize): a non-finite input, or a norm that overflows (in float), still
+// throws distmuon::Error, with either algorithm.
+TEST(NewtonSchulz, NonFiniteInputIsAnErrorOnTheOpaqueBackend) {
+  Compute& opaque = compute_backend("opaque");
+  for (const NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+    NsOptions o;
+    o.algorithm = algorithm;
+    Matrix g = random_matrix(8, 12, 1);
+    for (const float bad :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      g(3, 4) = bad;
+      EXPECT_THROW(newton_schulz(g.view(), o, cpu_compute()), Error) << to_string(algorithm);
+      EXPECT_THROW(newton_schulz(g.view(), o, opaque), Error) << to_string(algorithm);
+    }
+    // Finite values whose sum of squares overflows a float.
+    Matrix big = random_matrix(8, 12, 2);
+    for (float& v : big.values())
+      v *= 1e20f;
+    o.norm_in_double = false;
+    EXPECT_THROW(newton_schulz(big.view(), o, cpu_compute()), Error) << to_string(algorithm);
+    EXPECT_THROW(newton_schulz(big.view(), o, opaque), Error) << to_string(algorithm);
+    o.norm_in_double = true;  // in double it does not: the same result on both backends
+    const Matrix cpu = newton_schulz(big.view(), o, cpu_compute());
+    const Matrix dev = newton_schulz(big.view(), o, opaque);
+    for (Index k = 0; k < cpu.size(); ++k)
+      ASSERT_EQ(dev.data()[k], cpu.data()[k]) << to_string(algorithm) << " " << k;
+  }
+}
+
 TEST(NewtonSchulz, ZeroMatrixReturnsZeros) {
   const Matrix z(6, 9);
   const Matrix out = newton_schulz(z.view(), {}, cpu_compute());

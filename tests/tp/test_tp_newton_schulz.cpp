@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "distmuon/compute.h"
@@ -233,6 +234,36 @@ TEST(TpNewtonSchulz, OpaqueBackendIsBitEqualToCpu) {
       const Communicator data = opaque.data_communicator(group);
       const DeviceMatrix gathered = all_gather_shards(shard.view(), dim, data, opaque);
       EXPECT_TRUE(bit_equal(to_host(opaque, gathered.view()), full)) << "dim " << dim;
+    }
+  }
+}
+
+// A NaN in the shard of the group's rank 0: on the CPU backend NS refuses the input before the
+// iteration, on the opaque backend the result is checked after it (compute.h, normalize); on
+// both, every rank that shares the result throws (every rank of the group, unless blockwise).
+TEST(TpNewtonSchulz, NonFiniteShardThrowsOnTheSameRanksOnEveryBackend) {
+  for (const Communicator& group : tp_groups()) {
+    for (const TpMode mode : {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed}) {
+      for (const NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+        NsOptions o = ns_options("quintic", true);
+        o.algorithm = algorithm;
+        Matrix shard = my_shard(random_matrix(40, 24, 31).view(), 0, group);
+        if (group.rank() == 0) shard(1, 2) = std::numeric_limits<float>::quiet_NaN();
+        const bool expect = mode != TpMode::kBlockwise || group.rank() == 0;
+        for (const char* backend : {"cpu", "opaque"}) {
+          Compute& compute = compute_backend(backend);
+          DeviceMatrix x = to_device(compute, shard.view());
+          bool threw = false;
+          try {
+            newton_schulz_tp(x.view(), 0, group, mode, o, compute);
+          } catch (const Error&) {
+            threw = true;
+          }
+          EXPECT_EQ(threw, expect)
+              << label(group, {40, 24}, 0, "quintic", true) << " " << to_string(mode) << " "
+              << to_string(algorithm) << " " << backend;
+        }
+      }
     }
   }
 }
