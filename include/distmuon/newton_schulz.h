@@ -106,9 +106,10 @@ struct NsWorkspace {
 // the group (Compute::normalize: the norm on the CPU as a host scalar over the control plane, on
 // a device backend in its memory over group->data()), the Gram matrices (compute's memory) over
 // group->data(), which must move compute's memory (Compute::data_communicator).
-// Non-finite input throws distmuon::Error (over a group on every rank): on the CPU before the
-// iteration, on a device backend (which keeps the norm in its own memory) after it, from one
-// find_non_finite of the result. An all-zero input returns zeros.
+// Non-finite input throws distmuon::Error (over a group on every rank) before the iteration, on
+// every backend: a standalone call reads its norm on the host (one wait on a device backend; the
+// optimizer's step keeps it on the device and checks its weights once per step instead). An
+// all-zero input returns zeros.
 void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
                            const Communicator* group = nullptr, NsWorkspace* ws = nullptr);
 

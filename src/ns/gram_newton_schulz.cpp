@@ -84,8 +84,8 @@ void apply_q(Compute& compute, bool rows, ConstMatrixView q, ConstMatrixView x0,
 }  // namespace
 
 bool gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
-                                const Communicator* group, NsWorkspace* ws) {
-  const auto start = start_newton_schulz(x, opts, compute, group, "gram newton_schulz");
+                                const Communicator* group, NsWorkspace* ws, NormCheck check) {
+  const auto start = start_newton_schulz(x, opts, compute, group, "gram newton_schulz", check);
   if (!start) return true;
   const GramSide side = start->side;
   const bool rows = side == GramSide::kRows;

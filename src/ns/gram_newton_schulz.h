@@ -5,12 +5,13 @@
 #include "distmuon/compute.h"
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
+#include "ns/ns_steps.h"
 
 namespace distmuon::detail {
 
 // Returns NsStart::checked (ns_steps.h): false when a non-finite input was left for the caller.
 bool gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
-                                const Communicator* group, NsWorkspace* ws);
+                                const Communicator* group, NsWorkspace* ws, NormCheck check);
 
 double gram_ns_flops(Index m, Index n, const NsOptions& opts);
 

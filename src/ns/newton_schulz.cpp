@@ -14,11 +14,11 @@ namespace distmuon {
 namespace detail {
 
 bool newton_schulz_unchecked(MatrixView x, const NsOptions& opts, Compute& compute,
-                             const Communicator* group, NsWorkspace* ws) {
+                             const Communicator* group, NsWorkspace* ws, NormCheck check) {
   if (opts.algorithm == NsAlgorithm::kGram) {
-    return gram_newton_schulz_inplace(x, opts, compute, group, ws);
+    return gram_newton_schulz_inplace(x, opts, compute, group, ws, check);
   }
-  const auto start = start_newton_schulz(x, opts, compute, group, "newton_schulz");
+  const auto start = start_newton_schulz(x, opts, compute, group, "newton_schulz", check);
   if (!start) return true;
   const GramSide side = start->side;
   const Index s = start->s;
@@ -60,19 +60,11 @@ bool newton_schulz_unchecked(MatrixView x, const NsOptions& opts, Compute& compu
 
 void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
                            const Communicator* group, NsWorkspace* ws) {
-  if (detail::newton_schulz_unchecked(x, opts, compute, group, ws)) return;
-  // The backend normalised on its own memory: a non-finite input (or a norm that overflows) made
-  // x NaN, over a group on every rank. One check of the result (one wait) for this call.
-  if (const auto at = compute.find_non_finite(x)) {
-    const bool distributed = group != nullptr && group->size() > 1;
-    throw Error(fmt::format(
-        "{}: input {}{} contains non-finite values (or its norm overflows): the result is not "
-        "finite at ({}, {}) (checked after the iteration on the {} backend; a diverging "
-        "coefficient schedule is reported the same way)",
-        opts.algorithm == NsAlgorithm::kGram ? "gram newton_schulz" : "newton_schulz", shape_str(x),
-        distributed ? fmt::format(" (rank {})", group->rank()) : "", at->row, at->col,
-        compute.name()));
-  }
+  // A standalone call checks its input's norm on the host (one wait on a device backend), so a
+  // non-finite input is refused before the iteration on every backend, as on the CPU.
+  const bool checked =
+      detail::newton_schulz_unchecked(x, opts, compute, group, ws, detail::NormCheck::kHost);
+  DISTMUON_ASSERT(checked, "a host-checked norm");
 }
 
 Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute) {

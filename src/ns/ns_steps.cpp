@@ -15,7 +15,8 @@ GramSide resolve_side(GramSide side, Index rows, Index cols) {
 }
 
 std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
-                                           const Communicator* group, std::string_view name) {
+                                           const Communicator* group, std::string_view name,
+                                           NormCheck check) {
   opts.validate();
   const bool distributed = group != nullptr && group->size() > 1;
   if (distributed && opts.side == GramSide::kAuto) {
@@ -41,7 +42,9 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
   // control plane and checked here; on a device backend it stays in the backend's memory (the
   // data plane all-reduces it) and a non-finite input turns x into NaN, which the caller checks.
   const std::optional<double> ss =
-      compute.normalize(x, opts.eps, opts.norm_in_double, start.reduce_over);
+      check == NormCheck::kHost
+          ? compute.Compute::normalize(x, opts.eps, opts.norm_in_double, start.reduce_over)
+          : compute.normalize(x, opts.eps, opts.norm_in_double, start.reduce_over);
   if (ss && !std::isfinite(*ss)) {
     throw Error(fmt::format("{}: input {}{} contains non-finite values (or its norm overflows)",
                             name, shape_str(x),

@@ -22,6 +22,12 @@ inline void ensure_shape(DeviceMatrix& m, Compute& compute, Index rows, Index co
 
 // What the prologue found: the Gram side, the Gram matrix's size s, and the group to all-reduce
 // over (nullptr when local or a group of one).
+// Where the prologue's norm is checked: kHost reads it on the host and refuses a non-finite
+// input before the iteration (one wait on a device backend: the public newton_schulz calls);
+// kBackend lets a device backend keep it in its memory (Compute::normalize), a non-finite input
+// then leaving x NaN for the caller's batched check (the optimizer's step).
+enum class NormCheck { kHost, kBackend };
+
 struct NsStart {
   GramSide side = GramSide::kRows;
   Index s = 0;
@@ -38,14 +44,15 @@ struct NsStart {
 // non-finite input; else (a device backend, NsStart::checked false) a non-finite input makes x
 // NaN and the caller checks the result. nullopt for an empty x: nothing to orthogonalise.
 std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
-                                           const Communicator* group, std::string_view name);
+                                           const Communicator* group, std::string_view name,
+                                           NormCheck check);
 
 // newton_schulz_inplace without its final check: returns false when the backend normalised on
 // its own memory (a non-finite input then leaves x NaN, unreported: the caller checks x, e.g.
 // batched per optimizer step), true when the input was checked on the host (refused by
 // throwing) or x is empty.
 bool newton_schulz_unchecked(MatrixView x, const NsOptions& opts, Compute& compute,
-                             const Communicator* group, NsWorkspace* ws);
+                             const Communicator* group, NsWorkspace* ws, NormCheck check);
 
 // a = x x^T (kRows) or x^T x (kCols), full symmetric, by syrk or gemm; summed over group's data
 // plane when group is not null.
