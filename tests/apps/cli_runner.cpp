@@ -41,4 +41,15 @@ std::filesystem::path fresh_test_dir(const std::string& prefix) {
   return dir;
 }
 
+nlohmann::json tiny_training_config(const std::filesystem::path& dir, int steps,
+                                    std::size_t text_bytes) {
+  std::string text;
+  while (text.size() < text_bytes)
+    text += "free software for all, copies of the licence\n";
+  std::ofstream(dir / "text.txt") << text;
+  return {{"model", {{"context", 8}, {"embed", 8}, {"hidden", 16}, {"ffn", 64}, {"layers", 1}}},
+          {"data", {{"path", (dir / "text.txt").string()}}},
+          {"train", {{"steps", steps}, {"batch", 8}, {"eval_every", 2}, {"eval_windows", 16}}}};
+}
+
 }  // namespace distmuon::test

@@ -275,14 +275,7 @@ class CliBadTrainConfig : public CliBadInputs {
  protected:
   void SetUp() override {
     CliBadInputs::SetUp();
-    std::string text;
-    while (text.size() < 4000)
-      text += "free software for all, copies of the licence\n";
-    write("text.txt", text);
-    config_ = {
-        {"model", {{"context", 8}, {"embed", 8}, {"hidden", 16}, {"ffn", 64}, {"layers", 1}}},
-        {"data", {{"path", path("text.txt")}}},
-        {"train", {{"steps", 2}, {"batch", 8}, {"eval_every", 2}, {"eval_windows", 16}}}};
+    config_ = test::tiny_training_config(dir_, 2);
   }
   void expect_config_refused(const json& j, const std::string& needle) {
     write("config.json", j.dump());

@@ -29,14 +29,7 @@ class CliBadOptions : public ::testing::Test {
   void SetUp() override {
     dir_ = test::fresh_test_dir("distmuon_bad_options");
     write_npy(dir_ / "in.npy", test::random_matrix(16, 8, 3).view());
-    std::string text;
-    while (text.size() < 4000)
-      text += "free software for all, copies of the licence\n";
-    std::ofstream(dir_ / "text.txt") << text;
-    config_ = {
-        {"model", {{"context", 8}, {"embed", 8}, {"hidden", 16}, {"ffn", 64}, {"layers", 1}}},
-        {"data", {{"path", path("text.txt")}}},
-        {"train", {{"steps", 4}, {"batch", 8}, {"eval_every", 2}, {"eval_windows", 16}}}};
+    config_ = test::tiny_training_config(dir_, 4);
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -41,14 +41,7 @@ class CliDeviceOpaque : public ::testing::TestWithParam<int> {
   void SetUp() override {
     dir_ = test::fresh_test_dir("distmuon_cli_opaque");
     write_npy(dir_ / "in.npy", test::random_matrix(32, 24, 11).view());
-    std::string text;
-    while (text.size() < 6000)
-      text += "free software for all, copies of the licence\n";
-    std::ofstream(dir_ / "text.txt") << text;
-    std::ofstream(dir_ / "config.json") << json{
-        {"model", {{"context", 8}, {"embed", 8}, {"hidden", 16}, {"ffn", 64}, {"layers", 1}}},
-        {"data", {{"path", path("text.txt")}}},
-        {"train", {{"steps", 4}, {"batch", 8}, {"eval_every", 2}, {"eval_windows", 16}}}};
+    std::ofstream(dir_ / "config.json") << test::tiny_training_config(dir_, 4, 6000);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
