@@ -9,8 +9,8 @@
 
 namespace distmuon::detail {
 
-// Returns NsStart::checked (ns_steps.h): false when a non-finite input was left for the caller.
-bool gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
+// The norm is checked as `check` says (ns_steps.h).
+void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
                                 const Communicator* group, NsWorkspace* ws, NormCheck check);
 
 double gram_ns_flops(Index m, Index n, const NsOptions& opts);

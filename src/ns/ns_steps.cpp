@@ -50,7 +50,6 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
                             name, shape_str(x),
                             distributed ? fmt::format(" (rank {})", group->rank()) : ""));
   }
-  start.checked = ss.has_value();
   return start;
 }
 

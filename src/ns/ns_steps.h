@@ -32,27 +32,22 @@ struct NsStart {
   GramSide side = GramSide::kRows;
   Index s = 0;
   const Communicator* reduce_over = nullptr;
-  // Whether the input's norm was checked on the host (Compute::normalize returned it). false on
-  // a device backend: a non-finite input is not refused here but leaves x NaN.
-  bool checked = true;
 };
 
 // The prologue of both algorithms: validates opts, refuses a group without an explicit Gram
 // side (a shard's shape does not tell the global orientation), and normalises x in place by its
 // Frobenius norm (global: one all-reduce of a double over the group) with Compute::normalize.
-// When the backend returned the norm (cpu), throws distmuon::Error, prefixed by name, on a
-// non-finite input; else (a device backend, NsStart::checked false) a non-finite input makes x
+// When the norm is read on the host (kHost, or the cpu backend), throws distmuon::Error, prefixed
+// by name, on a non-finite input; else (kBackend on a device backend) a non-finite input makes x
 // NaN and the caller checks the result. nullopt for an empty x: nothing to orthogonalise.
 std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
                                            const Communicator* group, std::string_view name,
                                            NormCheck check);
 
-// newton_schulz_inplace without its final check: returns false when the backend normalised on
-// its own memory (a non-finite input then leaves x NaN, unreported: the caller checks x, e.g.
-// batched per optimizer step), true when the input was checked on the host (refused by
-// throwing) or x is empty.
-bool newton_schulz_unchecked(MatrixView x, const NsOptions& opts, Compute& compute,
-                             const Communicator* group, NsWorkspace* ws, NormCheck check);
+// newton_schulz_inplace with the norm checked where `check` says (the public call: kHost; the
+// optimizer's sharded path: kBackend, a non-finite input then leaving x NaN, unreported).
+void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
+                       const Communicator* group, NsWorkspace* ws, NormCheck check);
 
 // a = x x^T (kRows) or x^T x (kCols), full symmetric, by syrk or gemm; summed over group's data
 // plane when group is not null.

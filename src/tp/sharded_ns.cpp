@@ -67,8 +67,8 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
     // it in place rather than through a copy.
     if (runs.size() == 1) {
       const MatrixView run = p.row_block(runs[0].first, runs[0].second);
-      newton_schulz_unchecked(run, o, compute, group, workspace_for(workspaces, run, o),
-                              NormCheck::kBackend);
+      run_newton_schulz(run, o, compute, group, workspace_for(workspaces, run, o),
+                        NormCheck::kBackend);
       if (scale) compute.scale(run, static_cast<float>(f));
       continue;
     }
@@ -82,8 +82,7 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
       compute.copy(p.row_block(first, count), x.row_block(at, count));
       at += count;
     }
-    newton_schulz_unchecked(x, o, compute, group, workspace_for(workspaces, x, o),
-                            NormCheck::kBackend);
+    run_newton_schulz(x, o, compute, group, workspace_for(workspaces, x, o), NormCheck::kBackend);
     if (scale) compute.scale(x, static_cast<float>(f));
     at = 0;
     for (const auto& [first, count] : runs) {
