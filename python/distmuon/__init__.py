@@ -17,7 +17,12 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from . import _core
+# An installed wheel carries the library's data folders (hardware profiles, model presets).
+_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+if os.path.isdir(_DATA):
+    os.environ.setdefault("DISTMUON_DATA_DIR", _DATA)
+
+from . import _core  # noqa: E402  (after the data folder is known)
 from ._arrays import as_array, _is_torch
 from ._core import CollectiveError, Communicator, Error, ProcessGroups
 
