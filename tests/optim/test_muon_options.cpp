@@ -277,7 +277,8 @@ TEST(MuonUpdate, InactiveParametersDoNotStep) {
   opt.step(grads, {}, only_bias);
   EXPECT_EQ(relative_error(w.view(), w0.view()), 0.0);  // no decay, no momentum either
   EXPECT_GT(relative_error(bias.view(), b0.view()), 0.0);
-  for (float v : Matrix::from(opt.state_tensors(0)[0]).values())
+  const Matrix momentum = Matrix::from(opt.state_tensors(0)[0]);
+  for (float v : momentum.values())
     EXPECT_EQ(v, 0.0f);
   const std::uint8_t wrong[] = {1};
   EXPECT_THROW(opt.step(grads, {}, wrong), CollectiveError);
