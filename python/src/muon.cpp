@@ -102,9 +102,9 @@ class PyMuon {
             }
             throw Error(fmt::format("no gradient for active parameter {}", i));
           }
-          views.push_back(const_view(grads[i].cast<py::array>(), i < names_.size()
-                                                   ? fmt::format("gradient of '{}'", names_[i])
-                                                   : fmt::format("gradient {}", i)));
+          views.push_back(const_view(grads[i].cast<py::array>(),
+                                     i < names_.size() ? fmt::format("gradient of '{}'", names_[i])
+                                                       : fmt::format("gradient {}", i)));
         }
       } catch (const std::exception& e) {  // a refused view or a non-array: agreed in the step
         reason = e.what();

@@ -282,8 +282,7 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
   s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
   nlohmann::json mine = {{"options", nlohmann::json::parse(s.options_text)},
                          {"active", std::vector<int>(active.begin(), active.end())}};
-  agree_on(s.world, mine.dump(),
-           "Muon::step: the options and the parameters with a gradient",
+  agree_on(s.world, mine.dump(), "Muon::step: the options and the parameters with a gradient",
            [](std::string_view root, std::string_view me) {
              return describe_difference(std::string(root), std::string(me));
            });
@@ -340,7 +339,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   std::vector<std::size_t> owned;  // tp_mode owner: orthogonalised together after the loop
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
-    if (!active.empty() && active[i] == 0) continue;  // agreed over the world above
+    if (!active.empty() && active[i] == 0) continue;               // agreed over the world above
     if (i == grads.size() / 2) detail::fault_point("optim-step");  // docs/reliability.md
     if (p.muon && *p.mode == TpMode::kOwner) {
       owned.push_back(i);
@@ -383,9 +382,8 @@ void change_options(Muon::Impl& s, F change) {
 void Muon::set_options(const MuonOptions& options) {
   const MuonOptions& cur = impl_->options;
   const nlohmann::json now = cur, next = options;
-  for (const char* fixed :
-       {"tp_mode", "ns_algorithm", "gram_restart", "use_syrk", "cost_model", "profile", "plan",
-        "wisdom"}) {
+  for (const char* fixed : {"tp_mode", "ns_algorithm", "gram_restart", "use_syrk", "cost_model",
+                            "profile", "plan", "wisdom"}) {
     if (now.at(fixed) != next.at(fixed)) {
       throw Error(fmt::format(
           "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,

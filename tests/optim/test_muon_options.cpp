@@ -255,8 +255,7 @@ TEST(MuonUpdate, SetOptionsChangesTheNextStepsAndRefusesPlanFields) {
   EXPECT_EQ(relative_error(pa.view(), pb.view()), 0.0);
   MuonOptions planned = second;
   planned.tp_mode = TpMode::kOwner;
-  EXPECT_NE(error_of([&] { a.set_options(planned); }).find("tp_mode is fixed"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { a.set_options(planned); }).find("tp_mode is fixed"), std::string::npos);
   MuonOptions bad = second;
   bad.eps = 0;
   EXPECT_NE(error_of([&] { a.set_options(bad); }).find("eps"), std::string::npos);
@@ -268,8 +267,8 @@ TEST(MuonUpdate, InactiveParametersDoNotStep) {
            cpu_compute());
   Matrix w = test::random_matrix(5, 7, 1), bias = test::random_matrix(5, 1, 2);
   opt.add_parameter(ParamSpec{.name = "w", .local = w.view(), .rows = 5, .cols = 7});
-  opt.add_parameter(
-      ParamSpec{.name = "b", .local = bias.view(), .rows = 5, .cols = 1, .role = ParamRole::kOther});
+  opt.add_parameter(ParamSpec{
+      .name = "b", .local = bias.view(), .rows = 5, .cols = 1, .role = ParamRole::kOther});
   const Matrix gw = test::random_matrix(5, 7, 3), gb = test::random_matrix(5, 1, 4);
   const ConstMatrixView grads[] = {gw.view(), gb.view()};
   const Matrix w0 = Matrix::from(w.view()), b0 = Matrix::from(bias.view());
