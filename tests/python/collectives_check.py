@@ -25,14 +25,14 @@ def check_all(comm):
             buf = np.array([r + 1, n - r, 7], dt)
             comm.all_reduce(buf, op)
             rows = [np.array([q + 1, n - q, 7]) for q in range(n)]
-            assert np.array_equal(buf, np.array([fold(v[i] for v in rows) for i in range(3)], dt)), \
-                f"{what} all_reduce {op}"
+            want = np.array([fold(v[i] for v in rows) for i in range(3)], dt)
+            assert np.array_equal(buf, want), f"{what} all_reduce {op}"
             send = (np.arange(2 * n) + r).astype(dt)
             recv = np.zeros(2, dt)
             comm.reduce_scatter(send, recv, op)
             js = np.arange(2 * r, 2 * r + 2)
-            assert np.array_equal(recv, np.array([fold(j + q for q in range(n)) for j in js], dt)), \
-                f"{what} reduce_scatter {op}"
+            want = np.array([fold(j + q for q in range(n)) for j in js], dt)
+            assert np.array_equal(recv, want), f"{what} reduce_scatter {op}"
         # broadcast from the last rank.
         buf = np.full(4, r, dt)
         comm.broadcast(buf, n - 1)

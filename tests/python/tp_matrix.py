@@ -57,7 +57,8 @@ class Placement:
 
     def __init__(self, layout, family, k):
         name, m, n, tp_dim, tp, gtp, pad, expert = layout
-        self.name, self.m, self.n, self.tp_dim, self.pad, self.expert = name, m, n, tp_dim, pad, expert
+        self.name, self.m, self.n, self.tp_dim = name, m, n, tp_dim
+        self.pad, self.expert = pad, expert
         self.tp, self.gtp = tp, gtp
         r = family.rank
         self.tp_rank, self.gtp_rank = r % tp, (r // tp) % gtp
@@ -147,7 +148,8 @@ def run_reference(kind, p, blockwise):
         a = p.weight()
     if a.shape[0] == 0:
         return a
-    _, step, _ = _new_optimizer(kind, local, "duplicated", [(a, dict(name=p.name, rows=a.shape[0], cols=a.shape[1]))])
+    lo = dict(name=p.name, rows=a.shape[0], cols=a.shape[1])
+    _, step, _ = _new_optimizer(kind, local, "duplicated", [(a, lo)])
     for s in range(1, STEPS + 1):
         g = p.grad(s)
         step([np.ascontiguousarray(p.shard(g)[:rows]) if blockwise else g])
