@@ -27,8 +27,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 using distmuon::test::read_text;
+using nlohmann::json;
 
 constexpr int kSteps = 6;          // checkpoints at steps 2, 4 and 6
 constexpr int kLimitSeconds = 60;  // a run that takes longer hangs (a healthy one takes ~2 s)
@@ -285,11 +285,19 @@ TEST_F(CliFaults, OverwriteThatDiesWhileSavingKeepsTheOldCheckpoint) {
 }
 
 // A rank whose atomic write fails halfway (an exception in write_file_atomic on rank 1, as a
-// full disk or the file-size limit would raise): the job fails, no temporary file is left.
+// full disk or EFBIG would raise, here in its model file of the step-2 save): every rank reports
+// the save failed on rank 1, no temporary file and no staging folder is left.
 TEST_F(CliFaults, AFailedWriteLeavesNoTemporary) {
-  expect_failure("1:file-write:throw:1", 1);
-  EXPECT_TRUE(temporaries_in(work_).empty()) << temporaries_in(work_).front();
+  const RunResult r = train("1:file-write:throw:1", "--checkpoint-every 2 --checkpoint " + ckpt());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, kLimitSeconds) << r.output;
+  EXPECT_NE(r.output.find("failed on rank(s) 1 of 2: injected fault 'file-write' on rank 1"),
+            std::string::npos)
+      << r.output;
+  const std::vector<std::string> left = temporaries_in(work_);
+  EXPECT_TRUE(left.empty()) << left.front();
   EXPECT_FALSE(fs::exists(work_ / "ckpt" / "step-00000002"));
+  EXPECT_FALSE(fs::exists(work_ / "ckpt" / ".step-00000002.partial"));
 }
 
 // The folder's lock held by another process (this test, as a running run holds it): a run into
