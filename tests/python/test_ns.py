@@ -110,3 +110,41 @@ def test_cpp_errors_keep_their_message():
     with pytest.raises(distmuon.Error, match="non-finite"):
         distmuon.newton_schulz(y)
     assert isinstance(e.value, RuntimeError)
+
+
+@pytest.mark.parametrize("coefficients,steps,needle", [
+    ("aol", 5, "'aol' supports no step count"),           # reversed the update (cosine -0.998)
+    ("quintic", 6, "supports 4-5, 9-10, 14-15, 19-20"),    # shrank it ~10x
+    ([(100.0, 100.0, 100.0)], 5, "'custom' at 5 steps"),  # returned an all-NaN array
+])
+def test_schedules_that_do_not_orthogonalise_are_refused_before_any_write(coefficients, steps,
+                                                                          needle):
+    x = np.random.default_rng(5).standard_normal((24, 40)).astype(np.float32)
+    before = x.copy()
+    out = np.full_like(x, 7.0)
+    with pytest.raises(distmuon.Error, match=needle):
+        distmuon.newton_schulz(x, coefficients=coefficients, steps=steps, out=out)
+    assert np.all(out == 7.0)  # the caller's output untouched
+    with pytest.raises(distmuon.Error, match="does not orthogonalise"):
+        distmuon.newton_schulz(x, coefficients=coefficients, steps=steps, inplace=True)
+    assert np.array_equal(x, before)
+
+
+def test_muon_refuses_a_divergent_schedule_before_any_step():
+    with pytest.raises(distmuon.Error, match="'custom' at 5 steps does not orthogonalise"):
+        distmuon.Muon(coefficients="custom", custom_coefficients="100,100,100")
+    with pytest.raises(distmuon.Error, match="'aol' supports no step count"):
+        distmuon.Muon(coefficients="aol", steps=4)
+
+
+def test_muon_refuses_a_non_finite_weight_and_keeps_the_others():
+    opt = distmuon.Muon(tp_mode="duplicated")
+    w = np.random.default_rng(2).standard_normal((16, 8)).astype(np.float32)
+    opt.add_parameter(w, "hidden.w")
+    g = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    opt.step([g])
+    w[1, 2] = np.nan
+    before = w.copy()
+    with pytest.raises(distmuon.Error, match="weight 'hidden.w' has a non-finite value"):
+        opt.step([g])
+    assert np.array_equal(w, before, equal_nan=True)  # nothing written
