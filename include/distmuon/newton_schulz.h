@@ -29,9 +29,11 @@ struct NsCoefficients {
   friend bool operator==(const NsCoefficients&, const NsCoefficients&) = default;
 };
 
-// The band a custom schedule's result must land in (CoefficientSet::band_lo/band_hi).
-inline constexpr double kCustomBandLo = 0.6;
-inline constexpr double kCustomBandHi = 1.4;
+// The band a custom schedule's result must land in (CoefficientSet::band_lo/band_hi). Any
+// singular values within [lo, hi] give a cosine with the polar factor U V^T of at least
+// (lo + hi) / sqrt(2 (lo^2 + hi^2)): 0.990 for this band (hi / lo <= 1.33).
+inline constexpr double kCustomBandLo = 0.86;
+inline constexpr double kCustomBandHi = 1.14;
 
 // A named schedule of coefficient tuples. Past the end of the table a schedule either cycles
 // or repeats its last tuple.

@@ -42,8 +42,8 @@ const std::map<std::string, CoefficientSet, std::less<>>& registry() {
           {1.8750, -1.2500, 0.3750}},
          Tail::kRepeatLast,
          {},
-         0.85,
-         1.15});
+         0.86,
+         1.14});
     add({"cans",
          {{8.4703, -25.1081, 18.6293},
           {4.1828, -3.1087, 0.5806},
@@ -52,8 +52,8 @@ const std::map<std::string, CoefficientSet, std::less<>>& registry() {
           {2.2737, -1.6447, 0.4162}},
          Tail::kRepeatLast,
          {},
-         0.85,
-         1.15});
+         0.86,
+         1.14});
     add({"aol",
          {{4.0098, -7.0585, 2.4635},
           {3.4585, -5.5479, 2.5959},

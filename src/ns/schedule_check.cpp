@@ -131,8 +131,8 @@ std::vector<int> supported_steps(const CoefficientSet& set, int up_to) {
   if (up_to < 1 || set.table.empty()) return out;
   const std::vector<ScheduleCheck> checks = run_checks(set, up_to, true);
   for (int k = 1; k <= up_to; ++k) {
-    if (checks[static_cast<std::size_t>(k - 1)].ok && (!set.required_steps || *set.required_steps == k))
-      out.push_back(k);
+    const bool allowed = !set.required_steps || *set.required_steps == k;
+    if (allowed && checks[static_cast<std::size_t>(k - 1)].ok) out.push_back(k);
   }
   return out;
 }

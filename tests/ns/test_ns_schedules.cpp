@@ -1,6 +1,9 @@
 // The coefficient-schedule check (newton_schulz.h, check_schedule): every built-in set at 1-12
 // steps and random custom schedules are either refused with a clear error, or orthogonalise real
-// matrices (tall, wide, square) into their documented band, aligned with the polar factor.
+// matrices (tall, wide, square) into their documented band, aligned with the polar factor:
+// cosine > 0.99 wherever the band allows it (hi / lo <= 1.33: quintic, polar_express, cans,
+// deepseekv4, custom), and at least the band's own bound for the two published designs with a
+// wider band (simple 0.954, cubic5 0.964; docs/optimizer.md).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -105,8 +108,16 @@ const Shape kShapes[] = {{40, 16}, {16, 40}, {24, 24, true}};
 // on the band edges is far above that and far below any schedule error the check is for.
 constexpr double kBandTolerance = 0.01;
 
+// The smallest cosine with U V^T that singular values anywhere in [lo, hi] can give (half of them
+// at each end): (lo + hi) / sqrt(2 (lo^2 + hi^2)).
+double band_alignment(const CoefficientSet& set) {
+  const double lo = set.band_lo, hi = set.band_hi;
+  return (lo + hi) / std::sqrt(2 * (lo * lo + hi * hi));
+}
+
 // Refused with an error naming the set, the step count and the supported step counts; or an
-// orthogonalisation aligned with the polar factor (cosine > 0.99) inside the band.
+// orthogonalisation aligned with the polar factor (cosine > 0.99, or the band's bound where that
+// is lower) inside the band.
 // Returns whether the schedule was accepted.
 bool refused_clearly_or_orthogonalises(const CoefficientSet& set, int steps,
                                        const std::string& label) {
@@ -132,7 +143,12 @@ bool refused_clearly_or_orthogonalises(const CoefficientSet& set, int steps,
   for (const Shape& sh : kShapes) {
     const Known k = known_matrix(sh.m, sh.n, seed++, sh.tiny);
     const Matrix x = newton_schulz(k.g.view(), o, cpu_compute());
-    EXPECT_GT(cosine(x.view(), k.polar.view()), 0.99) << label << " " << shape_str(sh.m, sh.n);
+    // The tiny direction (1 of r) is left near 0 by any few-step schedule: at most sqrt((r-1)/r)
+    // of the cosine remains, with the others anywhere in the band.
+    const double r = static_cast<double>(std::min(sh.m, sh.n));
+    const double bound =
+        std::min(0.99, band_alignment(set)) * (sh.tiny ? std::sqrt((r - 1) / r) : 1.0);
+    EXPECT_GT(cosine(x.view(), k.polar.view()), bound) << label << " " << shape_str(sh.m, sh.n);
     const std::vector<double> sv = singular_values(x.view());
     EXPECT_LE(sv.front(), set.band_hi + kBandTolerance) << label << " " << shape_str(sh.m, sh.n);
     // The smallest is the tiny direction (below the floor, no lower bound) on the square shape.
@@ -153,6 +169,12 @@ TEST(NsSchedules, EveryBuiltInSetAtOneToTwelveSteps) {
       accepted += refused_clearly_or_orthogonalises(set, steps, name + "@" + std::to_string(steps));
     }
   }
+  // Every band but simple's and cubic5's guarantees 0.99 (docs/optimizer.md).
+  EXPECT_GE(band_alignment(coefficient_set("quintic")), 0.99);
+  EXPECT_GE(band_alignment(coefficient_set("polar_express")), 0.99);
+  EXPECT_GE(band_alignment(coefficient_set("cans")), 0.99);
+  EXPECT_GE(band_alignment(coefficient_set("deepseekv4")), 0.99);
+  EXPECT_GE(band_alignment(custom_coefficients({{1, 0, 0}})), 0.99);
   // The check's verdicts: simple 4-12, quintic 4-5 and 9-10, polar_express and cans 5-12,
   // deepseekv4 10-12, cubic5 at 5 (its only step count), aol none (33 of 67 accepted).
   EXPECT_EQ(accepted, 9 + 4 + 8 + 8 + 3 + 1);
@@ -163,31 +185,41 @@ TEST(NsSchedules, RandomCustomSchedules) {
   std::normal_distribution<double> noise(0.0, 1.0);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::uniform_int_distribution<int> steps_of(1, 12), tuples_of(1, 5);
-  const std::vector<std::string> names = {"simple", "quintic", "polar_express", "cans", "cubic5"};
+  // Published tables at their step counts (as custom tables, cycled), each coefficient perturbed
+  // by ~0.5%: near the band's edges some stay in, some fall out.
+  struct Base {
+    const char* name;
+    int steps;
+  };
+  const Base bases[] = {{"quintic", 5}, {"quintic", 4}, {"polar_express", 8}, {"cans", 5},
+                        {"deepseekv4", 10}, {"simple", 6}};
   int accepted = 0, refused = 0;
   for (int trial = 0; trial < 60; ++trial) {
     std::vector<NsCoefficients> table;
-    const int n = tuples_of(rng);
-    for (int t = 0; t < n; ++t) {
-      if (trial % 2 == 0) {  // a published tuple, perturbed by ~5%
-        const CoefficientSet& base = coefficient_set(names[trial / 2 % names.size()]);
-        NsCoefficients c = base.at(t);
-        c.a *= 1 + 0.05 * noise(rng);
-        c.b *= 1 + 0.05 * noise(rng);
-        c.c *= 1 + 0.05 * noise(rng);
+    int steps = 0;
+    if (trial % 2 == 0) {
+      const Base& b = bases[static_cast<std::size_t>(trial / 2) % std::size(bases)];
+      for (NsCoefficients c : coefficient_set(b.name).table) {
+        c.a *= 1 + 0.005 * noise(rng);
+        c.b *= 1 + 0.005 * noise(rng);
+        c.c *= 1 + 0.005 * noise(rng);
         table.push_back(c);
-      } else {  // anything within the magnitude bound's useful range
-        table.push_back({-2 + 12 * unit(rng), -30 + 35 * unit(rng), -5 + 25 * unit(rng)});
       }
+      steps = b.steps;
+    } else {  // anything in the range of the published coefficients
+      const int n = tuples_of(rng);
+      for (int t = 0; t < n; ++t)
+        table.push_back({-2 + 12 * unit(rng), -30 + 35 * unit(rng), -5 + 25 * unit(rng)});
+      steps = steps_of(rng);
     }
-    const int steps = trial % 2 == 0 ? 5 + trial / 2 % 8 : steps_of(rng);
     const bool ok = refused_clearly_or_orthogonalises(custom_coefficients(table), steps,
                                                       "trial " + std::to_string(trial));
     ++(ok ? accepted : refused);
   }
   // Both outcomes are exercised (a property test that only ever refuses proves nothing).
-  EXPECT_GE(accepted, 5);
+  EXPECT_GE(accepted, 5);  // seed 2024: 9 of 60
   EXPECT_GE(refused, 20);
+  std::printf("  random custom schedules: %d accepted, %d refused\n", accepted, refused);
 }
 
 TEST(NsSchedules, TheReportedSchedulesAreRefused) {

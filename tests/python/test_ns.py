@@ -43,9 +43,11 @@ def test_bit_equal_to_cli(cli, tmp_path, shape, args):
 
 def test_custom_coefficients_match_cli(cli, tmp_path):
     x = np.random.default_rng(3).standard_normal((32, 40)).astype(np.float32)
-    table = [(3.4445, -4.7750, 2.0315), (3.0, -3.2, 1.2)]
+    table = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+             (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
     expected = cli_orthogonalize(cli, tmp_path, x, "--coefficients", "custom",
-                                 "--custom-coefficients", "3.4445,-4.7750,2.0315;3.0,-3.2,1.2")
+                                 "--custom-coefficients",
+                                 ";".join(",".join(str(v) for v in t) for t in table))
     assert np.array_equal(distmuon.newton_schulz(x, coefficients=table), expected)
 
 
