@@ -70,14 +70,14 @@ TEST_F(CliOrthogonalize, MatchesIndependentFloat32Implementation) {
 }
 
 TEST_F(CliOrthogonalize, CustomCoefficientsAndGemmPath) {
-  // quintic's table as a custom one (a custom table is held to the band [0.86, 1.14]).
+  // polar_express's table as a custom one (a custom table is held to the band [0.86, 1.14]).
   const Matrix g = test::random_matrix(40, 24, 5);
   write_npy(dir_ / "in.npy", g.view());
   ASSERT_EQ(run((dir_ / "in.npy").string() + " " + (dir_ / "out.npy").string() +
-                " --coefficients custom --custom-coefficients '4.0848,-6.8946,2.9270;3.9505,-6.3029,2.6377;3.7418,-5.5913,2.3037;2.8769,-3.1427,1.2046;2.8366,-3.0525,1.2012' --steps 5 --no-syrk"),
+                " --coefficients custom --custom-coefficients '8.2051,-22.9019,16.4607;4.0664,-2.8612,0.5184;3.9096,-2.8234,0.5250;3.2856,-2.4153,0.4853;2.2779,-1.6198,0.3985;1.8726,-1.2307,0.3585;1.8564,-1.2132,0.3568;1.8750,-1.2500,0.3750' --steps 8 --no-syrk"),
             0)
       << log();
-  const Matrix ref = test::reference_newton_schulz<float>(g.view(), coefficient_set("quintic"), 5);
+  const Matrix ref = test::reference_newton_schulz<float>(g.view(), coefficient_set("polar_express"), 8);
   EXPECT_LE(relative_error(read_npy(dir_ / "out.npy").view(), ref.view()), 1e-5);
 }
 

@@ -43,12 +43,14 @@ def test_bit_equal_to_cli(cli, tmp_path, shape, args):
 
 def test_custom_coefficients_match_cli(cli, tmp_path):
     x = np.random.default_rng(3).standard_normal((32, 40)).astype(np.float32)
-    table = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
-             (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
+    table = [(8.2051, -22.9019, 16.4607), (4.0664, -2.8612, 0.5184), (3.9096, -2.8234, 0.5250),
+             (3.2856, -2.4153, 0.4853), (2.2779, -1.6198, 0.3985), (1.8726, -1.2307, 0.3585),
+             (1.8564, -1.2132, 0.3568), (1.8750, -1.2500, 0.3750)]
     expected = cli_orthogonalize(cli, tmp_path, x, "--coefficients", "custom",
                                  "--custom-coefficients",
-                                 ";".join(",".join(str(v) for v in t) for t in table))
-    assert np.array_equal(distmuon.newton_schulz(x, coefficients=table), expected)
+                                 ";".join(",".join(str(v) for v in t) for t in table),
+                                 "--steps", "8")
+    assert np.array_equal(distmuon.newton_schulz(x, coefficients=table, steps=8), expected)
 
 
 def test_zero_copy_numpy():

@@ -53,6 +53,10 @@ TEST(TpTraffic, CountedCollectivesMatchTheClosedForm) {
           expected.all_reduce_calls += 1;
           expected.all_reduce_bytes += 3 * 8;
         }
+        if (c.size() > 1) {  // the agreement on the result's check (an int32 per rank)
+          expected.all_gather_calls += 1;
+          expected.all_gather_bytes += 4 * static_cast<std::size_t>(c.size());
+        }
         EXPECT_EQ(counted(*stats), expected)
             << "G=" << c.size() << " " << shape_str(k.m, k.n) << " dim " << k.dim << " "
             << to_string(mode) << ": counted " << str(counted(*stats)) << ", expected "
