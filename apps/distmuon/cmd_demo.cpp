@@ -1,4 +1,5 @@
-// `distmuon demo`: orthogonalise a random matrix and report time, GFLOP/s and the singular values.
+// `distmuon demo`: orthogonalise a random matrix and report time, GFLOP/s, the singular values and
+// the signed alignment with the true polar factor (a reversed result reads near -1).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -38,15 +39,15 @@ void add_demo_command(CLI::App& app, Context& ctx) {
   cmd->callback([o, &ctx] {
     const NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
     Compute& compute = o->device.resolve(ctx.world);
-    // The input and its working copy, NS's workspace, and singular_values' float64 copy and
-    // s x s Gram matrix.
+    // The input and its working copy, NS's workspace, and polar_alignment's float64 copies of the
+    // input and the result and its three s x s matrices (singular_values needs less).
     const double m = static_cast<double>(o->m), n = static_cast<double>(o->n);
     const double s = std::min(m, n);
     // Every rank runs the same demo, alone; the memory each rank has may differ, so the ranks
     // agree on the check: a refusal on any rank ends every rank with its reason.
     check_on_every_rank(ctx.world, "demo", [&] {
       check_memory_fits(2 * sizeof(float) * m * n + ns_workspace_bytes(o->m, o->n) +
-                            sizeof(double) * (m * n + s * s),
+                            sizeof(double) * (2 * m * n + 3 * s * s),
                         fmt::format("demo of a {} matrix", shape_str(o->m, o->n)));
     });
     Matrix g(o->m, o->n);
@@ -74,6 +75,7 @@ void add_demo_command(CLI::App& app, Context& ctx) {
     check_ns_result(x.view(), opts, compute);
     const Matrix result = to_host(compute, x.view());
     const auto sv = singular_values(result.view());
+    const double alignment = polar_alignment(g.view(), result.view());
     if (ctx.world.rank() != 0) return;
     fmt::print("Newton-Schulz of a {} Gaussian matrix: {} x {} steps, {} path\n",
                shape_str(o->m, o->n), opts.coefficients.name, opts.steps,
@@ -87,6 +89,9 @@ void add_demo_command(CLI::App& app, Context& ctx) {
                ns_gemm_flops(o->m, o->n, opts.steps) * 1e-9);
     fmt::print("  singular values [{:.4f}, {:.4f}] (min, max over {})\n", sv.back(), sv.front(),
                sv.size());
+    fmt::print("  polar alignment {:.4f} (cosine with U V^T of the input; 1 = aligned, -1 = "
+               "reversed)\n",
+               alignment);
   });
 }
 

@@ -40,9 +40,9 @@ struct DeviceCliOption {
   Compute& resolve(const Communicator& world) const;
 };
 
-// Throws when the result x of Newton-Schulz with opts holds a non-finite value: the coefficients
-// diverged on this input (each within kMaxCoefficientMagnitude, but growing step after step), and
-// the result must not be printed or written as if it were one.
+// Throws when the result x of Newton-Schulz with opts holds a non-finite value, so that it is
+// never printed or written: a guard (a divergent schedule is refused by NsOptions::validate, a
+// non-finite input before the iteration; a device backend turns such an input into NaN).
 // x lives in compute's memory.
 void check_ns_result(ConstMatrixView x, const NsOptions& opts, Compute& compute);
 

@@ -13,7 +13,10 @@ void NsCliOptions::add_to(CLI::App& app, const std::string& auto_help) {
                  "deepseekv4, cubic5, custom")
       ->capture_default_str();
   app.add_option("--custom-coefficients", custom, "With --coefficients custom: 'a,b,c;a,b,c;...'");
-  app.add_option("--steps", steps, "Newton-Schulz steps (>= 1)")->capture_default_str();
+  app.add_option("--steps", steps,
+                 "Newton-Schulz steps (>= 1, a count the coefficient set supports: "
+                 "docs/optimizer.md)")
+      ->capture_default_str();
   app.add_flag("--syrk,!--no-syrk", syrk, "Symmetric products with BLAS syrk (default) or gemm")
       ->capture_default_str();
   std::vector<std::string> algorithms{"standard", "gram"};
@@ -56,8 +59,8 @@ NsOptions NsCliOptions::resolve() const {
 void check_ns_result(ConstMatrixView x, const NsOptions& opts, Compute& compute) {
   if (const auto at = compute.find_non_finite(x)) {
     throw Error(fmt::format(
-        "the Newton-Schulz result ({}) has a non-finite value at ({}, {}): coefficient set '{}' "
-        "with {} steps diverges on this input",
+        "the Newton-Schulz result ({}) has a non-finite value at ({}, {}) (coefficient set '{}' "
+        "with {} steps, checked to orthogonalise: a non-finite input or a norm that overflows)",
         shape_str(x), at->row, at->col, opts.coefficients.name, opts.steps));
   }
 }

@@ -160,15 +160,16 @@ class Muon {
   // One optimizer step. grads[i] is the gradient of parameter i's local shard (same shape, the
   // Compute's memory). Collective over the world. After the first step a step allocates no
   // backend memory (its buffers are kept per shape).
-  // Non-finite values: every gradient is checked before any update (CollectiveError on every
-  // rank). A Newton-Schulz input that is not finite (a non-finite momentum state, or a
-  // non-finite weight with L2 weight decay): on the CPU backend NS refuses it before that
-  // weight's update (distmuon::Error on the ranks that run that NS); on a device backend, which
-  // keeps the norm in its own memory (no host wait per weight), it is detected after the step's
-  // updates by one batched check of every Muon weight, which throws CollectiveError on every
-  // rank naming the weight (the failing weights are then NaN; a weight that already was not
-  // finite is reported too). A step is not transactional either way: the weights updated before
-  // the failure keep their update.
+  // Non-finite values: every gradient, weight and optimizer state is checked before any update
+  // (CollectiveError on every rank naming it; nothing is updated, the weights keep their last
+  // good values), and the coefficient schedule was checked when the options were set
+  // (NsOptions::validate), so no update is non-finite. What remains is an overflow of the
+  // momentum step itself (values near the float maximum): on the CPU backend NS refuses that
+  // input before that weight's update (distmuon::Error on the ranks that run that NS); on a
+  // device backend, which keeps the norm in its own memory (no host wait per weight), it is
+  // detected after the step's updates by one batched check of every Muon weight, which throws
+  // CollectiveError on every rank naming the weight (that weight is then NaN). Only in that case
+  // is a step not transactional: the weights updated before the failure keep their update.
   void step(std::span<const ConstMatrixView> grads);
   // The same step for a caller with checks of its own (the Python bindings): a non-empty
   // failure on any rank makes every rank throw CollectiveError carrying the first failing

@@ -29,6 +29,12 @@ struct NsCoefficients {
   friend bool operator==(const NsCoefficients&, const NsCoefficients&) = default;
 };
 
+// The band a custom schedule's result must land in (CoefficientSet::band_lo/band_hi). Any
+// singular values within [lo, hi] give a cosine with the polar factor U V^T of at least
+// (lo + hi) / sqrt(2 (lo^2 + hi^2)): 0.990 for this band (hi / lo <= 1.33).
+inline constexpr double kCustomBandLo = 0.86;
+inline constexpr double kCustomBandHi = 1.14;
+
 // A named schedule of coefficient tuples. Past the end of the table a schedule either cycles
 // or repeats its last tuple.
 struct CoefficientSet {
@@ -37,6 +43,11 @@ struct CoefficientSet {
   std::vector<NsCoefficients> table;
   Tail tail = Tail::kCycle;
   std::optional<int> required_steps;  // cubic5 must run exactly 5 steps
+  // The band the schedule's result lands in: every singular value sigma in
+  // [kScheduleSigmaFloor, 1] of the normalised input ends in [band_lo, band_hi]
+  // (check_schedule; docs/optimizer.md lists each set's band and supported step counts).
+  double band_lo = kCustomBandLo;
+  double band_hi = kCustomBandHi;
 
   // The coefficients of step `step` (0-based).
   const NsCoefficients& at(int step) const;
@@ -45,7 +56,32 @@ struct CoefficientSet {
   // Throws distmuon::Error naming the tuple when a coefficient is not finite or its magnitude
   // exceeds kMaxCoefficientMagnitude.
   void validate_values() const;
+  // Throws distmuon::Error when the schedule run for `steps` steps does not orthogonalise
+  // (check_schedule), naming the set, the step count, the reason and the supported step counts.
+  void validate_schedule(int steps) const;
 };
+
+// The schedule check (scalar work, once per options; src/ns/schedule_check.cpp). NS maps each
+// singular value sigma of its normalised input (0 < sigma <= 1) through the composed odd
+// polynomials p_k(x) = a_k x + b_k x^3 + c_k x^5 of its steps, with the singular vectors kept.
+// A schedule orthogonalises at `steps` steps when, on a fine grid of sigma across (0, 1]:
+//  - every intermediate p_k(...p_1(sigma)) is finite and > 0 (a value <= 0 reverses that
+//    direction of the update, a non-finite one diverges);
+//  - the final value lies in [band_lo, band_hi] for sigma >= kScheduleSigmaFloor, and in
+//    (0, band_hi] below it (the smallest directions are amplified, never reversed or blown up).
+inline constexpr double kScheduleSigmaFloor = 0.01;
+// Step counts 1..kScheduleCheckedSteps are tried to list the ones a set supports.
+inline constexpr int kScheduleCheckedSteps = 20;
+
+struct ScheduleCheck {
+  bool ok = false;
+  std::string problem;            // why not (empty when ok)
+  double final_lo = 0, final_hi = 0;  // the final values for sigma in [kScheduleSigmaFloor, 1]
+};
+// The check at `steps` (>= 1) steps. Does not throw.
+ScheduleCheck check_schedule(const CoefficientSet& set, int steps);
+// The step counts in 1..up_to at which check_schedule passes (and validate_steps accepts).
+std::vector<int> supported_steps(const CoefficientSet& set, int up_to = kScheduleCheckedSteps);
 
 // The largest |a|, |b|, |c| a schedule may hold: about 40 times the largest of any published set
 // (cans, b = -25.1). A larger value is a typo or a corrupt file; it makes the iterate overflow to
@@ -91,7 +127,9 @@ struct NsOptions {
   NsAlgorithm algorithm = NsAlgorithm::kStandard;
   int gram_restart = 0;  // kGram: 0 automatic restarts; N > 0 every N steps (>= 0)
 
-  void validate() const;  // throws distmuon::Error with the valid values
+  // Throws distmuon::Error with the valid values; includes the schedule check
+  // (CoefficientSet::validate_schedule), remembered per thread for the last schedules accepted.
+  void validate() const;
 };
 
 // Reusable scratch for the iteration, in the backend's memory: each member is sized with
@@ -114,7 +152,8 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
                            const Communicator* group = nullptr, NsWorkspace* ws = nullptr);
 
 // Convenience on host memory: g (a host matrix) is copied to compute, orthogonalised there and
-// the result copied back to a new host matrix.
+// the result copied back to a new host matrix. A result that is not finite (a device backend's
+// non-finite input) throws distmuon::Error instead of being returned.
 Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute);
 
 // FLOPs of one NS run of an m x n matrix as executed (Gram on the side given, syrk or gemm).

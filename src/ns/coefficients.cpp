@@ -20,7 +20,7 @@ const std::map<std::string, CoefficientSet, std::less<>>& registry() {
   static const auto sets = [] {
     std::map<std::string, CoefficientSet, std::less<>> m;
     auto add = [&](CoefficientSet s) { m.emplace(s.name, std::move(s)); };
-    add({"simple", {{3.4445, -4.7750, 2.0315}}, Tail::kCycle, {}});
+    add({"simple", {{3.4445, -4.7750, 2.0315}}, Tail::kCycle, {}, 0.65, 1.25});
     add({"quintic",
          {{4.0848, -6.8946, 2.9270},
           {3.9505, -6.3029, 2.6377},
@@ -28,7 +28,9 @@ const std::map<std::string, CoefficientSet, std::less<>>& registry() {
           {2.8769, -3.1427, 1.2046},
           {2.8366, -3.0525, 1.2012}},
          Tail::kCycle,
-         {}});
+         {},
+         0.9,
+         1.15});
     add({"polar_express",
          {{8.2051, -22.9019, 16.4607},
           {4.0664, -2.8612, 0.5184},
@@ -39,7 +41,9 @@ const std::map<std::string, CoefficientSet, std::less<>>& registry() {
           {1.8564, -1.2132, 0.3568},
           {1.8750, -1.2500, 0.3750}},
          Tail::kRepeatLast,
-         {}});
+         {},
+         0.86,
+         1.14});
     add({"cans",
          {{8.4703, -25.1081, 18.6293},
           {4.1828, -3.1087, 0.5806},
@@ -47,18 +51,22 @@ const std::map<std::string, CoefficientSet, std::less<>>& registry() {
           {3.2866, -2.4647, 0.5074},
           {2.2737, -1.6447, 0.4162}},
          Tail::kRepeatLast,
-         {}});
+         {},
+         0.86,
+         1.14});
     add({"aol",
          {{4.0098, -7.0585, 2.4635},
           {3.4585, -5.5479, 2.5959},
           {2.7573, -3.2939, 1.4254},
           {2.7215, -3.0494, 1.3169}},
          Tail::kCycle,
-         {}});
+         {},
+         0.9,
+         1.15});
     auto ds = repeat({3.4445, -4.7750, 2.0315}, 8);
     ds.push_back({2.0, -1.5, 0.5});
     ds.push_back({2.0, -1.5, 0.5});
-    add({"deepseekv4", ds, Tail::kRepeatLast, {}});
+    add({"deepseekv4", ds, Tail::kRepeatLast, {}, 0.95, 1.05});
     add({"cubic5",
          {{3.3656576, -3.3420992, 0},
           {2.5744352, -1.4957376, 0},
@@ -66,7 +74,9 @@ const std::map<std::string, CoefficientSet, std::less<>>& registry() {
           {2.4418906, -1.2764040, 0},
           {2.2230472, -0.9630650, 0}},
          Tail::kCycle,
-         5});
+         5,
+         0.75,
+         1.32});
     return m;
   }();
   return sets;
@@ -166,6 +176,7 @@ void NsOptions::validate() const {
   if (coefficients.table.empty()) throw Error("Newton-Schulz options: empty coefficient set");
   coefficients.validate_values();
   coefficients.validate_steps(steps);
+  coefficients.validate_schedule(steps);
   if (!(eps > 0)) throw Error(fmt::format("Newton-Schulz options: eps must be > 0, got {}", eps));
   if (algorithm == NsAlgorithm::kAuto) {
     throw Error(

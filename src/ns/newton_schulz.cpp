@@ -68,6 +68,14 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
 Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute) {
   DeviceMatrix x = to_device(compute, g);
   newton_schulz_inplace(x.view(), opts, compute);
+  // A guard: a finite input was checked and the schedule too (NsOptions::validate), which keeps
+  // the result finite; a device backend turns a non-finite input into NaN instead of refusing it.
+  if (const auto at = compute.find_non_finite(x.view())) {
+    throw Error(fmt::format(
+        "newton_schulz: the result of a {} input is not finite at ({}, {}) on the {} backend (a "
+        "non-finite input, or a norm that overflows); nothing is returned",
+        shape_str(g), at->row, at->col, compute.name()));
+  }
   return to_host(compute, x.view());
 }
 

@@ -252,24 +252,45 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
   }
   // Checked here, before any collective: a rank-local failure inside NS would strand the others.
   // Padding rows (the shard's trailing local_pad rows) are ignored. One batched check of every
-  // gradient (one result transfer on a device backend).
+  // gradient, weight and optimizer state (one result transfer on a device backend): with these
+  // finite and a checked coefficient schedule (NsOptions::validate), no update is non-finite, so
+  // a refused step leaves every weight at its last good value.
   if (reason.empty()) {
     s.check_views.clear();
+    std::vector<std::string> what;
+    auto add = [&](ConstMatrixView v, std::size_t i, const char* kind) {
+      s.check_views.push_back(v.row_block(0, v.rows - s.params[i].layout.local_pad()));
+      what.push_back(fmt::format("{} '{}'", kind, s.params[i].spec.name));
+    };
     for (std::size_t i = 0; i < grads.size(); ++i) {
-      const ConstMatrixView g = is_active(i) ? grads[i] : ConstMatrixView{};
-      s.check_views.push_back(is_active(i) ? g.row_block(0, g.rows - s.params[i].layout.local_pad())
-                                           : g);
+      if (is_active(i)) {
+        add(grads[i], i, "gradient of");
+      } else {  // a parameter without a gradient this step: nothing to check
+        s.check_views.push_back(ConstMatrixView{});
+        what.push_back(fmt::format("gradient of '{}'", s.params[i].spec.name));
+      }
     }
-    s.check_results.assign(grads.size(), std::nullopt);
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const ParamState& p = s.params[i];
+      add(p.spec.local, i, "weight");
+      if (p.muon) {
+        add(p.momentum.view(), i, "momentum state of");
+      } else {
+        add(p.exp_avg.view(), i, "AdamW first moment of");
+        add(p.exp_avg_sq.view(), i, "AdamW second moment of");
+      }
+    }
+    s.check_results.assign(s.check_views.size(), std::nullopt);
     try {
       s.compute->find_non_finite(s.check_views, s.check_results);
     } catch (const Error& e) {  // e.g. host memory passed to a device backend
       reason = e.what();
     }
-    for (std::size_t i = 0; reason.empty() && i < grads.size(); ++i) {
-      if (const auto& bad = s.check_results[i]) {
-        reason = fmt::format("gradient of '{}' has a non-finite value at ({}, {}) of its shard",
-                             s.params[i].spec.name, bad->row, bad->col);
+    for (std::size_t k = 0; reason.empty() && k < s.check_views.size(); ++k) {
+      if (const auto& bad = s.check_results[k]) {
+        reason = fmt::format("{} has a non-finite value at ({}, {}) of its shard{}", what[k],
+                             bad->row, bad->col,
+                             k < grads.size() ? "" : " before the step (nothing is updated)");
       }
     }
   }

@@ -69,8 +69,9 @@ struct Muon::Impl {
   void plan();
   // The algorithm of a parameter whose mode is not planned by auto.
   NsAlgorithm fixed_algorithm() const;
-  // Collective over the world: every gradient matches its shard and is finite (padding rows
-  // aside), else CollectiveError on every rank naming the parameter. Nothing is updated.
+  // Collective over the world: every gradient matches its shard and is finite, and so are every
+  // weight and optimizer state (padding rows aside), else CollectiveError on every rank naming
+  // the parameter. Nothing is updated.
   // failure: this rank's caller already failed (grads unread); agreed in the same collective.
   // The options and `active` (empty: every parameter) are agreed in the same collective
   // (CollectiveError on every rank naming the first difference); grads of inactive parameters

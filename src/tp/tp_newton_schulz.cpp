@@ -126,18 +126,38 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
       group_layout(shard.rows, shard.cols, partition_dim, group.size(), group.rank());
   // The shards move over the group's data plane: attach the backend's when it has none yet.
   const Communicator tp = group.has_data_plane() ? group : compute.data_communicator(group);
-  orthogonalize_shard(shard, layout, tp, local_communicator(), mode, opts, {}, compute);
-  // A device backend checks the input's norm on its own memory and leaves a non-finite input's
-  // result NaN (on every rank the mode shares it with, as the CPU backend's error): one check of
-  // the result for this call.
-  if (compute.memory() == MemoryKind::kDevice) {
-    if (const auto at = compute.find_non_finite(shard)) {
-      throw Error(fmt::format(
-          "newton_schulz_tp: input shard {} (rank {}) contains non-finite values (or its norm "
-          "overflows): the result is not finite at ({}, {}) (checked after the iteration on the {} "
-          "backend; a diverging coefficient schedule is reported the same way)",
-          shape_str(shard), group.rank(), at->row, at->col, compute.name()));
+  // Blockwise, each rank's NS is its own (no collective inside): a rank-local refusal (a
+  // non-finite block on the CPU) is agreed below instead of leaving the other ranks waiting.
+  std::string reason;
+  if (sharded && mode == TpMode::kBlockwise) {
+    try {
+      orthogonalize_shard(shard, layout, tp, local_communicator(), mode, opts, {}, compute);
+    } catch (const CollectiveError&) {
+      throw;
+    } catch (const Error& e) {
+      reason = e.what();
     }
+  } else {
+    orthogonalize_shard(shard, layout, tp, local_communicator(), mode, opts, {}, compute);
+  }
+  // The result is checked on every backend, so that no caller (the CLI,
+  // Python) is handed a non-finite result: a device backend checks the input's norm on its own
+  // memory and leaves a non-finite input's result NaN; the CPU refused such an input before the
+  // iteration, and the checked schedule (NsOptions::validate) keeps a finite input's result
+  // finite, so there this is a guard that never fires.
+  const std::optional<MatrixIndex> at =
+      reason.empty() ? compute.find_non_finite(shard) : std::nullopt;
+  if (at) {
+    reason = fmt::format(
+        "input shard {} (rank {}) contains non-finite values (or its norm overflows): the result "
+        "is not finite at ({}, {}) (checked after the iteration on the {} backend)",
+        shape_str(shard), group.rank(), at->row, at->col, compute.name());
+  }
+  // A sharded call agrees (its ranks hold parts of one result); an unsharded one is rank-local.
+  if (sharded) {
+    group.agree_or_throw(reason.empty(), "newton_schulz_tp", reason);
+  } else if (!reason.empty()) {
+    throw Error("newton_schulz_tp: " + reason);
   }
 }
 

@@ -79,20 +79,44 @@ TEST_F(CliBadOptions, NonFiniteOrAbsurdCoefficients) {
   EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "step-00000004"));
 }
 
-// Coefficients within the bound that still diverge on this input (values grow by up to 300x per
-// step): the result is refused, not written.
+// Coefficients within the bound that diverge (values grow by up to 300x per step), and built-in
+// sets at step counts where they reverse (aol) or shrink (quintic at 6) the update: refused when
+// the options are read, before any work, by orthogonalize, demo and train, naming the set, the
+// step count and the step counts it supports. Nothing is written, nothing printed or trained.
 TEST_F(CliBadOptions, DivergentCoefficients) {
   expect_refused(fmt::format("orthogonalize {} {} --coefficients custom --custom-coefficients "
                              "'100,100,100'",
                              path("in.npy"), path("out.npy")),
-                 "has a non-finite value", path("out.npy"));
-  const test::CliRun r =
-      run("demo --rows 64 --cols 128 --reps 1 --coefficients custom "
-          "--custom-coefficients '100,100,100'",
-          1);
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("diverges on this input"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("singular values"), std::string::npos) << r.output;
+                 "'custom' at 5 steps does not orthogonalise", path("out.npy"));
+  expect_refused(fmt::format("orthogonalize {} {} --tp-mode distributed --coefficients aol",
+                             path("in.npy"), path("out.npy")),
+                 "'aol' supports no step count", path("out.npy"));
+  for (const std::string args : {"--coefficients custom --custom-coefficients '100,100,100'",
+                                 "--coefficients quintic --steps 6"}) {
+    const test::CliRun r = run("demo --rows 64 --cols 128 --reps 1 " + args, 1);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("does not orthogonalise"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("polar alignment"), std::string::npos) << r.output;  // no report
+  }
+  const test::CliRun q6 = run("demo --rows 64 --cols 128 --reps 1 --steps 6", 1);
+  EXPECT_NE(q6.output.find("supports 4-5, 9-10, 14-15, 19-20 steps"), std::string::npos)
+      << q6.output;
+  // Training: refused before the first step (it failed at the next forward pass), on every rank.
+  config_["optimizer"] = {{"coefficients", "custom"}, {"custom_coefficients", "100,100,100"}};
+  expect_refused(train("--checkpoint " + path("ckpt")), "'custom' at 5 steps");
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "step-00000004"));
+}
+
+// demo reports the signed alignment with the true polar factor, so that a reversal is visible
+// (the singular values of a reversed result are the same as those of a good one).
+TEST_F(CliBadOptions, DemoReportsPolarAlignment) {
+  const test::CliRun r = run("demo --rows 64 --cols 128 --reps 1", 1);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto at = r.output.find("polar alignment ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  // quintic at 5 steps: singular values in [0.978, 1.032] (docs/optimizer.md), so the cosine
+  // with U V^T is above 0.999.
+  EXPECT_GT(std::stod(r.output.substr(at + 16)), 0.999) << r.output;
 }
 
 // ---- --profile: a file or an exact name -------------------------------------------------------

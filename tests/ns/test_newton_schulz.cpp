@@ -31,7 +31,8 @@ NsOptions options(const std::string& set, bool syrk) {
 // a handful of steps on small matrices stays well inside 1e-5 against an exact (float64) result.
 TEST(NewtonSchulz, MatchesFloat64ReferenceForEverySetAndShape) {
   for (const auto& name : coefficient_set_names()) {
-    if (name == "custom") continue;
+    // aol is refused at every step count (its first polynomial reverses sigma > 0.88).
+    if (name == "custom" || name == "aol") continue;
     for (bool syrk : {true, false}) {
       for (const auto& sh : kShapes) {
         // A vector has sigma = 1 exactly after normalisation, where cans's first polynomials
@@ -93,7 +94,7 @@ struct Band {
 TEST(NewtonSchulz, SingularValuesInsideEachSetsBand) {
   const Band bands[] = {
       {"simple", 5, 0.66, 1.16}, {"quintic", 5, 0.95, 1.06}, {"polar_express", 8, 0.98, 1.02},
-      {"cans", 5, 0.86, 1.14},   {"aol", 4, 0.96, 1.11},     {"deepseekv4", 10, 0.98, 1.02},
+      {"cans", 5, 0.86, 1.14},   {"deepseekv4", 10, 0.98, 1.02},
       {"cubic5", 5, 0.75, 1.32},
   };
   const Matrix g = random_matrix(256, 512, 42);

@@ -139,5 +139,65 @@ TEST(BadGradients, CallerFailureOnOneRankIsAgreed) {
   EXPECT_FALSE(same(m.hidden, hidden_before));
 }
 
+// A weight or an optimizer state that is not finite when a step starts (a NaN written by the
+// caller, a bad state loaded): refused on every rank before any update, naming it; every other
+// weight keeps its last good value (no weight is written with a non-finite update), the step
+// count is unchanged, and the step succeeds once the value is repaired.
+void expect_state_refused(const std::string& needle, bool in_momentum) {
+  const Communicator& w = test::world();
+  Model m(w);
+  const Grads g1(w, 1), g2(w, 2);
+  m.step(g1.hidden, g1.embed);
+  const Matrix hidden_before = m.hidden, embed_before = m.embed;
+  const bool last = w.rank() == w.size() - 1;
+  MatrixView target = in_momentum ? m.opt.state_tensors(0)[0] : m.hidden.view();
+  const float good = target(1, 2);
+  if (last) target(1, 2) = std::numeric_limits<float>::quiet_NaN();
+  try {
+    m.step(g2.hidden, g2.embed);
+    ADD_FAILURE() << "a non-finite " << needle << " was stepped";
+  } catch (const CollectiveError& e) {  // on every rank
+    const std::string what = e.what();
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_NE(what.find("(1, 2)"), std::string::npos) << what;
+    EXPECT_NE(what.find("before the step"), std::string::npos) << what;
+  }
+  EXPECT_EQ(m.opt.step_count(), 1);
+  EXPECT_TRUE(same(m.embed, embed_before));
+  for (Index i = 0; i < m.hidden.rows(); ++i) {
+    for (Index j = 0; j < m.hidden.cols(); ++j) {
+      if (last && !in_momentum && i == 1 && j == 2) continue;  // the NaN the caller wrote
+      EXPECT_EQ(m.hidden(i, j), hidden_before(i, j)) << i << "," << j;
+    }
+  }
+  if (last) target(1, 2) = good;
+  m.step(g2.hidden, g2.embed);
+  EXPECT_EQ(m.opt.step_count(), 2);
+  for (const float v : m.hidden.values())
+    EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(BadGradients, NonFiniteWeightIsRefusedBeforeAnyUpdate) {
+  expect_state_refused("weight 'hidden.w'", false);
+}
+
+TEST(BadGradients, NonFiniteMomentumIsRefusedBeforeAnyUpdate) {
+  expect_state_refused("momentum state of 'hidden.w'", true);
+}
+
+// A coefficient schedule that diverges (or reverses the update) is refused when the options are
+// set, so no step can write its non-finite result into a weight.
+TEST(BadGradients, DivergentScheduleIsRefusedByTheOptions) {
+  MuonOptions o;
+  o.coefficients = "custom";
+  o.custom_coefficients = "100,100,100";
+  EXPECT_THROW(Muon(o, test::world(), cpu_compute()), Error);
+  o.coefficients = "aol";
+  EXPECT_THROW(o.validate(), Error);
+  o.coefficients = "quintic";
+  o.steps = 6;
+  EXPECT_THROW(o.validate(), Error);
+}
+
 }  // namespace
 }  // namespace distmuon

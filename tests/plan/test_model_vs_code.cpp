@@ -79,7 +79,7 @@ TEST(RefinedModelVsCode, CollectivesBytesAndFlopsMatchTheCode) {
   const int g = world.size();
   if (g == 1) GTEST_SKIP() << "a group of one runs the local NS without collectives";
   NsOptions opts;  // quintic: c != 0 on every step, as the model assumes
-  opts.steps = 3;
+  opts.steps = 4;  // the fewest steps the schedule check accepts for quintic
   const Matrix full = test::random_matrix(48, 32, 11);
   for (const bool syrk : {true, false}) {
     opts.use_syrk = syrk;
@@ -95,12 +95,16 @@ TEST(RefinedModelVsCode, CollectivesBytesAndFlopsMatchTheCode) {
         shard = shard_of(full.view(), dim, g, world.rank());
         CountingCompute compute;
         newton_schulz_tp(shard.view(), dim, group, mode, opts, compute);
-        // newton_schulz_tp checks the shard shapes on every call (one all-reduce of three int64),
-        // which the optimizer's path, and so the model, does not have.
+        // newton_schulz_tp checks the shard shapes on every call (one all-reduce of three int64)
+        // and agrees on its result's check (one all-gather of an int32 per rank), which the
+        // optimizer's path, and so the model, does not have.
         CommStats measured = *stats;
         ASSERT_GE(measured.all_reduce.calls, 1u);
+        ASSERT_GE(measured.all_gather.calls, 1u);
         measured.all_reduce.calls -= 1;
         measured.all_reduce.bytes -= 3 * 8;
+        measured.all_gather.calls -= 1;
+        measured.all_gather.bytes -= 4 * static_cast<std::size_t>(g);
 
         const ShardLayout layout = group_layout(shard.rows(), shard.cols(), dim, g, world.rank());
         const AutoKey key = auto_key(layout, opts, NsAlgorithm::kStandard, false);
@@ -144,7 +148,7 @@ TEST(RefinedModelVsCode, ShardedLayoutsThroughTheDispatcher) {
     cases.push_back({45, 32, 1, 2});
   }
   NsOptions opts;  // quintic: c != 0 on every step, as the model assumes
-  opts.steps = 3;
+  opts.steps = 4;  // the fewest steps the schedule check accepts for quintic
   for (const Case& c : cases) {
     const Matrix full = test::random_matrix(c.m, c.n, 5);
     auto stats = std::make_shared<CommStats>();

@@ -43,10 +43,14 @@ def test_bit_equal_to_cli(cli, tmp_path, shape, args):
 
 def test_custom_coefficients_match_cli(cli, tmp_path):
     x = np.random.default_rng(3).standard_normal((32, 40)).astype(np.float32)
-    table = [(3.4445, -4.7750, 2.0315), (3.0, -3.2, 1.2)]
+    table = [(8.2051, -22.9019, 16.4607), (4.0664, -2.8612, 0.5184), (3.9096, -2.8234, 0.5250),
+             (3.2856, -2.4153, 0.4853), (2.2779, -1.6198, 0.3985), (1.8726, -1.2307, 0.3585),
+             (1.8564, -1.2132, 0.3568), (1.8750, -1.2500, 0.3750)]
     expected = cli_orthogonalize(cli, tmp_path, x, "--coefficients", "custom",
-                                 "--custom-coefficients", "3.4445,-4.7750,2.0315;3.0,-3.2,1.2")
-    assert np.array_equal(distmuon.newton_schulz(x, coefficients=table), expected)
+                                 "--custom-coefficients",
+                                 ";".join(",".join(str(v) for v in t) for t in table),
+                                 "--steps", "8")
+    assert np.array_equal(distmuon.newton_schulz(x, coefficients=table, steps=8), expected)
 
 
 def test_zero_copy_numpy():
@@ -110,3 +114,41 @@ def test_cpp_errors_keep_their_message():
     with pytest.raises(distmuon.Error, match="non-finite"):
         distmuon.newton_schulz(y)
     assert isinstance(e.value, RuntimeError)
+
+
+@pytest.mark.parametrize("coefficients,steps,needle", [
+    ("aol", 5, "'aol' supports no step count"),           # reversed the update (cosine -0.998)
+    ("quintic", 6, "supports 4-5, 9-10, 14-15, 19-20"),    # shrank it ~10x
+    ([(100.0, 100.0, 100.0)], 5, "'custom' at 5 steps"),  # returned an all-NaN array
+])
+def test_schedules_that_do_not_orthogonalise_are_refused_before_any_write(coefficients, steps,
+                                                                          needle):
+    x = np.random.default_rng(5).standard_normal((24, 40)).astype(np.float32)
+    before = x.copy()
+    out = np.full_like(x, 7.0)
+    with pytest.raises(distmuon.Error, match=needle):
+        distmuon.newton_schulz(x, coefficients=coefficients, steps=steps, out=out)
+    assert np.all(out == 7.0)  # the caller's output untouched
+    with pytest.raises(distmuon.Error, match="does not orthogonalise"):
+        distmuon.newton_schulz(x, coefficients=coefficients, steps=steps, inplace=True)
+    assert np.array_equal(x, before)
+
+
+def test_muon_refuses_a_divergent_schedule_before_any_step():
+    with pytest.raises(distmuon.Error, match="'custom' at 5 steps does not orthogonalise"):
+        distmuon.Muon(coefficients="custom", custom_coefficients="100,100,100")
+    with pytest.raises(distmuon.Error, match="'aol' supports no step count"):
+        distmuon.Muon(coefficients="aol", steps=4)
+
+
+def test_muon_refuses_a_non_finite_weight_and_keeps_the_others():
+    opt = distmuon.Muon(tp_mode="duplicated")
+    w = np.random.default_rng(2).standard_normal((16, 8)).astype(np.float32)
+    opt.add_parameter(w, "hidden.w")
+    g = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    opt.step([g])
+    w[1, 2] = np.nan
+    before = w.copy()
+    with pytest.raises(distmuon.Error, match="weight 'hidden.w' has a non-finite value"):
+        opt.step([g])
+    assert np.array_equal(w, before, equal_nan=True)  # nothing written

@@ -62,12 +62,13 @@ TEST(TpNewtonSchulz, DuplicatedIsBitForBitTheFullNsSliced) {
 // than one BLAS call over the full matrix) and, for a wide matrix split by rows or a tall one
 // split by columns, iterates on the larger Gram matrix; both change fp32 rounding (~1e-7 per
 // operation), which the NS polynomials amplify over the steps. 1e-5 relative (Frobenius) is the
-// issue's bound; these sizes show at most 3e-6 (aol, 40x64 split by rows, Gram 64x64).
+// issue's bound; these sizes showed at most 3e-6 (then with aol, since refused by the schedule
+// check, 40x64 split by rows, Gram 64x64).
 TEST(TpNewtonSchulz, DistributedMatchesTheFullNsWithin1e5) {
   for (const Communicator& group : tp_groups()) {
     for (const Shape& sh : kShapes) {
       for (int dim : {0, 1}) {
-        for (const std::string set : {"quintic", "polar_express", "cubic5", "aol"}) {
+        for (const std::string set : {"quintic", "polar_express", "cubic5", "simple"}) {
           for (bool syrk : {true, false}) {
             const NsOptions o = ns_options(set, syrk);
             const Matrix full = random_matrix(sh.m, sh.n, 23);
@@ -99,27 +100,26 @@ TEST(TpNewtonSchulz, BlockwiseIsNsOfEachShard) {
   }
 }
 
-// With the single step (a, b, c) = (1, 0, 0), NS returns X / ||X||_F: the distributed mode must
-// divide by the norm of the whole matrix, not of the shard. 1e-6: one fp32 scaling.
+// The distributed mode must divide by the norm of the whole matrix, not of the shard. The simple
+// set at 4 steps is far from converged (sigma 0.01 -> 0.68, 0.3 -> 1.2), so its result depends on
+// the scale of its input: one shard holds a row 50x larger, and a shard's own norm would change
+// the result by far more than the 1e-5 (fp32 rounding of the distributed sums, as above) allowed.
+// (The schedule check refuses the identity schedule (1, 0, 0) that would return X / ||X||_F.)
 TEST(TpNewtonSchulz, DistributedNormalisesByTheGlobalNorm) {
   NsOptions o;
-  o.coefficients = custom_coefficients({{1.0, 0.0, 0.0}});
-  o.steps = 1;
+  o.coefficients = coefficient_set("simple");
+  o.steps = 4;
   for (const Communicator& group : tp_groups()) {
     for (int dim : {0, 1}) {
       Matrix full = random_matrix(32, 24, 8);
       // Make the shards' norms very different, so a local norm would be far off.
       for (Index j = 0; j < full.cols(); ++j)
         full(0, j) *= 50.0f;
-      double ss = 0;
-      for (float v : full.values())
-        ss += static_cast<double>(v) * v;
-      Matrix expected = my_shard(full.view(), dim, group);
-      for (float& v : expected.values())
-        v = static_cast<float>(v / std::sqrt(ss));
+      const Matrix expected =
+          my_shard(newton_schulz(full.view(), o, cpu_compute()).view(), dim, group);
       Matrix shard = my_shard(full.view(), dim, group);
       newton_schulz_tp(shard.view(), dim, group, TpMode::kDistributed, o, cpu_compute());
-      EXPECT_LE(relative_error(shard.view(), expected.view()), 1e-6)
+      EXPECT_LE(relative_error(shard.view(), expected.view()), 1e-5)
           << "G=" << group.size() << " dim " << dim;
     }
   }
@@ -240,7 +240,8 @@ TEST(TpNewtonSchulz, OpaqueBackendIsBitEqualToCpu) {
 
 // A NaN in the shard of the group's rank 0: on the CPU backend NS refuses the input before the
 // iteration, on the opaque backend the result is checked after it (compute.h, normalize); on
-// both, every rank that shares the result throws (every rank of the group, unless blockwise).
+// both, every rank of the group throws (blockwise too: the ranks agree on the outcome, so none
+// is left waiting in the caller's next collective).
 TEST(TpNewtonSchulz, NonFiniteShardThrowsOnTheSameRanksOnEveryBackend) {
   for (const Communicator& group : tp_groups()) {
     for (const TpMode mode : {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed}) {
@@ -249,7 +250,7 @@ TEST(TpNewtonSchulz, NonFiniteShardThrowsOnTheSameRanksOnEveryBackend) {
         o.algorithm = algorithm;
         Matrix shard = my_shard(random_matrix(40, 24, 31).view(), 0, group);
         if (group.rank() == 0) shard(1, 2) = std::numeric_limits<float>::quiet_NaN();
-        const bool expect = mode != TpMode::kBlockwise || group.rank() == 0;
+        const bool expect = true;
         for (const char* backend : {"cpu", "opaque"}) {
           Compute& compute = compute_backend(backend);
           DeviceMatrix x = to_device(compute, shard.view());

@@ -53,6 +53,10 @@ TEST(TpTraffic, CountedCollectivesMatchTheClosedForm) {
           expected.all_reduce_calls += 1;
           expected.all_reduce_bytes += 3 * 8;
         }
+        if (c.size() > 1) {  // the agreement on the result's check (an int32 per rank)
+          expected.all_gather_calls += 1;
+          expected.all_gather_bytes += 4 * static_cast<std::size_t>(c.size());
+        }
         EXPECT_EQ(counted(*stats), expected)
             << "G=" << c.size() << " " << shape_str(k.m, k.n) << " dim " << k.dim << " "
             << to_string(mode) << ": counted " << str(counted(*stats)) << ", expected "
@@ -79,8 +83,10 @@ TEST(TpTraffic, ShapeCheckRunsOnEveryCall) {
       Matrix shard = my_shard(full.view(), 1, c);
       newton_schulz_tp(shard.view(), 1, c, mode, o, cpu_compute());
       const TpTraffic t = tp_traffic(32, 48, c.size(), 1, mode, o.steps);
-      EXPECT_EQ(stats->all_gather.calls, t.all_gather_calls) << to_string(mode);
-      EXPECT_EQ(stats->all_gather.bytes, t.all_gather_bytes) << to_string(mode);
+      // Plus the agreement on the result's check: one all-gather of an int32 per rank.
+      const std::size_t agree_calls = g > 1 ? 1 : 0, agree_bytes = g > 1 ? 4 * g : 0;
+      EXPECT_EQ(stats->all_gather.calls, t.all_gather_calls + agree_calls) << to_string(mode);
+      EXPECT_EQ(stats->all_gather.bytes, t.all_gather_bytes + agree_bytes) << to_string(mode);
       EXPECT_EQ(stats->all_reduce.calls, t.all_reduce_calls + check_calls) << to_string(mode);
       EXPECT_EQ(stats->all_reduce.bytes, t.all_reduce_bytes + check_bytes) << to_string(mode);
     }

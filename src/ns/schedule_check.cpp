@@ -1,0 +1,153 @@
+// The check of a coefficient schedule at the step count it runs (newton_schulz.h): the composed
+// per-step polynomials applied to singular values across (0, 1].
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "distmuon/error.h"
+#include "distmuon/newton_schulz.h"
+
+namespace distmuon {
+namespace {
+
+// Singular values of the normalised input: 200 log-spaced from 1e-6 up to the floor, then every
+// 1/4096 from the floor to 1 (the composed polynomials of the built-in sets vary on a scale of
+// about 0.01, so a narrow dip between two grid points is not missed).
+const std::vector<double>& sigma_grid() {
+  static const std::vector<double> grid = [] {
+    std::vector<double> g;
+    const double lo = std::log10(1e-6), hi = std::log10(kScheduleSigmaFloor);
+    for (int i = 0; i < 200; ++i)
+      g.push_back(std::pow(10.0, lo + (hi - lo) * i / 200.0));
+    for (int i = 0;; ++i) {
+      const double x = kScheduleSigmaFloor + i / 4096.0;
+      if (x >= 1.0) break;
+      g.push_back(x);
+    }
+    g.push_back(1.0);
+    return g;
+  }();
+  return grid;
+}
+
+double apply(const NsCoefficients& k, double x) {
+  const double x2 = x * x;
+  return x * (k.a + x2 * (k.b + x2 * k.c));
+}
+
+// Runs the schedule for up_to steps over the grid; result[k - 1] is the check at k steps (with
+// every_step; otherwise the one check at up_to steps).
+std::vector<ScheduleCheck> run_checks(const CoefficientSet& set, int up_to, bool every_step) {
+  const std::vector<double>& grid = sigma_grid();
+  std::vector<double> x = grid;
+  std::vector<ScheduleCheck> out;
+  std::string broken;  // an intermediate that failed: every longer run fails the same way
+  for (int step = 0; step < up_to; ++step) {
+    const NsCoefficients& k = set.at(step);
+    ScheduleCheck c;
+    double worst_below = 0, worst_below_sigma = 0;  // the largest final value below the floor
+    c.final_lo = std::numeric_limits<double>::infinity();
+    c.final_hi = -std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < grid.size(); ++i) {
+      x[i] = apply(k, x[i]);
+      if (broken.empty() && !(std::isfinite(x[i]) && x[i] > 0)) {
+        broken = fmt::format(
+            "it takes singular value {:.4g} to {:.4g} at step {}{}", grid[i], x[i], step + 1,
+            std::isfinite(x[i]) ? " (a reversed or cancelled direction of the update)"
+                                : " (it diverges)");
+      }
+      if (grid[i] >= kScheduleSigmaFloor) {
+        c.final_lo = std::min(c.final_lo, x[i]);
+        c.final_hi = std::max(c.final_hi, x[i]);
+      } else if (!(x[i] <= worst_below)) {
+        worst_below = x[i];
+        worst_below_sigma = grid[i];
+      }
+    }
+    if (!broken.empty()) {
+      c.problem = broken;
+    } else if (!(c.final_lo >= set.band_lo && c.final_hi <= set.band_hi)) {
+      c.problem = fmt::format(
+          "it maps singular values in [{}, 1] to [{:.4g}, {:.4g}], outside its band [{}, {}]",
+          kScheduleSigmaFloor, c.final_lo, c.final_hi, set.band_lo, set.band_hi);
+    } else if (!(worst_below <= set.band_hi)) {
+      c.problem = fmt::format("it maps singular value {:.4g} to {:.4g}, above its band [{}, {}]",
+                              worst_below_sigma, worst_below, set.band_lo, set.band_hi);
+    }
+    c.ok = c.problem.empty();
+    if (every_step || step + 1 == up_to) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string format_steps(const std::vector<int>& steps) {
+  if (steps.empty()) return "no step count";
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < steps.size();) {
+    std::size_t j = i;
+    while (j + 1 < steps.size() && steps[j + 1] == steps[j] + 1)
+      ++j;
+    parts.push_back(j == i ? fmt::format("{}", steps[i])
+                           : fmt::format("{}-{}", steps[i], steps[j]));
+    i = j + 1;
+  }
+  return fmt::format("{} steps", fmt::join(parts, ", "));
+}
+
+// The schedules accepted last on this thread: NsOptions::validate runs on every NS call, the
+// grid check once per schedule and step count.
+struct Accepted {
+  std::vector<NsCoefficients> table;
+  CoefficientSet::Tail tail;
+  double band_lo, band_hi;
+  int steps;
+};
+
+bool remembered(const CoefficientSet& s, int steps, bool remember) {
+  thread_local std::vector<Accepted> accepted;
+  for (const Accepted& a : accepted) {
+    if (a.steps == steps && a.tail == s.tail && a.band_lo == s.band_lo &&
+        a.band_hi == s.band_hi && a.table == s.table)
+      return true;
+  }
+  if (remember) {
+    if (accepted.size() >= 8) accepted.erase(accepted.begin());
+    accepted.push_back({s.table, s.tail, s.band_lo, s.band_hi, steps});
+  }
+  return false;
+}
+
+}  // namespace
+
+ScheduleCheck check_schedule(const CoefficientSet& set, int steps) {
+  DISTMUON_ASSERT(steps >= 1 && !set.table.empty(), "check_schedule: steps >= 1, a schedule");
+  return run_checks(set, steps, false).back();
+}
+
+std::vector<int> supported_steps(const CoefficientSet& set, int up_to) {
+  std::vector<int> out;
+  if (up_to < 1 || set.table.empty()) return out;
+  const std::vector<ScheduleCheck> checks = run_checks(set, up_to, true);
+  for (int k = 1; k <= up_to; ++k) {
+    const bool allowed = !set.required_steps || *set.required_steps == k;
+    if (allowed && checks[static_cast<std::size_t>(k - 1)].ok) out.push_back(k);
+  }
+  return out;
+}
+
+void CoefficientSet::validate_schedule(int steps) const {
+  if (remembered(*this, steps, false)) return;
+  const ScheduleCheck c = check_schedule(*this, steps);
+  if (!c.ok) {
+    throw Error(fmt::format(
+        "Newton-Schulz coefficient set '{}' at {} steps does not orthogonalise: {}; '{}' "
+        "supports {} (of 1-{} checked; docs/optimizer.md lists each set's band)",
+        name, steps, c.problem, name, format_steps(supported_steps(*this)),
+        kScheduleCheckedSteps));
+  }
+  remembered(*this, steps, true);
+}
+
+}  // namespace distmuon
