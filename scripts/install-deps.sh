@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs distmuon's build and run dependencies from Debian's registry, only when missing.
+# Installs distmuon's build and run dependencies from Debian's registry, only when missing, then
+# the Python ones from PyPI into the project's virtual environment (scripts/python-env.sh).
 # Idempotent, quiet, non-interactive. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 
@@ -10,7 +11,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox ccache
-  python3-dev python3-pybind11 python3-numpy python3-mpi4py python3-pytest python3-torch
+  python3-dev python3-venv
 )
 
 missing=()
@@ -20,15 +21,14 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "distmuon: installing missing packages: ${missing[*]}" >&2
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo_cmd=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-
-echo "distmuon: installing missing packages: ${missing[*]}" >&2
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then
-  sudo_cmd=(sudo)
-fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+bash "$(dirname "${BASH_SOURCE[0]}")/python-env.sh"

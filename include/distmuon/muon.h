@@ -16,7 +16,8 @@
 //   weight decay  decoupled p <- p (1 - lr wd); independent p <- p (1 - wd); l2 g <- g + wd p
 //   momentum      buf <- mu buf + (1 - mu) g
 //   nesterov      u = (1 - mu) g + mu buf (else u = buf)
-//   orthogonalise u over the shards (tp_mode), times scale(m, n) * extra_scale_factor
+//   orthogonalise u over the shards (tp_mode): X = u / max(||u||_F, eps), NS steps,
+//                 times scale(m, n) * extra_scale_factor
 //   update        p <- p - lr u
 // scale: spectral sqrt(max(m, n)), shape_scaling sqrt(max(1, m / n)), unit_rms_norm sqrt(m / n),
 // of the full unpadded shape (blockwise: of the local unpadded shard, which it orthogonalises
@@ -68,6 +69,7 @@ struct MuonOptions {
   std::string coefficients = "quintic";  // a built-in set (coefficient_set_names()) or "custom"
   std::string custom_coefficients;       // "a,b,c;a,b,c;..." when coefficients == "custom"
   int steps = 5;                         // Newton-Schulz steps
+  double eps = 1e-15;                    // NS normalisation: X / max(||X||_F, eps) (> 0)
   bool use_syrk = true;
   // JSON "ns_algorithm": standard (the default: every tp_mode, auto included, gives duplicated's
   // result; owner mode bit for bit), gram, or auto (opt-in speed-up: with tp_mode auto the cost
@@ -173,6 +175,13 @@ class Muon {
   // rank's text, agreed with the gradient checks (no extra collective), before any update; the
   // failing rank's grads are not read (pass none).
   void step(std::span<const ConstMatrixView> grads, std::string_view failure);
+  // The same, skipping the parameters whose `active` entry is 0 (no gradient: neither their
+  // weight nor their state changes; their grads entry is not read). active is empty (every
+  // parameter steps) or has one entry per parameter. The options and `active` are agreed over
+  // the world in the step's single agreement: ranks that differ raise CollectiveError on every
+  // rank, before any update.
+  void step(std::span<const ConstMatrixView> grads, std::string_view failure,
+            std::span<const std::uint8_t> active);
 
   // Optimizer state to/from a directory (manifest.json + one file per rank). Collective.
   // load() accepts a checkpoint written with another GTP group size (it reshards).
@@ -185,6 +194,11 @@ class Muon {
   void set_learning_rates(double muon_lr, double adamw_lr);
   // Weight-decay schedules: new Muon and AdamW weight decays (>= 0) for the next steps.
   void set_weight_decays(double muon_wd, double adamw_wd);
+  // Hyper-parameter schedules: new options for the next steps. Every field may change but those
+  // that shape the plan and the collectives' structure (tp_mode, ns_algorithm, gram_restart,
+  // use_syrk, cost_model, profile, plan, wisdom): a change of one of those is refused. Validated
+  // first (nothing changes on a refusal). Rank-local; step() agrees the options over the world.
+  void set_options(const MuonOptions& options);
 
   // In-memory state (rank-local), for callers that keep the state themselves (the Python
   // bindings' state_dict): views of parameter i's state tensors, shard-shaped (Muon: momentum;

@@ -19,15 +19,18 @@
 // gradients uploaded before Muon::step and the updated values downloaded into the model after it.
 //
 // Checkpoint directory (save_checkpoint / resume):
-//   trainer.json         format, version, step, world size, the run's id, the run's config, and
-//                        per rank the model file's size and FNV-1a 64 checksum (written last, by
-//                        rank 0; a save first removes an earlier trainer.json of the folder, so
-//                        the folder counts as complete only once this save has finished)
+//   trainer.json         format, version, step, world size, the run's id, the run's config, per
+//                        rank the model file's size and FNV-1a 64 checksum, and those of
+//                        optimizer/manifest.json (which lists the optimizer's files'): every file
+//                        of the folder is bound to this checkpoint (written last, by rank 0)
 //   model/rank-NNNNN.bin this rank's parameter values, float32, in charlm_param_infos order (the
 //                        shards of the Muon weights with their padding rows, the full embedding
 //                        and head)
 //   optimizer/           Muon::save (momentum and AdamW moments, step count, auto decisions)
-// Every file is written atomically, and only finite weights are saved. A resume needs the same
+// A save writes everything into a staging folder beside dir (".NAME.partial"), which replaces dir
+// in one atomic exchange once complete (replace_dir_atomic, file_io.h): dir keeps its earlier
+// complete checkpoint until then. Every file is written atomically, and only finite weights are
+// saved. A resume needs the same
 // world size, model, data and seed and global batch; it restores the weights and the optimizer
 // state bit for bit, so the resumed run's losses equal the uninterrupted run's exactly.
 
@@ -90,8 +93,9 @@ class Trainer {
   StepRecord step();
   // Collective. Validation loss over config.train.eval_windows windows of the validation split.
   double evaluate();
-  // Collective. Writes the checkpoint of the current step into dir (created if needed). Throws
-  // CollectiveError on every rank, before anything is written, when a weight on any rank holds a
+  // Collective. Writes the checkpoint of the current step into dir (created if needed; replaced
+  // whole once the new checkpoint is complete). Throws CollectiveError on every rank, before
+  // anything is written, when the ranks name different folders or a weight on any rank holds a
   // NaN or an infinity (naming the weight, the element and the rank).
   void save_checkpoint(const std::filesystem::path& dir);
   // Collective. Restores weights, optimizer state and step from dir, or, when dir holds no
@@ -154,6 +158,8 @@ struct TrainRunOptions {
   // crash leaves the last complete checkpoint for --resume. A folder holding complete checkpoints
   // of another run (another run id) is refused before the first step, unless
   // overwrite_checkpoints: then they are removed once this run's first checkpoint is complete.
+  // Rank 0 holds the folder's lock (FolderLock, file_io.h) while the run lasts: a folder locked
+  // by another run is refused before the first step. Every rank must name the same folder.
   std::filesystem::path checkpoint_dir;
   int checkpoint_every = 0;          // > 0: every N steps; with a directory, also at the last step
   std::filesystem::path resume_dir;  // empty: start from the initial weights

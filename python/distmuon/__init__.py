@@ -18,7 +18,12 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from . import _core
+# An installed wheel carries the library's data folders (hardware profiles, model presets).
+_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+if os.path.isdir(_DATA):
+    os.environ.setdefault("DISTMUON_DATA_DIR", _DATA)
+
+from . import _core  # noqa: E402  (after the data folder is known)
 from ._arrays import as_array, _is_torch
 from ._core import CollectiveError, Communicator, Error, ProcessGroups
 
@@ -35,7 +40,8 @@ def coefficient_sets():
 
 def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk=True,
                   gram_restart=0, out=None, inplace=False, allow_copy=False):
-    """Newton-Schulz orthogonalisation of a 2-D float32 matrix, as `distmuon orthogonalize`.
+    """Newton-Schulz orthogonalisation of a float32 matrix, or of each matrix of a 3-D batch
+    (x[i] on its own), as `distmuon orthogonalize`.
 
     x: a NumPy array or CPU torch.Tensor (float32, row-major). coefficients: a built-in set name
     (coefficient_sets()) or a list of (a, b, c) tuples (cycled). algorithm: "standard" or "gram".
@@ -60,14 +66,22 @@ def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk
     elif out is not None:
         dst, result = as_array(out, "newton_schulz out"), out
     else:
-        if src.ndim != 2:
-            raise Error(f"newton_schulz input: expected a 2-D array, got {src.ndim} dimension(s)")
+        if src.ndim not in (2, 3):
+            raise Error(f"newton_schulz input: expected a 2-D array or a 3-D batch, got "
+                        f"{src.ndim} dimension(s)")
         dst = np.empty(src.shape, dtype=np.float32)
         result = dst
         if _is_torch(x):
             import torch
 
             result = torch.from_numpy(dst)
+    if src.ndim == 3 or getattr(dst, "ndim", 0) == 3:
+        if src.ndim != 3 or dst.ndim != 3 or src.shape[0] != dst.shape[0]:
+            raise Error(f"newton_schulz: output {dst.shape} for an input {src.shape}")
+        for i in range(src.shape[0]):  # each matrix of the batch on its own
+            _core.newton_schulz(src[i], dst[i], coefficients, custom, steps, algorithm, syrk,
+                                gram_restart)
+        return result
     _core.newton_schulz(src, dst, coefficients, custom, steps, algorithm, syrk, gram_restart)
     return result
 

@@ -1,35 +1,60 @@
-"""distmuon.torch.Muon: Muon as a torch.optim.Optimizer over CPU float32 parameters.
+"""distmuon.torch.Muon: a drop-in for torch.optim.Muon, over CPU parameters that may be shards.
+
+The arguments torch.optim.Muon has (lr, weight_decay, momentum, nesterov, ns_coefficients, eps,
+ns_steps, adjust_lr_fn) have its names, defaults and meaning; the parameters torch.optim.Muon
+refuses go to distmuon's AdamW (1-D and 0-D parameters, and those of a group with
+use_muon=False or whose Layout says so) or are orthogonalised as torch leaves it to users to do
+(3-D: a batch of matrices, each slice on its own; 4-D and more: flattened to out x rest).
+docs/python.md has the table of defaults next to torch's.
 
 Each parameter may be this rank's shard of a larger weight. Its layout comes from, in order: the
 param group's "layouts" list (one Layout per parameter, None for the default), the parameter's
-`distmuon_layout` attribute, or the default (a 2-D parameter is a whole hidden matrix for Muon;
-a 1-D parameter goes to AdamW). The C++ optimizer updates the parameters' storage in place.
+`distmuon_layout` attribute, or the default (a whole matrix on this rank). The C++ optimizer
+updates float32 parameters in place; bfloat16 / float16 ones through a float32 copy made at each
+step (the state stays float32, the update is written back in the parameter's dtype).
 
-Per param group (keys of param_groups, read at every step so that schedulers work): lr,
-weight_decay (Muon), adamw_lr, adamw_weight_decay. Every other option (momentum, nesterov,
-tp_mode, ns_algorithm, coefficients, steps, profile, ...) is fixed at construction.
+Every key of _GROUP_KEYS is read at every step (schedulers may change any of them). Other
+options (tp_mode, ns_algorithm, profile, ...) are fixed at construction.
 """
 
+import json
+import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from . import Communicator, Error, Muon as _CoreMuon, communicator
 from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the same helper)
+from ._torch_state import build_state_dict, load_group_state, check_state_dict
 
-_GROUP_KEYS = ("lr", "weight_decay", "adamw_lr", "adamw_weight_decay")
+# torch.optim.Muon's defaults (torch/optim/_muon.py, torch 2.13).
+TORCH_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+_TORCH_DEFAULTS = dict(lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                       ns_coefficients=TORCH_NS_COEFFICIENTS, eps=1e-7, ns_steps=5,
+                       adjust_lr_fn=None)
+# distmuon's AdamW, for the parameters Muon does not orthogonalise.
+_ADAMW_DEFAULTS = dict(adamw_lr=1e-3, adamw_weight_decay=0.0, adamw_betas=(0.9, 0.95),
+                       adamw_eps=1e-8)
+# Read at every step; round-tripped by state_dict / load_state_dict (initial_lr too).
+_GROUP_KEYS = tuple(_TORCH_DEFAULTS) + tuple(_ADAMW_DEFAULTS) + ("extra_scale_factor",)
+# adjust_lr_fn -> (C++ scale_mode, factor): torch's two and distmuon's three scale modes.
+_ADJUST_LR = {None: ("shape_scaling", 1.0), "original": ("shape_scaling", 1.0),
+              "match_rms_adamw": ("spectral", 0.2), "spectral": ("spectral", 1.0),
+              "shape_scaling": ("shape_scaling", 1.0), "unit_rms_norm": ("unit_rms_norm", 1.0)}
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 @dataclass
 class Layout:
     """How this rank's parameter (the shard) sits in the full weight (docs/optimizer.md).
 
-    rows x cols: the full, unpadded weight. tp_dim 0/1: split over tp_group (a
-    distmuon.Communicator, a torch process group, or "world": the optimizer's process group).
-    gtp_group: the TP-local tensor, padded with `pad` zero rows, split by rows over it.
-    qkv_split: rows per query group of each block type. role: hidden (Muon), embedding,
-    output_head or other (AdamW); use_muon False sends a hidden matrix to AdamW too.
+    rows x cols: the full, unpadded weight (of each matrix of a 3-D batch). tp_dim 0/1: split
+    over tp_group (a distmuon.Communicator, a torch process group, or "world": the optimizer's
+    process group). gtp_group: the TP-local tensor, padded with `pad` zero rows, split by rows
+    over it. qkv_split: rows per query group of each block type. role: hidden (Muon),
+    embedding, output_head or other (AdamW); use_muon False sends a hidden matrix to AdamW too.
     """
     rows: int
     cols: int
@@ -45,29 +70,167 @@ class Layout:
     name: Optional[str] = None
 
 
-def _default_layout(p):
-    if p.dim() == 2:
-        return Layout(rows=p.shape[0], cols=p.shape[1])
-    if p.dim() == 1:
-        return Layout(rows=p.shape[0], cols=1, role="other")
-    raise Error(f"distmuon.torch.Muon: a {p.dim()}-D parameter needs a Layout "
-                "(view it as a matrix first)")
+class _Param:
+    """One torch parameter as the C++ optimizer sees it: one or more float32 matrices (a 3-D
+    parameter is a batch of them), their layout, and their indices in the group's core."""
+
+    def __init__(self, p, layout, matrices, work):
+        self.p = p
+        self.layout = layout
+        self.matrices = matrices  # 2-D float32 NumPy views the C++ updates in place
+        self.work = work          # float32 copy of a low-precision parameter, else None
+        self.address = p.data_ptr()
+        self.indices: List[int] = []
+        self.muon = False
+
+    @property
+    def logical_shape(self):
+        """The shape of the parameter's state as state_dict shows it (the parameter's)."""
+        return tuple(self.p.shape)
+
+
+def _default_layout(p, use_muon):
+    if p.dim() <= 1:
+        return Layout(rows=max(p.numel(), 0), cols=1, role="other")
+    m = _matrix_shape(p)
+    return Layout(rows=m[0], cols=m[1], use_muon=use_muon)
+
+
+def _matrix_shape(p):
+    """Rows x cols of each matrix: 2-D as is; 3-D a batch of shape[1:] matrices; more
+    dimensions flattened to shape[0] x rest (conv weights, as Keller Jordan's Muon)."""
+    if p.dim() == 3:
+        return p.shape[1], p.shape[2]
+    if p.dim() >= 4:
+        return p.shape[0], math.prod(p.shape[1:])
+    return tuple(p.shape) if p.dim() == 2 else (max(p.numel(), 0), 1)
+
+
+def _as_matrices(t):
+    """2-D NumPy views of a contiguous float32 tensor t: one per 3-D slice, else one."""
+    a = t.detach().numpy()
+    if t.dim() == 3:
+        return [a[e] for e in range(a.shape[0])]
+    if t.dim() >= 4:
+        return [a.reshape(a.shape[0], -1)]
+    return [a.reshape(-1, 1) if t.dim() <= 1 else a]
+
+
+def _to_local(p, layout):
+    """(1) A parameter as the C++ optimizer takes it: its float32 matrices and layout.
+    Rank-local checks; raises Error on a parameter distmuon cannot update."""
+    if p.device.type != "cpu":
+        raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU parameters")
+    if p.dtype == torch.float32:
+        if not p.is_contiguous():
+            raise Error(f"a strided {tuple(p.shape)} float32 parameter; distmuon updates "
+                        "contiguous CPU parameters in place")
+        return _Param(p, layout, _as_matrices(p.data), None)
+    if p.dtype in _LOW_PRECISION:
+        work = torch.empty(p.shape, dtype=torch.float32)
+        return _Param(p, layout, _as_matrices(work), work)
+    raise Error(f"a parameter of {p.dtype}; distmuon.torch updates float32, bfloat16 and "
+                "float16 parameters")
+
+
+def _read_grad(entry):
+    """(2) This rank's gradient of a parameter as float32 matrices shaped like its own (None:
+    no gradient). Raises Error, completing "the gradient ... is", on one that cannot be."""
+    p, g = entry.p, entry.p.grad
+    if g is None:
+        return None
+    if g.shape != p.shape:
+        raise Error(f"{tuple(g.shape)}, the parameter {tuple(p.shape)}")
+    if g.device.type != "cpu" or g.is_sparse or g.dtype != p.dtype:
+        raise Error(f"{g.dtype}{' sparse' if g.is_sparse else ''} on {g.device}; expected a "
+                    f"dense CPU tensor of the parameter's dtype ({p.dtype})")
+    if g.dtype != torch.float32 or not g.is_contiguous():
+        g = g.to(torch.float32).contiguous()  # low precision or strided: one converted copy
+    return _as_matrices(g)
+
+
+def _coefficients(value):
+    """ns_coefficients as C++ options: one (a, b, c) tuple used at every step (torch's), a
+    list of tuples (a schedule, cycled) or the name of a built-in set."""
+    if isinstance(value, str):
+        return {"coefficients": value, "custom_coefficients": ""}
+    seq = list(value)
+    table = [seq] if len(seq) == 3 and all(isinstance(v, (int, float)) for v in seq) else seq
+    rows = []
+    for t in table:
+        t = [float(v) for v in t]
+        if len(t) != 3:
+            raise ValueError(f"ns_coefficients: {value!r} is not (a, b, c), a list of them or a "
+                             "coefficient set name")
+        rows.append(",".join(repr(v) for v in t))
+    return {"coefficients": "custom", "custom_coefficients": ";".join(rows)}
+
+
+def _adamw_factor(group):
+    """The schedule's factor for AdamW: lr / initial_lr (1 when initial_lr is 0 and lr is not;
+    0 when lr is 0, which freezes the group)."""
+    lr, initial = float(group["lr"]), float(group.get("initial_lr", group["lr"]))
+    if lr == 0.0:
+        return 0.0
+    return lr / initial if initial > 0 else 1.0
+
+
+def group_options(group):
+    """The C++ options (MuonOptions' JSON names) of a param group's per-step keys. Raises
+    ValueError / TypeError on a value that cannot be one."""
+    fn = group["adjust_lr_fn"]
+    if fn not in _ADJUST_LR:
+        raise ValueError(f"adjust_lr_fn {fn!r} is not supported (valid: None, "
+                         + ", ".join(repr(k) for k in _ADJUST_LR if k) + ")")
+    scale_mode, factor = _ADJUST_LR[fn]
+    beta1, beta2 = (float(b) for b in group["adamw_betas"])
+    return dict(lr=float(group["lr"]), weight_decay=float(group["weight_decay"]),
+                momentum=float(group["momentum"]), nesterov=bool(group["nesterov"]),
+                eps=float(group["eps"]), steps=int(group["ns_steps"]), scale_mode=scale_mode,
+                extra_scale_factor=factor * float(group["extra_scale_factor"]),
+                **_coefficients(group["ns_coefficients"]),
+                adamw=dict(lr=float(group["adamw_lr"]) * _adamw_factor(group),
+                           weight_decay=float(group["adamw_weight_decay"]), beta1=beta1,
+                           beta2=beta2, eps=float(group["adamw_eps"])))
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon (and AdamW for the non-matrix parameters) on sharded CPU float32 parameters.
+    """torch.optim.Muon's arguments and defaults, on sharded CPU parameters; AdamW for the rest.
 
-    process_group: None (one process), a torch.distributed group, "torch" (the default group)
-    or a distmuon.Communicator / mpi4py communicator: the world of step() and the checkpoints.
-    tp_mode "auto" (default) plans duplicated / distributed / owner per weight from the cost
-    model, as the C++ API does; ns_algorithm "standard" (default) runs standard NS everywhere,
-    "auto" lets the plan pick standard or Gram NS per weight as well. plan="measure" (with
-    wisdom=FILE) times the plan's leading candidates before the first step. Other options are
-    distmuon.Muon's (MuonOptions' JSON names).
+    process_group: None (torch's default group when torch.distributed is initialised, else one
+    process), a torch.distributed group, "torch" or a distmuon.Communicator / mpi4py
+    communicator: the world of step() and the checkpoints. tp_mode "auto" (default) plans
+    duplicated / distributed / owner per weight from the cost model. Other keyword options are
+    distmuon.Muon's fixed ones (MuonOptions' JSON names: ns_algorithm, gram_restart, use_syrk,
+    cost_model, profile, plan, wisdom, weight_decay_method, extra_scale_factor).
     """
 
-    def __init__(self, params, lr=0.02, weight_decay=0.0, adamw_lr=1e-3, adamw_weight_decay=0.0,
-                 *, process_group=None, tp_mode="auto", **options):
+    def __init__(self, params, lr=_TORCH_DEFAULTS["lr"],
+                 weight_decay=_TORCH_DEFAULTS["weight_decay"],
+                 momentum=_TORCH_DEFAULTS["momentum"], nesterov=_TORCH_DEFAULTS["nesterov"],
+                 ns_coefficients=TORCH_NS_COEFFICIENTS, eps=_TORCH_DEFAULTS["eps"],
+                 ns_steps=_TORCH_DEFAULTS["ns_steps"], adjust_lr_fn=None, *,
+                 adamw_lr=1e-3, adamw_weight_decay=0.0, adamw_betas=(0.9, 0.95),
+                 adamw_eps=1e-8, process_group=None, tp_mode="auto", **options):
+        if isinstance(lr, torch.Tensor):
+            if lr.numel() != 1:
+                raise ValueError("Tensor lr must be 1-element")
+            lr = float(lr)
+        for name, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if not 0.0 <= v:
+                raise ValueError(f"{name} should be >= 0 but is: {v}")
+        if adjust_lr_fn not in _ADJUST_LR:
+            raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
+        if "coefficients" in options:  # distmuon's name for a built-in set
+            if ns_coefficients is not TORCH_NS_COEFFICIENTS:
+                raise ValueError("give ns_coefficients or coefficients, not both")
+            ns_coefficients = options.pop("coefficients")
+        for moved in ("lr", "momentum", "nesterov", "steps", "custom_coefficients", "scale_mode",
+                      "adamw"):
+            if moved in options:
+                raise ValueError(f"distmuon.torch.Muon: '{moved}' is a C++ option name; use "
+                                 "the torch ones (lr, momentum, nesterov, ns_steps, "
+                                 "ns_coefficients, adjust_lr_fn, adamw_*)")
         if process_group is None and torch.distributed.is_available() and \
                 torch.distributed.is_initialized():
             process_group = "torch"
@@ -75,9 +238,14 @@ class Muon(torch.optim.Optimizer):
         self._group_comms = {} if process_group is None else {
             id(process_group): (process_group, self._world)}
         self._options = dict(options, tp_mode=tp_mode)
-        self._cores = []  # one C++ optimizer per param group
-        defaults = dict(lr=lr, weight_decay=weight_decay, adamw_lr=adamw_lr,
-                        adamw_weight_decay=adamw_weight_decay)
+        self._cores = []   # per param group: (core, [_Param])
+        self._pushed = []  # per param group: the options last given to its core (JSON text)
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
+                        adjust_lr_fn=adjust_lr_fn, adamw_lr=adamw_lr,
+                        adamw_weight_decay=adamw_weight_decay, adamw_betas=adamw_betas,
+                        adamw_eps=adamw_eps, use_muon=True,
+                        extra_scale_factor=options.pop("extra_scale_factor", 1.0))
         super().__init__(params, defaults)
 
     @property
@@ -100,6 +268,7 @@ class Muon(torch.optim.Optimizer):
         # rank (agreed), and the optimizer is left without it everywhere.
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        group.setdefault("initial_lr", group["lr"])  # AdamW's schedule factor (see _adamw_factor)
         gi = len(self.param_groups) - 1
         try:
             self._add_core(group, gi)
@@ -111,130 +280,129 @@ class Muon(torch.optim.Optimizer):
         what = f"distmuon.torch.Muon: param group {gi}"
         # This rank's checks first, agreed before anything collective (an mpi4py group's
         # communicator is made by MPI_Comm_dup on every rank).
-        failure = ""
-        layouts = []
+        failure, entries, opts = "", [], {}
         try:
+            opts = group_options(group)
             layouts = group.get("layouts") or [None] * len(group["params"])
             if len(layouts) != len(group["params"]):
                 raise Error(f"{len(layouts)} layouts for {len(group['params'])} parameters")
-            for k, p in enumerate(group["params"]):
-                if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
-                    raise Error(f"parameter {k} is {p.dtype} on {p.device}"
-                                f"{'' if p.is_contiguous() else ', strided'}; distmuon updates "
-                                "contiguous CPU float32 parameters in place")
-            layouts = [layout or getattr(p, "distmuon_layout", None) or _default_layout(p)
-                       for p, layout in zip(group["params"], layouts)]
+            for k, (p, layout) in enumerate(zip(group["params"], layouts)):
+                layout = layout or getattr(p, "distmuon_layout", None) or \
+                    _default_layout(p, bool(group["use_muon"]))
+                try:
+                    entries.append(_to_local(p, layout))
+                except Error as e:
+                    raise Error(f"parameter {k}: {e}") from None
         except Exception as e:  # any refusal, whatever its type: agreed below
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
-        groups = [(self._group_comm(lo.tp_group), self._group_comm(lo.gtp_group))
-                  for lo in layouts]
+        groups = [(self._group_comm(e.layout.tp_group), self._group_comm(e.layout.gtp_group))
+                  for e in entries]
         # Then the C++ checks of each shard against its layout (rank-local), agreed.
-        core, addresses = None, []
+        core = None
         try:
-            core = _CoreMuon(self._world, lr=group["lr"], weight_decay=group["weight_decay"],
-                             adamw={"lr": group["adamw_lr"],
-                                    "weight_decay": group["adamw_weight_decay"]},
-                             **self._options)
-            for k, (p, layout, (tp, gtp)) in enumerate(zip(group["params"], layouts, groups)):
-                name = layout.name or f"group{gi}.param{k}"
-                core.add_parameter(p.data, name, layout.rows, layout.cols, role=layout.role,
-                                   use_muon=layout.use_muon, tp_dim=layout.tp_dim, tp_group=tp,
-                                   gtp_group=gtp, pad=layout.pad, expert=layout.expert,
-                                   expert_rank=layout.expert_rank, qkv_split=layout.qkv_split)
-                addresses.append(p.data_ptr())
+            core = _CoreMuon(self._world, **dict(self._options, **opts))
+            for k, (e, (tp, gtp)) in enumerate(zip(entries, groups)):
+                lo = e.layout
+                base = lo.name or f"group{gi}.param{k}"
+                for s, m in enumerate(e.matrices):
+                    name = base if len(e.matrices) == 1 else f"{base}[{s}]"
+                    e.indices.append(core.add_parameter(
+                        m, name, lo.rows, lo.cols, role=lo.role,
+                        use_muon=lo.use_muon and bool(group["use_muon"]), tp_dim=lo.tp_dim,
+                        tp_group=tp, gtp_group=gtp, pad=lo.pad, expert=lo.expert,
+                        expert_rank=lo.expert_rank, qkv_split=lo.qkv_split))
+            infos = core.parameters()
+            for e in entries:
+                e.muon = bool(e.indices) and bool(infos[e.indices[0]]["muon"])
         except Exception as e:
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
-        self._cores.append((core, addresses))
+        self._cores.append((core, entries))
+        self._pushed.append(json.dumps(opts, sort_keys=True))
 
-    def _check_group(self, gi, group, core, addresses, finite):
-        """This rank's gradients of param group gi, or the reason it cannot step (rank-local;
-        finite: also look for a non-finite gradient, which the C++ step checks itself)."""
-        grads = []
-        for k, p in enumerate(group["params"]):
-            if p.data_ptr() != addresses[k]:
-                return None, (f"parameter {k} of group {gi} was given new storage after the "
-                              "optimizer was built (update it in place)")
-            # The step is collective over every parameter: a missing gradient counts as zero.
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            if g.dtype != torch.float32 or g.device.type != "cpu" or not g.is_contiguous():
-                return None, (f"the gradient of parameter {k} of group {gi} is {g.dtype} on "
-                              f"{g.device}{'' if g.is_contiguous() else ', strided'}; expected "
-                              "contiguous CPU float32")
-            if g.shape != p.shape:
-                return None, (f"the gradient of parameter {k} of group {gi} is "
-                              f"{tuple(g.shape)}, the parameter {tuple(p.shape)}")
-            if finite and not bool(torch.isfinite(g).all()):
-                return None, f"the gradient of parameter {k} of group {gi} has a non-finite value"
-            # Checked above: a NumPy view of the same memory (no copy), as the core takes it (a
-            # vector as one column, as distmuon.Muon.step passes it).
-            a = g.detach().numpy()
-            grads.append(a.reshape(-1, 1) if a.ndim == 1 else a)
+    def _check_group(self, gi, group, core, entries, finite):
+        """This rank's gradients of param group gi (None where a parameter has none) and active
+        flags, or the reason it cannot step (rank-local; finite: also look for a non-finite
+        gradient, which the C++ step checks itself)."""
+        grads, active = [], []
+        for k, e in enumerate(entries):
+            if e.p.data_ptr() != e.address:
+                return None, None, (f"parameter {k} of group {gi} was given new storage after "
+                                    "the optimizer was built (update it in place)")
+            try:
+                mats = _read_grad(e)
+            except Error as err:
+                return None, None, f"the gradient of parameter {k} of group {gi} is {err}"
+            if mats is not None and finite and not all(np.isfinite(m).all() for m in mats):
+                return None, None, f"the gradient of parameter {k} of group {gi} has a " \
+                                   "non-finite value"
+            grads.extend(mats if mats is not None else [None] * len(e.indices))
+            active.extend([0 if mats is None else 1] * len(e.indices))
         try:
-            core.set_learning_rates(group["lr"], group["adamw_lr"])
-            core.set_weight_decays(group["weight_decay"], group["adamw_weight_decay"])
-        except Exception as e:
-            return None, f"group {gi}: {e}"
-        return grads, ""
+            opts = json.dumps(group_options(group), sort_keys=True)
+            if opts != self._pushed[gi]:  # rank-local; the step agrees the options
+                core._core.set_options(opts)
+                self._pushed[gi] = opts
+        except Exception as err:
+            return None, None, f"group {gi}: {type(err).__name__}: {err}"
+        return grads, active, ""
 
     @torch.no_grad()
     def step(self, closure=None):
         """One step of every param group. Collective over the process group: every check of
-        every group (storage, gradients, learning rates) is agreed on by all ranks, inside the
+        every group (storage, gradients, hyper-parameters) is agreed on by all ranks, inside the
         first group's C++ step and before any update, so that a refusal on one rank raises
-        distmuon.CollectiveError on every rank and no group has stepped."""
+        distmuon.CollectiveError on every rank and no group has stepped. Each group's C++ step
+        also agrees its options and which parameters have a gradient (docs/python.md)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         checked, failure = [], ""
-        for gi, (group, (core, addresses)) in enumerate(zip(self.param_groups, self._cores)):
+        for gi, (group, (core, entries)) in enumerate(zip(self.param_groups, self._cores)):
             # The C++ step checks its own gradients' values; those of the later groups are
             # checked here too, so that group 0 does not step when a later group cannot.
-            grads, why = self._check_group(gi, group, core, addresses, finite=gi > 0)
+            grads, active, why = self._check_group(gi, group, core, entries, finite=gi > 0)
             failure = failure or (f"distmuon.torch.Muon: {why}" if why else "")
-            checked.append(grads)
-        for gi, ((core, _), grads) in enumerate(zip(self._cores, checked)):
-            # The arrays are checked views already: straight to the C++ step.
+            checked.append((grads, active))
+        for gi, ((core, entries), (grads, active)) in enumerate(zip(self._cores, checked)):
             why = failure if gi == 0 else ""
-            core._core.step([] if why or grads is None else grads, why)
+            if not why:
+                for e in entries:  # low-precision parameters: their float32 copy
+                    if e.work is not None:
+                        e.work.copy_(e.p.detach())
+            core._core.step([] if why or grads is None else grads, why,
+                            [] if why or active is None else active)
+            for e in entries:
+                if e.work is not None:
+                    e.p.detach().copy_(e.work)
         return loss
 
     def plan(self):
-        """Per parameter of every group: name, muon, rows, cols, tp/gtp sizes, mode, algorithm
+        """Per matrix of every group: name, muon, rows, cols, tp/gtp sizes, mode, algorithm
         (the modes auto chose appear after the first step)."""
         return [info for core, _ in self._cores for info in core.parameters()]
 
     def state_dict(self):
-        # The C++ state (copies) goes into the usual per-parameter state.
-        for group, (core, _) in zip(self.param_groups, self._cores):
-            for k, p in enumerate(group["params"]):
-                tensors = [torch.from_numpy(t.copy()) for t in core.state_tensors(k)]
-                st = {"step": torch.tensor(float(core.step_count))}
-                if len(tensors) == 1:
-                    st["momentum_buffer"] = tensors[0]
-                else:
-                    st["exp_avg"], st["exp_avg_sq"] = tensors
-                self.state[p] = st
-        return super().state_dict()
+        """torch's format: {"state": {index: {"step", "momentum_buffer" | "exp_avg",
+        "exp_avg_sq"}}, "param_groups": [{hyper-parameters..., "params": [index, ...]}]};
+        the state tensors are float32 copies shaped like their parameters."""
+        return build_state_dict(self.param_groups, self._cores)
 
     def load_state_dict(self, state_dict):
-        super().load_state_dict(state_dict)
-        for group, (core, _) in zip(self.param_groups, self._cores):
-            for k, p in enumerate(group["params"]):
-                st = self.state.get(p)
-                if not st:
-                    raise Error(f"distmuon.torch.Muon.load_state_dict: no state for parameter {k}")
-                dst = core.state_tensors(k)
-                src = [st["momentum_buffer"]] if len(dst) == 1 else [st["exp_avg"],
-                                                                    st["exp_avg_sq"]]
-                for d, s in zip(dst, src):
-                    if tuple(s.shape) != d.shape:
-                        raise Error(f"distmuon.torch.Muon.load_state_dict: state of parameter "
-                                    f"{k} is {tuple(s.shape)}, its shard {d.shape}")
-                    d[...] = s.detach().numpy()
-                core._core.step_count = int(st["step"])
+        """Restores a state_dict() of this optimizer (same groups and parameters on this rank).
+        Collective: everything is checked on every rank and agreed before anything changes; a
+        refusal raises on every rank (distmuon.CollectiveError) and changes nothing."""
+        failure = ""
+        try:
+            check_state_dict(state_dict, self.param_groups, self._cores)
+        except Exception as e:
+            failure = f"{type(e).__name__}: {e}"
+        self._world.agree_or_throw(not failure, "distmuon.torch.Muon.load_state_dict", failure)
+        for group, saved, (core, entries) in zip(self.param_groups,
+                                                 state_dict["param_groups"], self._cores):
+            load_group_state(group, saved, state_dict["state"], core, entries)
 
     def save(self, path):
         """Checkpoints of the C++ format, one sub-directory per param group. Collective."""

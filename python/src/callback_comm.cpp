@@ -54,6 +54,16 @@ py::array borrow(const void* ptr, std::size_t count, DType t) {
                    {static_cast<py::ssize_t>(dtype_size(t))}, ptr, *base);
 }
 
+// Per-peer counts as a Python list of ints (what torch's split sizes take). Every argument of a
+// callback is a Python object made here, never a C++ container left to pybind11's optional
+// casters (pybind11/stl.h): without them a std::vector is not convertible, and the call fails.
+py::list counts_list(const std::size_t* counts, std::size_t n) {
+  py::list out(n);
+  for (std::size_t k = 0; k < n; ++k)
+    out[k] = py::int_(counts[k]);
+  return out;
+}
+
 class CallbackComm final : public CommImpl {
  public:
   explicit CallbackComm(py::object impl) : impl_(std::move(impl)) {
@@ -134,8 +144,8 @@ class CallbackComm final : public CommImpl {
         recv_buf.resize(received * es);
         r = recv_buf.data();
       }
-      std::vector<std::int64_t> sc(send_counts, send_counts + n), rc(recv_counts, recv_counts + n);
-      impl_.attr("all_to_all_v")(borrow(s, sent, t), sc, borrow(r, received, t), rc);
+      impl_.attr("all_to_all_v")(borrow(s, sent, t), counts_list(send_counts, n),
+                                 borrow(r, received, t), counts_list(recv_counts, n));
       if (unpack) {
         for (std::size_t k = 0, at = 0; k < n; at += recv_counts[k], ++k)
           std::memcpy(static_cast<char*>(recv) + recv_displs[k] * es, recv_buf.data() + at * es,
@@ -178,6 +188,11 @@ class CallbackComm final : public CommImpl {
     try {
       f();
     } catch (py::error_already_set& e) {
+      throw Error(fmt::format("torch.distributed {} failed on rank {} of {}: {}", op, rank_, size_,
+                              e.what()));
+    } catch (const py::builtin_exception& e) {
+      // pybind11's own failures (an argument or a result that does not convert): the same
+      // context, as a distmuon::Error.
       throw Error(fmt::format("torch.distributed {} failed on rank {} of {}: {}", op, rank_, size_,
                               e.what()));
     }

@@ -12,6 +12,7 @@ namespace distmuon::python {
 void init_ns(py::module_& m);
 void init_muon(py::module_& m);
 void init_plan(py::module_& m);
+void init_comm_collectives(py::module_& m);
 }  // namespace distmuon::python
 
 PYBIND11_MODULE(_core, m) {
@@ -25,14 +26,15 @@ PYBIND11_MODULE(_core, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const distmuon::CollectiveError& e) {
-      collective(e.what());
+      py::set_error(collective, e.what());
     } catch (const distmuon::Error& e) {
-      error(e.what());
+      py::set_error(error, e.what());
     }
   });
   init_arrays(m);
   init_ns(m);
   init_comm(m);
+  init_comm_collectives(m);
   init_muon(m);
   init_plan(m);
 }

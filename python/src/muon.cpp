@@ -15,10 +15,10 @@
 namespace distmuon::python {
 namespace {
 
-// Options from the defaults patched by a JSON object of the fields given (MuonOptions' JSON
-// names; "adamw" a nested object). An unknown field is an error.
-MuonOptions options_from(const std::string& overrides) {
-  nlohmann::json j = MuonOptions{};
+// Options from `base` patched by a JSON object of the fields given (MuonOptions' JSON names;
+// "adamw" a nested object). An unknown field is an error.
+MuonOptions options_from(const std::string& overrides, const MuonOptions& base = {}) {
+  nlohmann::json j = base;
   const nlohmann::json patch = nlohmann::json::parse(overrides);
   for (const auto& [key, value] : patch.items()) {
     if (!j.contains(key)) {
@@ -86,23 +86,39 @@ class PyMuon {
 
   // failure: the caller's own checks failed on this rank (grads unused). It, or a gradient this
   // rank cannot view, is agreed inside the step: every rank raises, none is left waiting.
-  void step(const std::vector<py::array>& grads, const std::string& failure) {
+  // active: empty (every parameter) or one flag per parameter; an inactive parameter's entry in
+  // grads is None (not read) and it does not step (agreed over the world).
+  void step(const std::vector<py::object>& grads, const std::string& failure,
+            const std::vector<std::uint8_t>& active) {
     std::vector<ConstMatrixView> views;
     std::string reason = failure;
     if (reason.empty()) {
       try {
         for (std::size_t i = 0; i < grads.size(); ++i) {
-          views.push_back(const_view(grads[i], i < names_.size()
-                                                   ? fmt::format("gradient of '{}'", names_[i])
-                                                   : fmt::format("gradient {}", i)));
+          if (grads[i].is_none()) {
+            if (i < active.size() && active[i] == 0) {
+              views.emplace_back();
+              continue;
+            }
+            throw Error(fmt::format("no gradient for active parameter {}", i));
+          }
+          views.push_back(const_view(grads[i].cast<py::array>(),
+                                     i < names_.size() ? fmt::format("gradient of '{}'", names_[i])
+                                                       : fmt::format("gradient {}", i)));
         }
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {  // a refused view or a non-array: agreed in the step
         reason = e.what();
       }
     }
     if (!reason.empty()) views.clear();
     py::gil_scoped_release release;
-    muon_.step(views, reason);
+    muon_.step(views, reason, active);
+  }
+
+  // New options for the next steps: the current ones patched by a JSON object (the fields that
+  // fix the plan refused, see Muon::set_options). Nothing changes on a refusal.
+  void set_options(const std::string& patch) {
+    muon_.set_options(options_from(patch, muon_.options()));
   }
 
   // Seconds of each of `count` steps run back to back in C++ on the same gradients (the
@@ -160,7 +176,15 @@ void init_muon(py::module_& m) {
            py::arg("rows"), py::arg("cols"), py::arg("role"), py::arg("use_muon"),
            py::arg("tp_dim"), py::arg("tp_group"), py::arg("gtp_group"), py::arg("pad"),
            py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"))
-      .def("step", &PyMuon::step, py::arg("grads"), py::arg("failure") = std::string())
+      .def("step", &PyMuon::step, py::arg("grads"), py::arg("failure") = std::string(),
+           py::arg("active") = std::vector<std::uint8_t>())
+      .def("set_options", &PyMuon::set_options, py::arg("patch"))
+      .def(
+          "check_options",
+          [](PyMuon& s, const std::string& patch) {
+            (void)options_from(patch, s.muon().options());
+          },
+          py::arg("patch"))
       .def("time_steps", &PyMuon::time_steps, py::arg("grads"), py::arg("count"))
       .def("save",
            [](PyMuon& s, const std::string& dir) {

@@ -17,7 +17,8 @@
 namespace distmuon::detail {
 namespace {
 
-constexpr const char* kPoints[] = {"optim-step", "checkpoint-between-files", "collective"};
+constexpr const char* kPoints[] = {"optim-step", "checkpoint-between-files", "collective",
+                                   "file-write"};
 
 struct FaultSpec {
   int rank = 0;
@@ -57,7 +58,8 @@ std::optional<FaultSpec> parse_fault(const char* text) {
   bool known = false;
   for (const char* p : kPoints)
     known = known || f.point == p;
-  if (!known) throw bad("unknown POINT (optim-step, checkpoint-between-files, collective)");
+  if (!known)
+    throw bad("unknown POINT (optim-step, checkpoint-between-files, collective, file-write)");
   if (parts.size() > 2) f.action = parts[2];
   if (f.action != "throw" && f.action != "exit" && f.action != "kill") throw bad("unknown ACTION");
   if (parts.size() > 3) {

@@ -7,7 +7,8 @@
 //   kill   raises SIGKILL (kill -9).
 // POINT is one of "optim-step" (inside Muon::step, half of the parameters updated),
 // "checkpoint-between-files" (Trainer::save_checkpoint, the model file written, the optimizer's
-// not yet) and "collective" (before an MPI all-reduce). The world rank comes from the launcher's
+// not yet), "collective" (before an MPI all-reduce) and "file-write" (write_file_atomic, half of
+// the temporary file written). The world rank comes from the launcher's
 // environment (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; 0 without one). Without the variable
 // fault_point() costs one cached check; a malformed value is an Error naming the variable.
 

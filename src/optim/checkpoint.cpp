@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "optim/muon_impl.h"
@@ -144,70 +145,107 @@ void check_params(const nlohmann::json& saved, const nlohmann::json& current) {
 
 }  // namespace
 
+void agree_on_checkpoint_folder(const Communicator& world, const std::filesystem::path& dir,
+                                std::string_view what) {
+  std::string normal;  // empty: no folder
+  if (!dir.empty()) {
+    std::error_code ec;
+    std::filesystem::path absolute = std::filesystem::absolute(dir, ec);
+    if (ec) absolute = dir;
+    normal = absolute.lexically_normal().string();
+    while (normal.size() > 1 && normal.back() == '/')
+      normal.pop_back();
+  }
+  agree_on(world, normal,
+           fmt::format("{}: the ranks name different folders (every rank saves into one)", what));
+}
+
 void Muon::save(const std::filesystem::path& dir) {
   Impl& s = *impl_;
   s.prepare();
   const int rank = s.world.rank();
+  const std::string what = fmt::format("Muon::save '{}'", dir.string());
+  agree_on_checkpoint_folder(s.world, dir, what);
+  // Written into a staging folder that replaces dir once complete (replace_dir_atomic): an
+  // earlier checkpoint in dir stays loadable until then.
+  const std::filesystem::path staging = staging_dir_of(dir);
   std::string reason;
-  nlohmann::json entry;
-  try {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw Error(fmt::format("cannot create '{}': {}", dir.string(), ec.message()));
-    std::vector<char> bytes;
-    nlohmann::json params = nlohmann::json::array();
-    for (const ParamState& p : s.params) {
-      nlohmann::json tensors = nlohmann::json::array();
-      const auto& names = tensor_names(p.muon);
-      const auto mats = tensors_of(p);
-      for (std::size_t k = 0; k < mats.size(); ++k) {
-        // The state lives in the backend's memory: copied to host staging, then to the bytes.
-        const Matrix t = to_host(*s.compute, mats[k]->view());
-        tensors.push_back(
-            {{"name", names[k]}, {"offset", bytes.size()}, {"rows", t.rows()}, {"cols", t.cols()}});
-        const auto* raw = reinterpret_cast<const char*>(t.data());
-        bytes.insert(bytes.end(), raw, raw + sizeof(float) * static_cast<std::size_t>(t.size()));
-      }
-      nlohmann::json e = {{"tp_rank", p.layout.tp_rank},
-                          {"gtp_rank", p.layout.gtp_rank},
-                          {"expert_rank", p.spec.expert_rank},
-                          {"tensors", tensors}};
-      if (p.mode) {
-        e["mode"] = to_string(*p.mode);
-        e["algorithm"] = to_string(p.algorithm);
-      }
-      if (p.auto_key) e["auto_key"] = *p.auto_key;
-      params.push_back(e);
-    }
-    const std::string file = checkpoint_rank_file(rank);
-    write_file_atomic(dir / file, bytes.data(), bytes.size());
-    entry = {{"rank", rank},
-             {"file", file},
-             {"bytes", bytes.size()},
-             {"fnv1a64", checksum_hex(fnv1a64(bytes.data(), bytes.size()))},
-             {"params", params}};
-  } catch (const std::exception& e) {
-    reason = e.what();
-  }
-  s.world.agree_or_throw(reason.empty(), fmt::format("Muon::save '{}'", dir.string()), reason);
-
-  const std::vector<std::string> entries = all_gather_strings(s.world, entry.dump());
   if (rank == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(staging, ec);  // left by a save that did not finish
+    if (!ec) std::filesystem::create_directories(staging, ec);
+    if (ec) reason = fmt::format("cannot create '{}': {}", staging.string(), ec.message());
+  }
+  s.world.agree_or_throw(reason.empty(), what, reason);
+  // The rank files into staging, the manifest last, then staging replaces dir.
+  const auto write_staged = [&] {
+    nlohmann::json entry;
     try {
-      nlohmann::json ranks = nlohmann::json::array();
-      for (const std::string& e : entries)
-        ranks.push_back(nlohmann::json::parse(e));
-      const nlohmann::json manifest = {
-          {"format", kCheckpointFormat},  {"version", kCheckpointVersion}, {"step", s.step},
-          {"world_size", s.world.size()}, {"config", s.config()},          {"ranks", ranks}};
-      const std::string text = manifest.dump(1);
-      write_file_atomic(dir / kManifestName, text.data(), text.size());
+      std::vector<char> bytes;
+      nlohmann::json params = nlohmann::json::array();
+      for (const ParamState& p : s.params) {
+        nlohmann::json tensors = nlohmann::json::array();
+        const auto& names = tensor_names(p.muon);
+        const auto mats = tensors_of(p);
+        for (std::size_t k = 0; k < mats.size(); ++k) {
+          // The state lives in the backend's memory: copied to host staging, then to the bytes.
+          const Matrix t = to_host(*s.compute, mats[k]->view());
+          tensors.push_back({{"name", names[k]},
+                             {"offset", bytes.size()},
+                             {"rows", t.rows()},
+                             {"cols", t.cols()}});
+          const auto* raw = reinterpret_cast<const char*>(t.data());
+          bytes.insert(bytes.end(), raw, raw + sizeof(float) * static_cast<std::size_t>(t.size()));
+        }
+        nlohmann::json e = {{"tp_rank", p.layout.tp_rank},
+                            {"gtp_rank", p.layout.gtp_rank},
+                            {"expert_rank", p.spec.expert_rank},
+                            {"tensors", tensors}};
+        if (p.mode) {
+          e["mode"] = to_string(*p.mode);
+          e["algorithm"] = to_string(p.algorithm);
+        }
+        if (p.auto_key) e["auto_key"] = *p.auto_key;
+        params.push_back(e);
+      }
+      const std::string file = checkpoint_rank_file(rank);
+      write_file_atomic(staging / file, bytes.data(), bytes.size());
+      entry = {{"rank", rank},
+               {"file", file},
+               {"bytes", bytes.size()},
+               {"fnv1a64", checksum_hex(fnv1a64(bytes.data(), bytes.size()))},
+               {"params", params}};
     } catch (const std::exception& e) {
       reason = e.what();
     }
+    s.world.agree_or_throw(reason.empty(), what, reason);
+
+    const std::vector<std::string> entries = all_gather_strings(s.world, entry.dump());
+    if (rank == 0) {
+      try {
+        nlohmann::json ranks = nlohmann::json::array();
+        for (const std::string& e : entries)
+          ranks.push_back(nlohmann::json::parse(e));
+        const nlohmann::json manifest = {
+            {"format", kCheckpointFormat},  {"version", kCheckpointVersion}, {"step", s.step},
+            {"world_size", s.world.size()}, {"config", s.config()},          {"ranks", ranks}};
+        const std::string text = manifest.dump(1);
+        write_file_atomic(staging / kManifestName, text.data(), text.size());
+        replace_dir_atomic(staging, dir);
+      } catch (const std::exception& e) {
+        reason = e.what();
+      }
+    }
+    s.world.agree_or_throw(reason.empty(), what + " (manifest)", reason);
+  };
+  try {
+    write_staged();
+  } catch (...) {
+    // Every rank throws (the failures are agreed): rank 0 removes the partial folder.
+    std::error_code ec;
+    if (rank == 0) std::filesystem::remove_all(staging, ec);
+    throw;
   }
-  s.world.agree_or_throw(reason.empty(), fmt::format("Muon::save '{}' (manifest)", dir.string()),
-                         reason);
 }
 
 namespace {

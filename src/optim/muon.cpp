@@ -9,6 +9,7 @@
 #include "distmuon/agreement.h"
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
+#include "distmuon/hash.h"
 #include "optim/muon_impl.h"
 #include "optim/owner_ns.h"
 #include "optim/timed_comm.h"
@@ -94,6 +95,18 @@ Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
       compute(&c),
       ns_gram(ns) {
   ns_gram.algorithm = NsAlgorithm::kGram;
+  options_text = nlohmann::json(options).dump();
+}
+
+void Muon::Impl::use_options(MuonOptions o) {
+  NsOptions n = o.ns_options();
+  NsOptions g = n;
+  g.algorithm = NsAlgorithm::kGram;
+  std::string text = nlohmann::json(o).dump();
+  options = std::move(o);
+  ns = std::move(n);
+  ns_gram = std::move(g);
+  options_text = std::move(text);
 }
 
 NsAlgorithm Muon::Impl::fixed_algorithm() const {
@@ -218,13 +231,19 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
 }
 
 void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
-                                    std::string_view failure) const {
+                                    std::string_view failure,
+                                    std::span<const std::uint8_t> active) const {
   const Impl& s = *this;
   std::string reason(failure);
   if (reason.empty() && grads.size() != s.params.size()) {
     reason = fmt::format("{} gradients for {} parameters", grads.size(), s.params.size());
   }
+  if (reason.empty() && !active.empty() && active.size() != s.params.size()) {
+    reason = fmt::format("{} active flags for {} parameters", active.size(), s.params.size());
+  }
+  auto is_active = [&](std::size_t i) { return active.empty() || active[i] != 0; };
   for (std::size_t i = 0; reason.empty() && i < grads.size(); ++i) {
+    if (!is_active(i)) continue;
     const MatrixView w = s.params[i].spec.local;
     if (grads[i].rows != w.rows || grads[i].cols != w.cols || grads[i].ld < grads[i].cols) {
       reason = fmt::format("gradient of '{}' is {}, its shard is {}", s.params[i].spec.name,
@@ -237,8 +256,9 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
   if (reason.empty()) {
     s.check_views.clear();
     for (std::size_t i = 0; i < grads.size(); ++i) {
-      const ConstMatrixView g = grads[i];
-      s.check_views.push_back(g.row_block(0, g.rows - s.params[i].layout.local_pad()));
+      const ConstMatrixView g = is_active(i) ? grads[i] : ConstMatrixView{};
+      s.check_views.push_back(is_active(i) ? g.row_block(0, g.rows - s.params[i].layout.local_pad())
+                                           : g);
     }
     s.check_results.assign(grads.size(), std::nullopt);
     try {
@@ -253,7 +273,19 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
       }
     }
   }
+  // One collective agrees this rank's checks, the options (schedules set them on every rank)
+  // and which parameters step. Only when it fails do the ranks learn why: a failed check first,
+  // else the first difference from rank 0.
+  std::string agreed = s.options_text;
+  agreed.append(reinterpret_cast<const char*>(active.data()), active.size());
+  if (all_agree(s.world, fnv1a64(agreed.data(), agreed.size()), reason.empty())) return;
   s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
+  nlohmann::json mine = {{"options", nlohmann::json::parse(s.options_text)},
+                         {"active", std::vector<int>(active.begin(), active.end())}};
+  agree_on(s.world, mine.dump(), "Muon::step: the options and the parameters with a gradient",
+           [](std::string_view root, std::string_view me) {
+             return describe_difference(std::string(root), std::string(me));
+           });
 }
 
 void Muon::Impl::check_updated_weights() const {
@@ -288,20 +320,26 @@ void Muon::Impl::check_updated_weights() const {
 }
 
 void Muon::step(std::span<const ConstMatrixView> grads) {
-  step(grads, {});
+  step(grads, {}, {});
 }
 
 void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure) {
+  step(grads, failure, {});
+}
+
+void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure,
+                std::span<const std::uint8_t> active) {
   Impl& s = *impl_;
   const auto start = std::chrono::steady_clock::now();
   *s.comm_seconds = 0.0;
   s.prepare();
-  s.validate_gradients(grads, failure);
+  s.validate_gradients(grads, failure, active);
   s.plan();
   ++s.step;
   std::vector<std::size_t> owned;  // tp_mode owner: orthogonalised together after the loop
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
+    if (!active.empty() && active[i] == 0) continue;               // agreed over the world above
     if (i == grads.size() / 2) detail::fault_point("optim-step");  // docs/reliability.md
     if (p.muon && *p.mode == TpMode::kOwner) {
       owned.push_back(i);
@@ -332,24 +370,38 @@ namespace {
 
 // Applies change to a copy of the options and keeps it only when it validates.
 template <class F>
-void change_options(MuonOptions& options, F change) {
-  MuonOptions o = options;
+void change_options(Muon::Impl& s, F change) {
+  MuonOptions o = s.options;
   change(o);
   o.validate();
-  options = o;
+  s.use_options(std::move(o));
 }
 
 }  // namespace
 
+void Muon::set_options(const MuonOptions& options) {
+  const MuonOptions& cur = impl_->options;
+  const nlohmann::json now = cur, next = options;
+  for (const char* fixed : {"tp_mode", "ns_algorithm", "gram_restart", "use_syrk", "cost_model",
+                            "profile", "plan", "wisdom"}) {
+    if (now.at(fixed) != next.at(fixed)) {
+      throw Error(fmt::format(
+          "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,
+          now.at(fixed).dump(), next.at(fixed).dump()));
+    }
+  }
+  change_options(*impl_, [&](MuonOptions& o) { o = options; });
+}
+
 void Muon::set_learning_rates(double muon_lr, double adamw_lr) {
-  change_options(impl_->options, [&](MuonOptions& o) {
+  change_options(*impl_, [&](MuonOptions& o) {
     o.lr = muon_lr;
     o.adamw.lr = adamw_lr;
   });
 }
 
 void Muon::set_weight_decays(double muon_wd, double adamw_wd) {
-  change_options(impl_->options, [&](MuonOptions& o) {
+  change_options(*impl_, [&](MuonOptions& o) {
     o.weight_decay = muon_wd;
     o.adamw.weight_decay = adamw_wd;
   });

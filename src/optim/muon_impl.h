@@ -72,7 +72,14 @@ struct Muon::Impl {
   // Collective over the world: every gradient matches its shard and is finite (padding rows
   // aside), else CollectiveError on every rank naming the parameter. Nothing is updated.
   // failure: this rank's caller already failed (grads unread); agreed in the same collective.
-  void validate_gradients(std::span<const ConstMatrixView> grads, std::string_view failure) const;
+  // The options and `active` (empty: every parameter) are agreed in the same collective
+  // (CollectiveError on every rank naming the first difference); grads of inactive parameters
+  // are not read.
+  void validate_gradients(std::span<const ConstMatrixView> grads, std::string_view failure,
+                          std::span<const std::uint8_t> active) const;
+  // Replaces the options (validated by the caller) and what is derived from them.
+  void use_options(MuonOptions o);
+  std::string options_text;  // the options' JSON, agreed at every step
   // On a device backend (which normalises NS inputs on its own memory, leaving a non-finite one
   // NaN): one batched find_non_finite of every Muon weight after the step's updates, agreed over
   // the world (CollectiveError on every rank naming the first failing rank's weight).

@@ -90,6 +90,7 @@ void MuonOptions::validate() const {
         "0 <= momentum < 1");
   check(std::isfinite(weight_decay) && weight_decay >= 0, "weight_decay",
         fmt::format("{}", weight_decay), "a finite number >= 0");
+  check(std::isfinite(eps) && eps > 0, "eps", fmt::format("{}", eps), "a finite number > 0");
   check(std::isfinite(extra_scale_factor) && extra_scale_factor > 0, "extra_scale_factor",
         fmt::format("{}", extra_scale_factor), "a finite number > 0");
   check(cost_model == "refined" || cost_model == "reference", "cost_model", cost_model,
@@ -119,6 +120,7 @@ NsOptions MuonOptions::ns_options() const {
     o.coefficients = coefficient_set(coefficients);  // throws, listing the valid names
   }
   o.steps = steps;
+  o.eps = eps;
   o.use_syrk = use_syrk;
   o.algorithm = ns_algorithm == NsAlgorithm::kAuto ? NsAlgorithm::kStandard : ns_algorithm;
   o.gram_restart = gram_restart;
@@ -134,6 +136,7 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"coefficients", o.coefficients},
                      {"custom_coefficients", o.custom_coefficients},
                      {"steps", o.steps},
+                     {"eps", o.eps},
                      {"use_syrk", o.use_syrk},
                      {"ns_algorithm", to_string(o.ns_algorithm)},
                      {"gram_restart", o.gram_restart},
@@ -198,6 +201,8 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   o.coefficients = option<std::string>(j, "coefficients");
   o.custom_coefficients = option<std::string>(j, "custom_coefficients");
   o.steps = option<int>(j, "steps");
+  // Absent in options written before eps was an option: keep the default.
+  if (j.contains("eps")) o.eps = option<double>(j, "eps");
   o.use_syrk = option<bool>(j, "use_syrk");
   // Absent in options written before the Gram algorithm existed: keep the defaults.
   if (j.contains("ns_algorithm"))

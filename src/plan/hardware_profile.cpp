@@ -12,6 +12,7 @@
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "distmuon/json_file.h"
+#include "plan/data_folder.h"
 #include "plan/json_fields.h"
 
 namespace distmuon {
@@ -348,12 +349,8 @@ void save_profile(const HardwareProfile& p, const std::filesystem::path& file) {
 }
 
 std::filesystem::path profiles_dir() {
-  for (const char* dir : {DISTMUON_PROFILES_DIR, DISTMUON_INSTALL_PROFILES_DIR}) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(dir, ec)) return dir;
-  }
-  throw Error(fmt::format("no hardware profile folder: neither {} nor {} exists",
-                          DISTMUON_PROFILES_DIR, DISTMUON_INSTALL_PROFILES_DIR));
+  return detail::find_data_folder("profiles",
+                                  {DISTMUON_PROFILES_DIR, DISTMUON_INSTALL_PROFILES_DIR});
 }
 
 const std::vector<HardwareProfile>& builtin_profiles() {

@@ -9,6 +9,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/json_file.h"
+#include "plan/data_folder.h"
 #include "plan/json_fields.h"
 
 namespace distmuon {
@@ -168,12 +169,7 @@ ModelPreset load_model(const std::filesystem::path& file) {
 }
 
 std::filesystem::path models_dir() {
-  for (const char* dir : {DISTMUON_MODELS_DIR, DISTMUON_INSTALL_MODELS_DIR}) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(dir, ec)) return dir;
-  }
-  throw Error(fmt::format("no model preset folder: neither {} nor {} exists", DISTMUON_MODELS_DIR,
-                          DISTMUON_INSTALL_MODELS_DIR));
+  return detail::find_data_folder("models", {DISTMUON_MODELS_DIR, DISTMUON_INSTALL_MODELS_DIR});
 }
 
 const std::vector<ModelPreset>& builtin_models() {

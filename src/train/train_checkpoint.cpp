@@ -25,6 +25,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kTrainerFile = "trainer.json";
+constexpr const char* kOptimizerManifest = "optimizer/manifest.json";
 
 fs::path model_file(const fs::path& dir, int rank) {
   return dir / "model" / checkpoint_rank_file(rank);
@@ -54,6 +55,20 @@ std::string first_difference(const json& saved, const json& mine) {
                      at(mine));
 }
 
+// "'<dir>/trainer.json' is damaged (<why>)": the reason it cannot be read.
+std::string damaged_trainer_json(const fs::path& step_dir) {
+  const fs::path file = step_dir / kTrainerFile;
+  std::string why = "unreadable";
+  try {
+    const json meta = read_json_file(file);
+    why = meta.is_object() ? "its run_id is not a string" : "not a JSON object";
+    (void)meta.value("run_id", std::string());
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  return fmt::format("'{}' is damaged ({})", file.string(), why);
+}
+
 // Rank 0's choice, the same on every rank: dir itself when it holds trainer.json, else its newest
 // step-NNNNNNNN folder that holds one (trainer.json is written last, so a folder without it was
 // interrupted while saving and is skipped with a warning). Empty when there is none.
@@ -73,17 +88,31 @@ fs::path choose_checkpoint(const Communicator& w, const fs::path& dir) {
         std::sort(steps.rbegin(), steps.rend());
         std::string chosen;
         std::map<std::string, std::vector<std::string>> runs;  // run id -> its complete folders
+        std::string damaged;  // the newest complete folder's trainer.json cannot be read
         for (const auto& [step, path] : steps) {
           const std::optional<std::string> id = detail::checkpoint_run_id(path);
+          if (id && *id == detail::kDamagedRunId) {
+            if (chosen.empty() && damaged.empty()) damaged = path.string();
+            continue;  // an older damaged one is not a run of its own
+          }
           if (id) {
+            if (!damaged.empty()) {
+              throw Error(fmt::format(
+                  "{}; resume from the previous step folder '{}' or remove the damaged one",
+                  damaged_trainer_json(damaged), path.string()));
+            }
             if (chosen.empty()) chosen = path.string();
             runs[*id].push_back(path.filename().string());
             continue;
           }
-          if (chosen.empty()) {
+          if (chosen.empty() && damaged.empty()) {
             spdlog::warn("train: skipping '{}': it has no {} (interrupted while saving)",
                          path.string(), kTrainerFile);
           }
+        }
+        if (!damaged.empty()) {
+          throw Error(fmt::format("{}, and no older step folder holds a checkpoint",
+                                  damaged_trainer_json(damaged)));
         }
         if (runs.size() > 1) {
           std::vector<std::string> listed;
@@ -104,9 +133,10 @@ std::optional<std::string> detail::checkpoint_run_id(const fs::path& step_dir) {
   if (!fs::exists(step_dir / kTrainerFile, ec)) return std::nullopt;
   try {
     const json meta = read_json_file(step_dir / kTrainerFile);
+    if (!meta.is_object()) return std::string(kDamagedRunId);
     return meta.value("run_id", std::string());
   } catch (const std::exception&) {
-    return std::string("(unreadable trainer.json)");
+    return std::string(kDamagedRunId);
   }
 }
 
@@ -118,6 +148,7 @@ void Trainer::save_checkpoint(const fs::path& dir) {
   Impl& s = *impl_;
   const Communicator& w = s.world;
   const std::string what = fmt::format("train: saving checkpoint '{}'", dir.string());
+  agree_on_checkpoint_folder(w, dir, what);
   std::string failure;
   // A NaN or an infinity in any rank's weights: every rank refuses before anything is written.
   // The model's weights are host memory, checked by the host backend.
@@ -132,58 +163,81 @@ void Trainer::save_checkpoint(const fs::path& dir) {
     }
   }
   w.agree_or_throw(failure.empty(), what, failure);
-  // An earlier trainer.json of this folder (a save of the same step by this run or, with
-  // overwrite_checkpoints, by another) goes first, so a half-written folder never looks complete.
-  if (w.rank() == 0) {
-    std::error_code ec;
-    fs::remove(dir / kTrainerFile, ec);
-    if (ec)
-      failure = fmt::format("cannot remove '{}': {}", (dir / kTrainerFile).string(), ec.message());
-  }
-  w.agree_or_throw(failure.empty(), what, failure);
-  std::uint64_t sum = 0;
-  std::int64_t size = 0;
-  try {
-    fs::create_directories(dir / "model");
-    std::vector<float> values;
-    for (const ShardedParam& p : s.model->params())
-      values.insert(values.end(), p.value.values().begin(), p.value.values().end());
-    size = static_cast<std::int64_t>(values.size() * sizeof(float));
-    write_file_atomic(model_file(dir, w.rank()), values.data(), static_cast<std::size_t>(size));
-    sum = fnv1a64(values.data(), static_cast<std::size_t>(size));
-  } catch (const std::exception& e) {
-    failure = e.what();
-  }
-  w.agree_or_throw(failure.empty(), what, failure);
-  const std::vector<std::int64_t> sums = w.all_gather(static_cast<std::int64_t>(sum));
-  const std::vector<std::int64_t> sizes = w.all_gather(size);
-  detail::fault_point("checkpoint-between-files");  // docs/reliability.md
-  s.muon->save(dir / "optimizer");
-  // The trainer's manifest last: until it is replaced, an older one refers to other checksums
-  // and resume refuses the mixture.
+  // Everything is written into a staging folder beside dir, which replaces dir only once it is
+  // complete: until then dir keeps what it held (an earlier complete checkpoint stays loadable).
+  const fs::path staging = staging_dir_of(dir);
   if (w.rank() == 0) {
     try {
-      json files = json::array();
-      for (int r = 0; r < w.size(); ++r) {
-        const auto i = static_cast<std::size_t>(r);
-        files.push_back({{"file", fs::relative(model_file(dir, r), dir).string()},
-                         {"bytes", sizes[i]},
-                         {"fnv1a64", checksum_hex(static_cast<std::uint64_t>(sums[i]))}});
-      }
-      json meta = {{"format", kTrainCheckpointFormat},
-                   {"version", kTrainCheckpointVersion},
-                   {"step", s.step},
-                   {"world_size", w.size()},
-                   {"config", to_json(s.config)},
-                   {"model_files", files}};
-      if (!s.run_id.empty()) meta["run_id"] = s.run_id;
-      const std::string text = meta.dump(2) + "\n";
-      write_file_atomic(dir / kTrainerFile, text.data(), text.size());
+      std::error_code ec;
+      fs::remove_all(staging, ec);  // left by a save that did not finish
+      if (ec) throw Error(fmt::format("cannot remove '{}': {}", staging.string(), ec.message()));
+      fs::create_directories(staging / "model", ec);
+      if (ec) throw Error(fmt::format("cannot create '{}': {}", staging.string(), ec.message()));
     } catch (const std::exception& e) {
       failure = e.what();
     }
   }
   w.agree_or_throw(failure.empty(), what, failure);
+  // The files into staging, trainer.json last, then staging replaces dir.
+  const auto write_staged = [&] {
+    std::uint64_t sum = 0;
+    std::int64_t size = 0;
+    try {
+      std::vector<float> values;
+      for (const ShardedParam& p : s.model->params())
+        values.insert(values.end(), p.value.values().begin(), p.value.values().end());
+      size = static_cast<std::int64_t>(values.size() * sizeof(float));
+      write_file_atomic(model_file(staging, w.rank()), values.data(),
+                        static_cast<std::size_t>(size));
+      sum = fnv1a64(values.data(), static_cast<std::size_t>(size));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    w.agree_or_throw(failure.empty(), what, failure);
+    const std::vector<std::int64_t> sums = w.all_gather(static_cast<std::int64_t>(sum));
+    const std::vector<std::int64_t> sizes = w.all_gather(size);
+    detail::fault_point("checkpoint-between-files");  // docs/reliability.md
+    s.muon->save(staging / "optimizer");
+    // The trainer's manifest last, binding every file of the folder by its checksum: the model
+    // files directly, the optimizer's files through its manifest (which lists theirs).
+    if (w.rank() == 0) {
+      try {
+        json files = json::array();
+        for (int r = 0; r < w.size(); ++r) {
+          const auto i = static_cast<std::size_t>(r);
+          files.push_back({{"file", fs::relative(model_file(staging, r), staging).string()},
+                           {"bytes", sizes[i]},
+                           {"fnv1a64", checksum_hex(static_cast<std::uint64_t>(sums[i]))}});
+        }
+        const std::vector<char> manifest = read_file_bytes(staging / kOptimizerManifest);
+        json meta = {{"format", kTrainCheckpointFormat},
+                     {"version", kTrainCheckpointVersion},
+                     {"step", s.step},
+                     {"world_size", w.size()},
+                     {"config", to_json(s.config)},
+                     {"model_files", files},
+                     {"optimizer_manifest",
+                      {{"file", kOptimizerManifest},
+                       {"bytes", manifest.size()},
+                       {"fnv1a64", checksum_hex(fnv1a64(manifest.data(), manifest.size()))}}}};
+        if (!s.run_id.empty()) meta["run_id"] = s.run_id;
+        const std::string text = meta.dump(2) + "\n";
+        write_file_atomic(staging / kTrainerFile, text.data(), text.size());
+        replace_dir_atomic(staging, dir);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    w.agree_or_throw(failure.empty(), what, failure);
+  };
+  try {
+    write_staged();
+  } catch (...) {
+    // Every rank throws (the failures are agreed): rank 0 removes the partial folder.
+    std::error_code ec;
+    if (w.rank() == 0) fs::remove_all(staging, ec);
+    throw;
+  }
 }
 
 void Trainer::resume(const fs::path& where) {
@@ -221,7 +275,21 @@ void Trainer::resume(const fs::path& where) {
       if (!diff.empty()) throw Error(diff);
       step = meta.at("step").get<int>();
       run_id = meta.value("run_id", std::string());
-      const json optimizer = read_json_file(dir / "optimizer" / kManifestName);
+      if (meta.contains("optimizer_manifest")) {  // absent in checkpoints written before it
+        const json& entry = meta.at("optimizer_manifest");
+        const fs::path path = dir / entry.at("file").get<std::string>();
+        const std::vector<char> manifest = read_file_bytes(path);
+        const std::string sum = checksum_hex(fnv1a64(manifest.data(), manifest.size()));
+        if (manifest.size() != entry.at("bytes").get<std::size_t>() ||
+            sum != entry.at("fnv1a64").get<std::string>()) {
+          throw Error(fmt::format(
+              "'{}' is not the optimizer state this checkpoint was saved with ({} bytes, FNV-1a "
+              "64 {}; {} records {} bytes, {}): a file copied from another run or step",
+              path.string(), manifest.size(), sum, kTrainerFile, entry.at("bytes").dump(),
+              entry.at("fnv1a64").get<std::string>()));
+        }
+      }
+      const json optimizer = read_json_file(dir / kOptimizerManifest);
       if (optimizer.at("step").get<std::int64_t>() != step) {
         throw Error(fmt::format("the optimizer state is at step {}, the trainer's at step {}",
                                 optimizer.at("step").get<std::int64_t>(), step));

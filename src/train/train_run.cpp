@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "distmuon/trainer.h"
@@ -128,7 +129,9 @@ std::vector<std::string> other_runs_checkpoints(const fs::path& dir, const std::
     const std::optional<std::string> id = detail::checkpoint_run_id(path);
     if (id && *id != run_id)
       out.push_back(fmt::format("{} ({})", path.filename().string(),
-                                id->empty() ? "written before run ids" : "run '" + *id + "'"));
+                                id->empty()                    ? "written before run ids"
+                                : *id == detail::kDamagedRunId ? "its trainer.json is damaged"
+                                                               : "run '" + *id + "'"));
   }
   return out;
 }
@@ -155,6 +158,18 @@ void prune_checkpoints(const fs::path& dir, int saved, const std::string& run_id
                        const fs::path& keep) {
   bool kept = false;
   std::error_code ec;
+  // Staging folders of saves that did not finish (this run holds the folder's lock: no other
+  // run is writing one).
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int step = 0;
+    if (std::sscanf(name.c_str(), ".step-%d.partial", &step) == 1 &&
+        name == fmt::format(".{}.partial", train_checkpoint_step_dir(step))) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+    }
+  }
+  ec.clear();
   for (const auto& [step, path] : step_folders(dir)) {
     if (step == saved) continue;
     std::error_code same_ec;
@@ -189,6 +204,7 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
   if (options.checkpoint_every > 0 && options.checkpoint_dir.empty())
     throw Error("train: checkpoint_every needs a checkpoint directory");
 
+  agree_on_checkpoint_folder(w, options.checkpoint_dir, "train: the checkpoint folder");
   if (!options.resume_dir.empty()) trainer.resume(options.resume_dir);
   w.agree_or_throw(trainer.step_count() <= schedule.steps, "train",
                    fmt::format("the checkpoint is at step {}, beyond the run's {} steps",
@@ -199,13 +215,21 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
 
   JsonlLog log;
   std::string failure;
-  // A checkpoint folder that cannot be created fails now, not after the first steps.
+  // A checkpoint folder that cannot be created fails now, not after the first steps. Rank 0 holds
+  // its lock until the run ends: one run writes into a folder at a time.
+  FolderLock lock;
   if (w.rank() == 0 && !options.checkpoint_dir.empty()) {
     std::error_code ec;
     fs::create_directories(options.checkpoint_dir, ec);
     if (ec) {
       failure = fmt::format("cannot create the checkpoint folder '{}': {}",
                             options.checkpoint_dir.string(), ec.message());
+    } else {
+      try {
+        lock = FolderLock(options.checkpoint_dir, "train: the checkpoint folder");
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
     }
   }
   // Another run's checkpoints in the folder: refused, or replaced when asked.

@@ -46,9 +46,12 @@ struct Trainer::Impl {
 };
 
 namespace detail {
+// The run id of a damaged trainer.json (not JSON, not an object, a run_id that is not a string):
+// it matches no run; resume reports the file as damaged.
+inline constexpr const char* kDamagedRunId = "(damaged trainer.json)";
 // The run id in step_dir's trainer.json ("" when it has none: written before run ids), or nothing
-// when the folder holds no trainer.json (an incomplete save). Rank-local; an unreadable file is
-// reported as the id "(unreadable trainer.json)", which matches no run.
+// when the folder holds no trainer.json (an incomplete save). Rank-local; a damaged file is
+// reported as kDamagedRunId.
 std::optional<std::string> checkpoint_run_id(const std::filesystem::path& step_dir);
 }  // namespace detail
 

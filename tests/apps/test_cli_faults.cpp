@@ -3,8 +3,10 @@
 // the files of a checkpoint and in a collective. Each run must end within a bounded time on
 // every rank with a non-zero status and the failing rank named, and the last complete checkpoint
 // must resume to exactly the uninterrupted run (its losses bit for bit, its files byte for byte).
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +17,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_util.h"
@@ -23,8 +27,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 using distmuon::test::read_text;
+using nlohmann::json;
 
 constexpr int kSteps = 6;          // checkpoints at steps 2, 4 and 6
 constexpr int kLimitSeconds = 60;  // a run that takes longer hangs (a healthy one takes ~2 s)
@@ -92,8 +96,9 @@ class CliFaults : public ::testing::Test {
 
   // `mpirun -np 2 distmuon train --config tiny.json ARGS` with DISTMUON_FAULT=fault (none when
   // empty), killed after kLimitSeconds.
-  static RunResult train(const std::string& fault, const std::string& args) {
-    const fs::path log = dir_ / "out.txt";
+  static RunResult train(const std::string& fault, const std::string& args,
+                         const std::string& output = "out.txt") {
+    const fs::path log = dir_ / output;
     const std::string env = fault.empty() ? "" : "DISTMUON_FAULT=" + fault + " ";
     const std::string cmd = fmt::format(
         "{}timeout -k 5 {} {} -np 2 --oversubscribe --bind-to none -x DISTMUON_FAULT --mca "
@@ -175,12 +180,12 @@ TEST_F(CliFaults, ExitInOptimizerStep) {
 }
 
 // kill -9 of rank 1 between the model file and the optimizer's files of the step-6 checkpoint:
-// step-00000006 is half written, the resume skips it and goes on from step 4.
+// the half-written save stays in its staging folder (.step-00000006.partial), step-00000006
+// never appears, and the resume goes on from step 4.
 TEST_F(CliFaults, KillBetweenCheckpointFiles) {
   const RunResult r = expect_failure("1:checkpoint-between-files:kill:3", 1);
-  const fs::path half = work_ / "ckpt" / "step-00000006";
-  EXPECT_TRUE(fs::exists(half)) << r.output;
-  EXPECT_FALSE(fs::exists(half / "trainer.json")) << r.output;
+  EXPECT_TRUE(fs::exists(work_ / "ckpt" / ".step-00000006.partial" / "model")) << r.output;
+  EXPECT_FALSE(fs::exists(work_ / "ckpt" / "step-00000006")) << r.output;
   expect_resumes_exactly(4);
 }
 
@@ -232,6 +237,113 @@ TEST_F(CliFaults, HalfWrittenNewerStepIsSkipped) {
   EXPECT_TRUE(fs::exists(work_ / "ckpt" / "step-00000006" / "trainer.json"));
   EXPECT_TRUE(files_of(work_ / "ckpt" / "step-00000006") ==
               files_of(dir_ / "ref" / "step-00000006"));
+}
+
+// The files of a folder byte for byte (relative path -> bytes), trainer.json with its run id.
+std::map<std::string, std::string> raw_files_of(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_text(e.path());
+  return out;
+}
+
+// The files under dir whose name holds ".tmp." (a temporary of an atomic write).
+std::vector<std::string> temporaries_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos)
+      out.push_back(e.path().string());
+  return out;
+}
+
+// --overwrite-checkpoints: run A's only checkpoint is step 2; a new run B into the folder dies
+// while writing its own step 2 (rank 1 killed between the model file and the optimizer's; rank
+// 0 killed halfway through trainer.json). A's step 2 stays byte for byte (run id included), B's
+// partial files stay in the staging folder, and A resumed into the folder goes on (the lock of
+// the killed run is gone with it).
+TEST_F(CliFaults, OverwriteThatDiesWhileSavingKeepsTheOldCheckpoint) {
+  const RunResult a = train("", "--steps 2 --checkpoint-every 2 --checkpoint " + ckpt());
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const fs::path step2 = work_ / "ckpt" / "step-00000002";
+  const auto saved = raw_files_of(step2);
+  ASSERT_TRUE(saved.contains("trainer.json"));
+  for (const std::string fault : {"1:checkpoint-between-files:kill:1", "0:file-write:kill:4"}) {
+    const RunResult b =
+        train(fault, "--overwrite-checkpoints --checkpoint-every 2 --checkpoint " + ckpt());
+    EXPECT_NE(b.exit_code, 0) << b.output;
+    EXPECT_NE(b.output.find("injected fault"), std::string::npos) << b.output;
+    EXPECT_TRUE(raw_files_of(step2) == saved) << fault << ": the old checkpoint was changed";
+    EXPECT_TRUE(fs::exists(work_ / "ckpt" / ".step-00000002.partial")) << fault;
+  }
+  const RunResult r = train("", "--steps 4 --checkpoint-every 2 --checkpoint " + ckpt() +
+                                    " --resume " + ckpt() + " --log " + log());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed at step 2"), std::string::npos) << r.output;
+  EXPECT_EQ(json::parse(read_text(work_ / "ckpt" / "step-00000004" / "trainer.json")).at("run_id"),
+            json::parse(saved.at("trainer.json")).at("run_id"));
+  EXPECT_FALSE(fs::exists(work_ / "ckpt" / ".step-00000002.partial"));  // pruned
+}
+
+// A rank whose atomic write fails halfway (an exception in write_file_atomic on rank 1, as a
+// full disk or EFBIG would raise, here in its model file of the step-2 save): every rank reports
+// the save failed on rank 1, no temporary file and no staging folder is left.
+TEST_F(CliFaults, AFailedWriteLeavesNoTemporary) {
+  const RunResult r = train("1:file-write:throw:1", "--checkpoint-every 2 --checkpoint " + ckpt());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, kLimitSeconds) << r.output;
+  EXPECT_NE(r.output.find("failed on rank(s) 1 of 2: injected fault 'file-write' on rank 1"),
+            std::string::npos)
+      << r.output;
+  const std::vector<std::string> left = temporaries_in(work_);
+  EXPECT_TRUE(left.empty()) << left.front();
+  EXPECT_FALSE(fs::exists(work_ / "ckpt" / "step-00000002"));
+  EXPECT_FALSE(fs::exists(work_ / "ckpt" / ".step-00000002.partial"));
+}
+
+// The folder's lock held by another process (this test, as a running run holds it): a run into
+// the folder is refused before its first step, naming the lock; once released, the run goes on.
+TEST_F(CliFaults, ALockedCheckpointFolderIsRefused) {
+  fs::create_directories(work_ / "ckpt");
+  const fs::path lock_file = work_ / "ckpt" / ".lock";
+  const int fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const RunResult r = train("", "--checkpoint-every 2 --checkpoint " + ckpt());
+  ::close(fd);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("is in use by another run"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(lock_file.string()), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("final validation loss"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(work_ / "ckpt" / "step-00000002"));
+  const RunResult again = train("", "--checkpoint-every 2 --checkpoint " + ckpt());
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+}
+
+// Two runs launched into one folder at the same moment: exactly one trains; the other is refused
+// (the folder is locked, or, when it starts after the first ended, it holds another run's
+// checkpoints). The folder holds the winner's checkpoints only, and they resume.
+TEST_F(CliFaults, TwoRunsStartedIntoOneFolderAtOnce) {
+  RunResult first, second;
+  const std::string args = "--checkpoint-every 2 --checkpoint " + ckpt();
+  std::thread t1([&] { first = train("", args, "first.txt"); });
+  std::thread t2([&] { second = train("", args, "second.txt"); });
+  t1.join();
+  t2.join();
+  ASSERT_EQ((first.exit_code == 0) + (second.exit_code == 0), 1) << first.output << "\n----\n"
+                                                                 << second.output;
+  const RunResult& lost = first.exit_code == 0 ? second : first;
+  EXPECT_TRUE(lost.output.find("is in use by another run") != std::string::npos ||
+              lost.output.find("holds checkpoints of another run") != std::string::npos)
+      << lost.output;
+  std::set<std::string> ids;
+  for (const auto& e : fs::directory_iterator(work_ / "ckpt"))
+    if (e.is_directory())
+      ids.insert(json::parse(read_text(e.path() / "trainer.json")).at("run_id").get<std::string>());
+  EXPECT_EQ(ids.size(), 1u);
+  const RunResult r = train("", "--resume " + ckpt() + " --log " + log());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("resumed at step {}", kSteps)), std::string::npos)
+      << r.output;
 }
 
 // The reference run kept its last two checkpoints only.

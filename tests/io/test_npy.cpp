@@ -1,10 +1,12 @@
 // .npy reading and writing: round trips, every malformation the reader rejects, and atomic writes.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -281,6 +283,32 @@ TEST_F(Npy, FailedWriteLeavesNoFile) {
   }
   EXPECT_EQ(files_in(dir_), std::vector<fs::path>{"target.npy"});
   EXPECT_TRUE(fs::is_directory(dir_ / "target.npy"));
+}
+
+// Over the process's file-size limit (ulimit -f): refused before anything is written, naming
+// the limit, with SIGXFSZ at its default action (which would end this process at the first write
+// past the limit, leaving out.npy.tmp.PID behind); no file, no temporary left.
+TEST_F(Npy, FileSizeLimitIsRefusedBeforeWriting) {
+  const Matrix a = test::random_matrix(64, 64, 1);  // 16 KiB of data
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  ASSERT_NE(std::signal(SIGXFSZ, SIG_DFL), SIG_ERR);
+  struct rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string error;
+  try {
+    write_npy(dir_ / "out.npy", a.view());
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  EXPECT_NE(error.find("over this process's file-size limit of 4096 bytes (ulimit -f)"),
+            std::string::npos)
+      << error;
+  EXPECT_TRUE(files_in(dir_).empty());
+  write_npy(dir_ / "out.npy", a.view());
+  EXPECT_EQ(files_in(dir_), std::vector<fs::path>{"out.npy"});
 }
 
 // An output that exists and is not a regular file (a FIFO, a device node) is refused and left as

@@ -2,6 +2,7 @@
 // resharding to another GTP group size; corrupted, truncated and mismatched checkpoints are
 // refused on every rank; a configuration that differs between ranks is detected.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <fmt/format.h>
 
@@ -414,6 +415,69 @@ TEST(Checkpoint, ConfigurationDifferingBetweenRanksIsDetected) {
       EXPECT_NE(std::string(e.what()).find("/params/2/name"), std::string::npos) << e.what();
     }
   }
+}
+
+// Ranks saving into different folders (a path built from the rank, as `opt.save(f"ckpt_{rank}")`
+// would): refused on every rank before anything is written, naming rank 0's folder and the
+// first differing rank's.
+TEST(Checkpoint, RanksSavingIntoDifferentFoldersAreRefused) {
+  const Communicator& world = test::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const Model m = make_model(1, world.size());
+  SharedTempDir dir;
+  ModelRun run(m, options(TpMode::kDuplicated));
+  run.steps(m, 0, 1);
+  try {
+    run.opt->save(dir.sub(fmt::format("ckpt_{}", world.rank())));
+    ADD_FAILURE() << "saving into different folders succeeded";
+  } catch (const CollectiveError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the ranks name different folders"), std::string::npos) << what;
+    EXPECT_NE(what.find(dir.sub("ckpt_0").string()), std::string::npos) << what;
+    EXPECT_NE(what.find(dir.sub("ckpt_1").string()), std::string::npos) << what;
+  }
+  world.barrier();
+  for (int r = 0; r < world.size(); ++r)
+    EXPECT_FALSE(fs::exists(dir.sub(fmt::format("ckpt_{}", r))));
+}
+
+// A save that fails on the last rank (its rank file over the file-size limit) into a folder
+// holding a checkpoint: every rank throws, the folder still loads the earlier checkpoint
+// (step 2) unchanged, and no staging folder is left.
+TEST(Checkpoint, AFailedSaveKeepsThePreviousCheckpoint) {
+  const Communicator& world = test::world();
+  const Model m = make_model(1, world.size());
+  SharedTempDir dir;
+  ModelRun run(m, options(TpMode::kDuplicated));
+  run.steps(m, 0, 2);
+  const fs::path path = dir.sub("ckpt");
+  run.opt->save(path);
+  run.steps(m, 2, 3);
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  if (world.rank() == world.size() - 1) {
+    struct rlimit small = old;
+    small.rlim_cur = 16;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  }
+  std::string error;
+  try {
+    run.opt->save(path);
+  } catch (const CollectiveError& e) {
+    error = e.what();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  EXPECT_NE(error.find("file-size limit"), std::string::npos) << error;
+  world.barrier();
+  EXPECT_FALSE(fs::exists(dir.sub(".ckpt.partial")));
+  ModelRun second(run.current(m), options(TpMode::kDuplicated));
+  second.opt->load(path);
+  EXPECT_EQ(second.opt->step_count(), 2);
+  // Saved again (the folder exists: replaced by the atomic exchange) it holds step 3.
+  run.opt->save(path);
+  second.opt->load(path);
+  EXPECT_EQ(second.opt->step_count(), 3);
+  EXPECT_FALSE(fs::exists(dir.sub(".ckpt.partial")));
 }
 
 }  // namespace

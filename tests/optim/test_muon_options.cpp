@@ -223,5 +223,65 @@ TEST(MuonUpdate, StepStatsAreRecorded) {
   EXPECT_GE(opt.last_step_stats().total_s, opt.last_step_stats().comm_s);
 }
 
+TEST(MuonUpdate, SetOptionsChangesTheNextStepsAndRefusesPlanFields) {
+  // Two optimizers on the same weights and gradients: one built with the final options, one
+  // switched to them by set_options before its second step. Equal bit for bit afterwards.
+  MuonOptions first{.momentum = 0.95, .tp_mode = TpMode::kDuplicated};
+  MuonOptions second = first;
+  second.lr = 0.05;
+  second.momentum = 0.5;
+  second.nesterov = false;
+  second.steps = 3;
+  second.eps = 1e-3;
+  second.scale_mode = ScaleMode::kShapeScaling;
+  Muon a(first, local_communicator(), cpu_compute());
+  Muon b(second, local_communicator(), cpu_compute());
+  Matrix pa = test::random_matrix(6, 9, 7), pb = Matrix::from(pa.view());
+  ParamSpec s{.name = "w", .local = pa.view(), .rows = 6, .cols = 9};
+  a.add_parameter(s);
+  s.local = pb.view();
+  b.add_parameter(s);
+  const Matrix g1 = test::random_matrix(6, 9, 8), g2 = test::random_matrix(6, 9, 9);
+  const ConstMatrixView s1[] = {g1.view()}, s2[] = {g2.view()};
+  a.step(s1);
+  a.set_options(second);
+  EXPECT_EQ(a.options().momentum, 0.5);
+  // b: the first step under the first options too, by the same switch the other way round.
+  b.set_options(first);
+  b.step(s1);
+  b.set_options(second);
+  a.step(s2);
+  b.step(s2);
+  EXPECT_EQ(relative_error(pa.view(), pb.view()), 0.0);
+  MuonOptions planned = second;
+  planned.tp_mode = TpMode::kOwner;
+  EXPECT_NE(error_of([&] { a.set_options(planned); }).find("tp_mode is fixed"), std::string::npos);
+  MuonOptions bad = second;
+  bad.eps = 0;
+  EXPECT_NE(error_of([&] { a.set_options(bad); }).find("eps"), std::string::npos);
+  EXPECT_EQ(a.options().eps, 1e-3);  // nothing changed on a refusal
+}
+
+TEST(MuonUpdate, InactiveParametersDoNotStep) {
+  Muon opt(MuonOptions{.weight_decay = 0.1, .tp_mode = TpMode::kDuplicated}, local_communicator(),
+           cpu_compute());
+  Matrix w = test::random_matrix(5, 7, 1), bias = test::random_matrix(5, 1, 2);
+  opt.add_parameter(ParamSpec{.name = "w", .local = w.view(), .rows = 5, .cols = 7});
+  opt.add_parameter(ParamSpec{
+      .name = "b", .local = bias.view(), .rows = 5, .cols = 1, .role = ParamRole::kOther});
+  const Matrix gw = test::random_matrix(5, 7, 3), gb = test::random_matrix(5, 1, 4);
+  const ConstMatrixView grads[] = {gw.view(), gb.view()};
+  const Matrix w0 = Matrix::from(w.view()), b0 = Matrix::from(bias.view());
+  const std::uint8_t only_bias[] = {0, 1};
+  opt.step(grads, {}, only_bias);
+  EXPECT_EQ(relative_error(w.view(), w0.view()), 0.0);  // no decay, no momentum either
+  EXPECT_GT(relative_error(bias.view(), b0.view()), 0.0);
+  const Matrix momentum = Matrix::from(opt.state_tensors(0)[0]);
+  for (float v : momentum.values())
+    EXPECT_EQ(v, 0.0f);
+  const std::uint8_t wrong[] = {1};
+  EXPECT_THROW(opt.step(grads, {}, wrong), CollectiveError);
+}
+
 }  // namespace
 }  // namespace distmuon

@@ -64,8 +64,8 @@ def _two_groups(**options):
 
 
 def _spoil(kind, p1):
-    if kind == "strided":
-        p1.grad = torch.randn(N, M // G).t()
+    if kind == "sparse":
+        p1.grad = torch.randn(M // G, N).to_sparse()
     elif kind == "dtype":  # torch refuses such a .grad; .grad.data takes it
         p1.grad.data = p1.grad.data.double()
     elif kind == "shape":
@@ -79,7 +79,7 @@ def _spoil(kind, p1):
     return None
 
 
-@pytest.mark.parametrize("kind", ["strided", "dtype", "shape", "non-finite", "storage", "lr"])
+@pytest.mark.parametrize("kind", ["sparse", "dtype", "shape", "non-finite", "storage", "lr"])
 def test_torch_second_group_refused_on_one_rank(kind):
     opt, p0, p1 = _two_groups()
     before = (p0.detach().clone(), p1.detach().clone())
@@ -87,13 +87,60 @@ def test_torch_second_group_refused_on_one_rank(kind):
         lr = _spoil(kind, p1)
         if lr is not None:
             opt.param_groups[1]["lr"] = lr
-    want = {"strided": "strided", "dtype": "float64", "shape": "group 1 is", "non-finite":
+    want = {"sparse": "sparse", "dtype": "float64", "shape": "group 1 is", "non-finite":
             "non-finite", "storage": "new storage", "lr": "lr"}[kind]
     with pytest.raises(distmuon.CollectiveError, match=ON_BAD + ".*" + want):
         opt.step()
     # Group 0 did not step either, on any rank.
     assert torch.equal(p0, before[0]) and torch.equal(p1, before[1])
     assert [core.step_count for core, _ in opt._cores] == [0, 0]
+
+
+def test_torch_gradient_missing_on_one_rank_only():
+    # A parameter without a gradient on every rank is skipped on every rank; one that has a
+    # gradient on some ranks only is refused on every rank (its collectives would differ).
+    opt, p0, p1 = _two_groups()
+    before = (p0.detach().clone(), p1.detach().clone())
+    p1.grad = None
+    opt.step()
+    assert torch.equal(p1, before[1]) and not torch.equal(p0, before[0])
+    p1.grad = torch.randn_like(p1)
+    if R == BAD:
+        p0.grad = None
+    after = (p0.detach().clone(), p1.detach().clone())
+    with pytest.raises(distmuon.CollectiveError, match=r"rank\(s\) " + str(BAD) + ".*active"):
+        opt.step()
+    assert torch.equal(p0, after[0]) and torch.equal(p1, after[1])
+
+
+def test_torch_hyper_parameter_differs_on_one_rank():
+    opt, p0, p1 = _two_groups()
+    opt.param_groups[0]["momentum"] = 0.5 if R == BAD else 0.95
+    before = p0.detach().clone()
+    with pytest.raises(distmuon.CollectiveError, match=r"rank\(s\) " + str(BAD) + ".*momentum"):
+        opt.step()
+    assert torch.equal(p0, before)
+    opt.param_groups[0]["momentum"] = 0.5  # agreed again: it steps
+    opt.step()
+    assert not torch.equal(p0, before)
+
+
+def test_torch_load_state_dict_refused_on_one_rank():
+    opt, p0, p1 = _two_groups()
+    opt.step()
+    sd = opt.state_dict()
+    good = {k: v.clone() for k, v in sd["state"][0].items()}
+    bad = {"state": {k: dict(v) for k, v in sd["state"].items()},
+           "param_groups": sd["param_groups"]}
+    if R == BAD:
+        bad["state"][0]["momentum_buffer"] = torch.full_like(good["momentum_buffer"], np.nan)
+    opt.param_groups[0]["lr"] = 0.003
+    with pytest.raises(distmuon.CollectiveError, match=ON_BAD + ".*non-finite"):
+        opt.load_state_dict(bad)
+    # Nothing changed on any rank: the group's rate and the state are the ones before.
+    assert opt.param_groups[0]["lr"] == 0.003
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"],
+                       good["momentum_buffer"])
 
 
 def test_torch_add_param_group_refused_on_one_rank():

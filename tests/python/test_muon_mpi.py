@@ -1,6 +1,8 @@
 """distmuon.Muon over mpi4py (run under mpirun -np 2 and -np 4; one rank works too): sharded
 weights with their layouts against a single-rank full-weight reference, checkpoints and
 state_dict round trips."""
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -162,6 +164,19 @@ def _resume(tmp, how):
 def test_checkpoint_round_trip_bit_exact(tmp_path):
     path = COMM.bcast(str(tmp_path / "ckpt") if R == 0 else None, root=0)
     _resume(path, "checkpoint")
+
+
+@pytest.mark.skipif(G < 2, reason="needs 2 ranks")
+def test_ranks_saving_into_different_folders_are_refused(tmp_path):
+    # opt.save(f"ckpt_{rank}"): every rank raises, naming rank 0's folder and rank 1's; nothing
+    # is written.
+    base = COMM.bcast(str(tmp_path) if R == 0 else None, root=0)
+    opt, _ = sharded_run("duplicated", 1)
+    with pytest.raises(distmuon.CollectiveError, match="the ranks name different folders") as e:
+        opt.save(f"{base}/ckpt_{R}")
+    assert f"{base}/ckpt_0" in str(e.value) and f"{base}/ckpt_1" in str(e.value)
+    COMM.Barrier()
+    assert not any(os.path.exists(f"{base}/ckpt_{r}") for r in range(G))
 
 
 def test_state_dict_round_trip_bit_exact():

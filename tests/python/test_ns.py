@@ -91,8 +91,8 @@ def test_bad_arrays_refused():
     assert np.array_equal(ok, distmuon.newton_schulz(np.ascontiguousarray(y.T)))
     assert np.array_equal(distmuon.newton_schulz(x, allow_copy=True),
                           distmuon.newton_schulz(x.astype(np.float32)))
-    with pytest.raises(distmuon.Error, match="expected a 2-D array"):
-        distmuon.newton_schulz(np.ones((2, 3, 4), dtype=np.float32))
+    with pytest.raises(distmuon.Error, match="expected a 2-D array or a 3-D batch"):
+        distmuon.newton_schulz(np.ones((2, 3, 4, 5), dtype=np.float32))
     ro = y.copy()
     ro.flags.writeable = False
     with pytest.raises(distmuon.Error, match="read-only"):

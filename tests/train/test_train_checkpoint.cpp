@@ -1,9 +1,15 @@
-// Training checkpoints that must not be written or mixed: weights holding a NaN or an infinity on
-// one rank (every rank refuses, nothing is written), and a checkpoint folder holding another
-// run's checkpoints (refused unless overwrite_checkpoints; resuming the same run goes on).
+// Training checkpoints that must not be written, mixed or lost: weights holding a NaN or an
+// infinity on one rank (every rank refuses, nothing is written); a checkpoint folder holding
+// another run's checkpoints (refused unless overwrite_checkpoints; resuming the same run goes
+// on); a folder locked by another run; ranks naming different folders; an optimizer file of
+// another run; a damaged trainer.json; a save that fails keeps the previous checkpoint.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -12,6 +18,7 @@
 #include <string>
 
 #include "distmuon/error.h"
+#include "distmuon/file_io.h"
 #include "distmuon/trainer.h"
 #include "test_util.h"
 #include "train_test_util.h"
@@ -28,12 +35,14 @@ using test::tiny_config;
 using test::world;
 using test::write_text;
 
-// The files under dir (relative path -> bytes); read by rank 0 only (empty elsewhere).
+// The files under dir (relative path -> bytes) but the folder's lock file (its holder's pid);
+// read by rank 0 only (empty elsewhere).
 std::map<std::string, std::string> files_of(const fs::path& dir) {
   std::map<std::string, std::string> out;
   if (world().rank() != 0 || !fs::exists(dir)) return out;
   for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_text(e.path());
+    if (e.is_regular_file() && e.path().filename() != kFolderLockName)
+      out[fs::relative(e.path(), dir).string()] = read_text(e.path());
   return out;
 }
 
@@ -41,6 +50,7 @@ std::map<std::string, std::string> files_of(const fs::path& dir) {
 std::map<std::string, std::string> runs_in(const fs::path& dir) {
   std::map<std::string, std::string> out;
   for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_directory()) continue;
     const fs::path meta = e.path() / "trainer.json";
     out[e.path().filename().string()] =
         fs::exists(meta) ? json::parse(read_text(meta)).value("run_id", std::string()) : "-";
@@ -211,6 +221,191 @@ TEST(TrainCheckpoint, AResumeFromAnOlderStepRemovesTheRunsNewerCheckpoints) {
   Trainer tc(tiny_config(text, 6), world());
   tc.resume(ckpt);
   EXPECT_EQ(tc.step_count(), 5);
+}
+
+// A folder is written by one run at a time: while another holder has its lock (here a FolderLock
+// of rank 0, as another process's run would hold it), a run is refused on every rank before its
+// first step, naming the lock; once the lock is released the same run goes on.
+TEST(TrainCheckpoint, AFolderLockedByAnotherRunIsRefused) {
+  SharedDir dir("train_ckpt_lock");
+  const fs::path text = write_text(dir.path());
+  const fs::path ckpt = dir.path() / "ckpt";
+  TrainRunOptions o;
+  o.checkpoint_dir = ckpt;
+  o.checkpoint_every = 2;
+  {
+    FolderLock other;
+    if (world().rank() == 0) {
+      fs::create_directories(ckpt);
+      other = FolderLock(ckpt, "another run");
+    }
+    Trainer t(tiny_config(text, 2), world());
+    expect_collective(
+        error_of([&] { run_training(t, o); }),
+        fmt::format("'{}' is in use by another run (process {} on host", ckpt.string(),
+                    world().broadcast_string(std::to_string(::getpid()), 0)));
+    EXPECT_EQ(t.step_count(), 0);
+  }
+  Trainer t(tiny_config(text, 2), world());
+  run_training(t, o);
+  if (world().rank() == 0)
+    EXPECT_EQ(runs_in(ckpt), (std::map<std::string, std::string>{{"step-00000002", t.run_id()}}));
+}
+
+// Ranks naming different checkpoint folders (a path built from the rank): refused on every rank
+// before anything is written, rank 0's folder and the first differing rank's named; the same for
+// a direct save_checkpoint.
+TEST(TrainCheckpoint, RanksNamingDifferentFoldersAreRefused) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  SharedDir dir("train_ckpt_ranks");
+  const fs::path text = write_text(dir.path());
+  TrainRunOptions o;
+  o.checkpoint_dir = dir.path() / fmt::format("ckpt_{}", world().rank());
+  o.checkpoint_every = 1;
+  Trainer t(tiny_config(text, 2), world());
+  std::string e = error_of([&] { run_training(t, o); });
+  expect_collective(e, "the ranks name different folders");
+  EXPECT_NE(e.find((dir.path() / "ckpt_0").string()), std::string::npos) << e;
+  EXPECT_NE(e.find((dir.path() / "ckpt_1").string()), std::string::npos) << e;
+  EXPECT_EQ(t.step_count(), 0);
+  e = error_of([&] { t.save_checkpoint(o.checkpoint_dir); });
+  expect_collective(e, "the ranks name different folders");
+  world().barrier();
+  for (int r = 0; r < world().size(); ++r)
+    EXPECT_FALSE(fs::exists(dir.path() / fmt::format("ckpt_{}", r)));
+}
+
+// Every file of a step folder belongs to its run and step: the optimizer/ folder of another run
+// at the same step (other optimizer options, so other moments), or one of its rank files, is
+// refused on resume naming the file; the step count is unchanged. Restored, the resume goes on.
+TEST(TrainCheckpoint, AnOptimizerFileOfAnotherRunIsRefused) {
+  SharedDir dir("train_ckpt_swap");
+  const fs::path text = write_text(dir.path());
+  TrainRunOptions o;
+  o.checkpoint_every = 2;
+  o.checkpoint_dir = dir.path() / "a";
+  {
+    Trainer a(tiny_config(text, 2), world());
+    run_training(a, o);
+  }
+  TrainConfig other = tiny_config(text, 2);
+  other.optimizer["lr"] = 0.005;
+  o.checkpoint_dir = dir.path() / "b";
+  {
+    Trainer b(other, world());
+    run_training(b, o);
+  }
+  const fs::path step_a = dir.path() / "a" / "step-00000002";
+  const fs::path step_b = dir.path() / "b" / "step-00000002";
+  const fs::path kept = dir.path() / "kept-optimizer";
+  const auto swap = [&](const fs::path& from, const fs::path& to) {
+    if (world().rank() == 0) fs::copy(from, to, fs::copy_options::overwrite_existing);
+    world().barrier();
+  };
+  if (world().rank() == 0) {
+    fs::copy(step_a / "optimizer", kept, fs::copy_options::recursive);
+    fs::remove_all(step_a / "optimizer");
+    fs::copy(step_b / "optimizer", step_a / "optimizer", fs::copy_options::recursive);
+  }
+  world().barrier();
+  {
+    Trainer t(tiny_config(text, 4), world());
+    expect_collective(error_of([&] { t.resume(step_a); }),
+                      fmt::format("'{}' is not the optimizer state this checkpoint was saved with",
+                                  (step_a / "optimizer" / "manifest.json").string()));
+    EXPECT_EQ(t.step_count(), 0);
+  }
+  // The run's own optimizer folder but another run's rank file of the last rank.
+  const std::string rank_file = fmt::format("rank-{:05d}.bin", world().size() - 1);
+  if (world().rank() == 0) {
+    fs::remove_all(step_a / "optimizer");
+    fs::copy(kept, step_a / "optimizer", fs::copy_options::recursive);
+  }
+  world().barrier();
+  swap(step_b / "optimizer" / rank_file, step_a / "optimizer" / rank_file);
+  {
+    Trainer t(tiny_config(text, 4), world());
+    expect_collective(
+        error_of([&] { t.resume(step_a); }),
+        fmt::format("'{}' fails its checksum", (step_a / "optimizer" / rank_file).string()));
+    EXPECT_EQ(t.step_count(), 0);
+  }
+  swap(kept / rank_file, step_a / "optimizer" / rank_file);
+  Trainer t(tiny_config(text, 4), world());
+  t.resume(step_a);
+  EXPECT_EQ(t.step_count(), 2);
+}
+
+// A damaged trainer.json in the newest step folder is named as damaged (not "the checkpoints of
+// 2 runs"), with the previous step folder to resume from; a missing one falls back to it.
+TEST(TrainCheckpoint, ADamagedTrainerJsonIsNamed) {
+  SharedDir dir("train_ckpt_damaged");
+  const fs::path text = write_text(dir.path());
+  const fs::path ckpt = dir.path() / "ckpt";
+  TrainRunOptions o;
+  o.checkpoint_dir = ckpt;
+  o.checkpoint_every = 2;
+  {
+    Trainer a(tiny_config(text, 4), world());
+    run_training(a, o);
+  }
+  const fs::path meta = ckpt / "step-00000004" / "trainer.json";
+  if (world().rank() == 0) {
+    const std::string good = read_text(meta);
+    std::ofstream(meta, std::ios::trunc) << good.substr(0, good.size() / 2);
+  }
+  world().barrier();
+  {
+    Trainer t(tiny_config(text, 6), world());
+    const std::string e = error_of([&] { t.resume(ckpt); });
+    expect_collective(e, fmt::format("'{}' is damaged (", meta.string()));
+    EXPECT_NE(
+        e.find("resume from the previous step folder '" + (ckpt / "step-00000002").string() + "'"),
+        std::string::npos)
+        << e;
+    EXPECT_EQ(e.find("runs"), std::string::npos) << e;
+    EXPECT_EQ(t.step_count(), 0);
+  }
+  if (world().rank() == 0) fs::remove(meta);
+  world().barrier();
+  Trainer t(tiny_config(text, 6), world());
+  t.resume(ckpt);
+  EXPECT_EQ(t.step_count(), 2);
+}
+
+// A save that fails on one rank halfway (its model file over the file-size limit, SIGXFSZ
+// ignored) into a folder holding a complete checkpoint: every rank throws, the folder keeps its
+// checkpoint byte for byte, and no temporary file or staging folder is left.
+TEST(TrainCheckpoint, AFailedSaveKeepsTheCompleteCheckpoint) {
+  SharedDir dir("train_ckpt_failed");
+  const fs::path text = write_text(dir.path());
+  const fs::path ckpt = dir.path() / "ckpt";
+  Trainer t(tiny_config(text, 4), world());
+  t.step();
+  t.save_checkpoint(ckpt);
+  const auto saved = files_of(ckpt);
+  t.step();
+  const int bad = world().size() - 1;
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);
+  if (world().rank() == bad) {
+    struct rlimit small = old;
+    small.rlim_cur = 64;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  }
+  const std::string e = error_of([&] { t.save_checkpoint(ckpt); });
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, old_handler);
+  expect_collective(e, "file-size limit");
+  world().barrier();
+  EXPECT_TRUE(files_of(ckpt) == saved) << "the complete checkpoint was changed";
+  EXPECT_FALSE(fs::exists(dir.path() / ".ckpt.partial"));
+  t.save_checkpoint(ckpt);
+  if (world().rank() == 0) {
+    EXPECT_FALSE(fs::exists(dir.path() / ".ckpt.partial"));
+    EXPECT_EQ(json::parse(read_text(ckpt / "trainer.json")).at("step"), 2);
+  }
 }
 
 }  // namespace
