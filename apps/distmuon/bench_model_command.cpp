@@ -19,42 +19,58 @@
 namespace distmuon::cli {
 
 void BenchModelOptions::add_to(CLI::App& cmd) {
-  cmd.add_option("--model", model,
-                 "Benchmark every Muon shape of a model: train-default (the training run's "
-                 "model), a preset name (distmuon plan --list-models) or a preset JSON file");
+  auto* m = cmd.add_option("--model", model,
+                           "Benchmark every Muon shape of a model: train-default (the training "
+                           "run's model), a preset name (distmuon plan --list-models) or a preset "
+                           "JSON file")
+                ->check(non_empty_path());
+  // Each option below applies to --model only: given without it, it is refused (it used to be
+  // ignored silently).
   cmd.add_option("--profile", profile,
                  "With --model: auto's hardware profile (a name, a JSON file such as distmuon "
                  "calibrate writes, or none)")
-      ->capture_default_str();
-  cmd.add_option("--model-cost", cost_model,
-                 "With --model: auto's cost model, refined or reference")
-      ->capture_default_str();
+      ->check(non_empty_path())
+      ->capture_default_str()
+      ->needs(m);
+  model_cost_alias = add_cost_model_option(cmd, cost_model, "With --model: auto's cost model");
+  model_cost_alias->needs(m);
+  cmd.get_option("--cost-model")->needs(m);
   cmd.add_option("--config", config,
                  "With --model train-default: a training config JSON whose model overrides the "
-                 "default one");
+                 "default one")
+      ->check(non_empty_path())
+      ->needs(m);
   cmd.add_option("--max-elements", max_elements,
                  "With --model: refuse shapes whose matrix or distributed Gram matrix holds more "
                  "elements")
       ->check(at_least<Index>(1))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(m);
   cmd.add_option("--plan", plan,
                  "With --model: how auto plans, estimate (the cost model) or measure (time the "
                  "model's leading candidates first, as the optimizer does with plan measure)")
       ->check(CLI::IsMember({"estimate", "measure"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(m);
   cmd.add_option("--wisdom", wisdom,
-                 "With --plan measure: read and write measured times in this JSON file");
+                 "With --plan measure: read and write measured times in this JSON file")
+      ->check(non_empty_path())
+      ->needs(m);
   cmd.add_option("--plan-reps", plan_reps,
                  "With --plan measure: timed rounds of the planner's candidates (after one "
                  "warm-up)")
       ->check(at_least<int>(1))
-      ->capture_default_str();
-  cmd.add_option("--plot", plot, "With --model: draw per-shape bars per mode into this PNG");
+      ->capture_default_str()
+      ->needs(m);
+  cmd.add_option("--plot", plot, "With --model: draw per-shape bars per mode into this PNG")
+      ->check(non_empty_path())
+      ->needs(m);
 }
 
 void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& common,
                      const CLI::App& cmd, Context& ctx) {
   log_to_stderr();
+  warn_deprecated_cost_model(model.model_cost_alias, ctx.world);
   // Reads --config on every rank (a file one rank may fail to read): agreed on.
   const ModelBenchConfig config = check_on_every_rank(ctx.world, "bench --model", [&] {
     if (cmd.count("--shape") > 0 || cmd.count("--partition-dim") > 0) {
@@ -112,7 +128,7 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
   set_blas_threads(common.threads);
   ProgressLine progress(stdout, ctx.world.rank() == 0 && !common.json);
   ModelBenchConfig run = config;
-  if (progress.active()) run.progress = [&](const std::string& what) { progress.update(what); };
+  run.progress = [&](const std::string& what) { progress.update(what); };
   const ModelBenchReport report = run_model_bench(ctx.world, run, compute);
   progress.clear();
   if (ctx.world.rank() == 0 && !model.plot.empty()) {

@@ -8,6 +8,8 @@
 
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -33,5 +35,33 @@ template <typename T>
 CLI::Validator at_least(T lo) {
   return in_range<T>(lo, std::numeric_limits<T>::max());
 }
+
+// A decimal number from lo to hi (inclusive); NaN and infinities are refused (CLI::Range lets
+// NaN through: every comparison with it is false).
+inline CLI::Validator number_in_range(double lo, double hi) {
+  const std::string desc = fmt::format("NUMBER in [{} - {}]", lo, hi);
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = text.empty() ? std::nan("") : std::strtod(text.c_str(), &end);
+        if (end == text.c_str() + text.size() && std::isfinite(v) && v >= lo && v <= hi) return {};
+        return fmt::format("{} is not a number from {} to {}", text, lo, hi);
+      },
+      desc);
+}
+
+// A file or folder name: an empty one (--checkpoint '') would otherwise mean "not given" and
+// be silently ignored, or name the current folder.
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? std::string("an empty name is no file or folder") : std::string();
+      },
+      "PATH");
+}
+
+// The most Newton-Schulz steps an option accepts: published schedules run 5 to 10 steps, and a
+// run of more than 100 is never useful (the iteration has converged in fp32 long before).
+inline constexpr int kMaxNsStepsOption = 100;
 
 }  // namespace distmuon::cli

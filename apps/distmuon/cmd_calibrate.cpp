@@ -13,6 +13,7 @@
 #include "distmuon/calibrate.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "distmuon/memory_check.h"
 #include "distmuon/progress.h"
 #include "planning_commands.h"
 
@@ -29,16 +30,19 @@ void add_calibrate_command(CLI::App& app, Context& ctx) {
     bool json = false;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--out", o->out, "Profile file to write (JSON)")->required();
+  cmd->add_option("--out", o->out, "Profile file to write (JSON)")
+      ->required()
+      ->check(non_empty_path());
   cmd->add_option("--name", o->c.name, "The profile's name")->capture_default_str();
   cmd->add_option("--sizes", o->c.sizes, "sgemm / ssyrk sizes s (s x s x s), ascending")
       ->delimiter(',')
+      ->check(in_range<Index>(1, kMaxCalibrateSize))
       ->capture_default_str();
   cmd->add_option("--min-bytes", o->c.min_bytes, "First collective payload")
-      ->check(at_least<std::size_t>(1))
+      ->check(in_range<std::size_t>(1, kMaxCalibrateBytes))
       ->capture_default_str();
   cmd->add_option("--max-bytes", o->c.max_bytes, "Largest collective payload")
-      ->check(at_least<std::size_t>(1))
+      ->check(in_range<std::size_t>(1, kMaxCalibrateBytes))
       ->capture_default_str();
   cmd->add_option("--factor", o->c.factor, "Ratio of consecutive payloads")
       ->check(CLI::Range(2, 1024))
@@ -76,8 +80,15 @@ void add_calibrate_command(CLI::App& app, Context& ctx) {
     CalibrateOptions c = o->c;
     c.compute_timing = {1, o->reps};
     c.comm_timing = {5, o->comm_reps};
+    resolve_on_every_rank([&] { c.validate(); });
+    // The largest measurement's buffers, checked on every rank before the first one.
+    check_on_every_rank(ctx.world, "calibrate", [&] {
+      check_memory_fits(c.memory_bytes(ctx.world.size()),
+                        fmt::format("calibrate with sizes up to {} and payloads up to {} bytes",
+                                    c.sizes.back(), c.max_bytes));
+    });
     ProgressLine progress(stdout, ctx.world.rank() == 0 && !o->json);
-    if (progress.active()) c.progress = [&](const std::string& what) { progress.update(what); };
+    c.progress = [&](const std::string& what) { progress.update(what); };
     const CalibrationReport rep = calibrate(ctx.world, c, cpu_compute());
     progress.clear();
     if (ctx.world.rank() == 0) {

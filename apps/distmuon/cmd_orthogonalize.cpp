@@ -18,8 +18,9 @@
 namespace distmuon::cli {
 namespace {
 
-// Rank 0 checks that the output path can take a file, reads the matrix and checks that it is
-// finite; every rank learns whether that worked.
+// Rank 0 checks that the output path can take a file, then reads the matrix and checks that it
+// is finite; every rank learns whether each worked (a bad output path is said as such, not as a
+// failure to read the input).
 Matrix read_on_root(const Communicator& world, const std::string& path, const std::string& out) {
   Matrix full;
   bool ok = true;
@@ -27,6 +28,14 @@ Matrix read_on_root(const Communicator& world, const std::string& path, const st
   if (world.rank() == 0) {
     try {
       check_output_file(out, "output");
+    } catch (const std::exception& e) {
+      ok = false;
+      reason = e.what();
+    }
+  }
+  world.agree_or_throw(ok, "checking the output path", reason);
+  if (world.rank() == 0) {
+    try {
       full = read_npy(path);
       for (float v : full.values()) {
         if (!std::isfinite(v)) throw Error(fmt::format("'{}' contains non-finite values", path));

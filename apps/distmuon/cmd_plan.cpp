@@ -61,7 +61,9 @@ void add_plan_command(CLI::App& app, Context& ctx) {
                   "Dimension the weights are split along (0 rows, 1 columns)")
       ->check(CLI::IsMember({0, 1}))
       ->capture_default_str();
-  cmd->add_option("--steps", o->steps, "Newton-Schulz steps")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Newton-Schulz steps")
+      ->check(in_range<int>(1, kMaxNsStepsOption))
+      ->capture_default_str();
   cmd->add_flag("--syrk,!--no-syrk", o->syrk, "Symmetric products with syrk (default) or gemm");
   cmd->add_option("--ns-algorithm", o->algorithm,
                   "Newton-Schulz algorithms auto may pick: standard (the optimizer's default), "
@@ -69,18 +71,21 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       ->check(CLI::IsMember({"auto", "standard", "gram"}))
       ->capture_default_str();
   cmd->add_option("--elem-size", o->elem_size, "Bytes per element NS runs in (2 bf16, 4 fp32)")
+      ->check(CLI::IsMember({2, 4}))
       ->capture_default_str();
   cmd->add_option("--profile", o->profile,
                   "Hardware profile: a name (distmuon profiles), a JSON file, or none")
+      ->check(non_empty_path())
       ->capture_default_str();
   cmd->add_flag("--crosses-domain", o->crosses, "The group spans NVLink domains");
-  cmd->add_option("--model-cost", o->cost_model, "Cost model: refined or reference")
-      ->capture_default_str();
+  auto* model_cost = add_cost_model_option(*cmd, o->cost_model, "Cost model");
   cmd->add_flag("--json", o->json, "Print the plan as JSON");
   cmd->add_option("--map", o->map,
-                  "Also draw the decision over (m, n) into this PNG (needs gnuplot)");
-  cmd->callback([o, &ctx] {
+                  "Also draw the decision over (m, n) into this PNG (needs gnuplot)")
+      ->check(non_empty_path());
+  cmd->callback([o, &ctx, model_cost] {
     log_to_stderr();
+    warn_deprecated_cost_model(model_cost, ctx.world);
     // Planning is local to rank 0; its errors are agreed on so that every rank ends with them
     // (none is left in MPI_Finalize while rank 0 aborts).
     std::string failure;

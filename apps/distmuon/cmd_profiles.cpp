@@ -20,7 +20,7 @@ void add_profiles_command(CLI::App& app, Context& ctx) {
   };
   auto o = std::make_shared<Opts>();
   cmd->add_flag("--json", o->json, "Print the profiles as JSON (the format of a profile file)");
-  cmd->add_option("--show", o->show, "Print one profile (a name, a device name or a file) in full");
+  cmd->add_option("--show", o->show, "Print one profile (a built-in name or a JSON file) in full");
   cmd->callback([o, &ctx] {
     if (ctx.world.rank() != 0) return;
     if (!o->show.empty()) {
@@ -55,6 +55,22 @@ void log_to_stderr() {
   const auto level = spdlog::default_logger()->level();
   spdlog::set_default_logger(spdlog::stderr_color_mt("stderr"));
   spdlog::default_logger()->set_level(level);
+}
+
+CLI::Option* add_cost_model_option(CLI::App& cmd, std::string& cost_model,
+                                   const std::string& help) {
+  const std::vector<std::string> models{"refined", "reference"};
+  auto* name = cmd.add_option("--cost-model", cost_model, help + ": refined or reference")
+                   ->check(CLI::IsMember(models))
+                   ->capture_default_str();
+  return cmd.add_option("--model-cost", cost_model, "Deprecated: the former name of --cost-model")
+      ->check(CLI::IsMember(models))
+      ->excludes(name);
+}
+
+void warn_deprecated_cost_model(const CLI::Option* alias, const Communicator& world) {
+  if (alias->count() > 0 && world.rank() == 0)
+    spdlog::warn("--model-cost is deprecated: use --cost-model (as train and its config name it)");
 }
 
 void add_planning_commands(CLI::App& app, Context& ctx) {

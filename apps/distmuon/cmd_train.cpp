@@ -2,12 +2,14 @@
 // weights (include/distmuon/trainer.h). See docs/training.md.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli_checks.h"
 #include "commands.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "distmuon/memory_check.h"
 #include "distmuon/train_report.h"
 #include "distmuon/trainer.h"
 
@@ -28,11 +30,14 @@ void add_train_command(CLI::App& app, Context& ctx) {
   auto o = std::make_shared<Opts>();
   const std::string modes = "blockwise|duplicated|distributed|owner|auto";
   cmd->add_option("--config", o->config,
-                  "Training config JSON, merged over the embedded default (docs/training.md)");
-  cmd->add_option("--data", o->data, "Text file to train on (default: the config's data.path)");
+                  "Training config JSON, merged over the embedded default (docs/training.md)")
+      ->check(non_empty_path());
+  cmd->add_option("--data", o->data, "Text file to train on (default: the config's data.path)")
+      ->check(non_empty_path());
   auto* seed = cmd->add_option("--seed", o->seed, "Seed of weights, data split and batches")
                    ->check(at_least<std::uint64_t>(0));
-  auto* steps = cmd->add_option("--steps", o->steps, "Training steps")->check(at_least<int>(1));
+  auto* steps = cmd->add_option("--steps", o->steps, "Training steps (not Newton-Schulz steps)")
+                    ->check(at_least<int>(1));
   const std::vector<std::string> mode_names{"blockwise", "duplicated", "distributed", "owner",
                                             "auto"};
   cmd->add_option("--tp-mode", o->tp_mode, "How Newton-Schulz runs on the shards: " + modes)
@@ -44,7 +49,8 @@ void add_train_command(CLI::App& app, Context& ctx) {
       ->check(CLI::IsMember({"auto", "standard", "gram"}));
   cmd->add_option("--profile", o->profile,
                   "Hardware profile for tp-mode auto: none, a built-in name (distmuon profiles) or "
-                  "a JSON file (distmuon calibrate)");
+                  "a JSON file (distmuon calibrate)")
+      ->check(non_empty_path());
   cmd->add_option("--cost-model", o->cost_model, "Cost model for tp-mode auto: refined|reference")
       ->check(CLI::IsMember({"refined", "reference"}));
   cmd->add_option("--plan", o->plan,
@@ -52,15 +58,20 @@ void add_train_command(CLI::App& app, Context& ctx) {
                   "leading candidates before the first step)")
       ->check(CLI::IsMember({"estimate", "measure"}));
   cmd->add_option("--wisdom", o->wisdom,
-                  "With --plan measure: read and write measured times in this JSON file");
+                  "With --plan measure: read and write measured times in this JSON file")
+      ->check(non_empty_path());
   auto* log_interval = cmd->add_option("--log-interval", o->log_interval, "Print every N steps")
                            ->check(at_least<int>(1));
   auto* eval_interval =
       cmd->add_option("--eval-interval", o->eval_interval, "Validation loss every N steps")
           ->check(at_least<int>(1));
-  cmd->add_option("--log", o->log, "Write one JSON object per step to this file (JSONL)");
+  cmd->add_option("--log", o->log,
+                  "Write one JSON object per step to this file (JSONL); a new run refuses an "
+                  "existing log, --resume continues it")
+      ->check(non_empty_path());
   auto* checkpoint = cmd->add_option("--checkpoint", o->checkpoint,
-                                     "Save checkpoints (weights, optimizer state, step) here");
+                                     "Save checkpoints (weights, optimizer state, step) here")
+                         ->check(non_empty_path());
   cmd->add_option("--checkpoint-every", o->checkpoint_every,
                   "Save every N steps (and at the last step)")
       ->check(at_least<int>(1))
@@ -68,8 +79,10 @@ void add_train_command(CLI::App& app, Context& ctx) {
   cmd->add_flag("--overwrite-checkpoints", o->overwrite_checkpoints,
                 "Replace another run's checkpoints in the --checkpoint folder (refused without it)")
       ->needs(checkpoint);
-  cmd->add_option("--resume", o->resume, "Resume from the checkpoint in this folder");
-  cmd->add_option("--plot", o->plot, "Draw the loss curves into this PNG (needs gnuplot)");
+  cmd->add_option("--resume", o->resume, "Resume from the checkpoint in this folder")
+      ->check(non_empty_path());
+  cmd->add_option("--plot", o->plot, "Draw the loss curves into this PNG (needs gnuplot)")
+      ->check(non_empty_path());
   cmd->add_option(
          "--compare", o->compare,
          "Then train again with this tp-mode from the same start and compare (" + modes + ")")
@@ -79,8 +92,9 @@ void add_train_command(CLI::App& app, Context& ctx) {
                       "; the optimizer runs there, the model on the host (default: the config's "
                       "train.device)");
   cmd->add_option("--progress", o->progress,
-                  "On a terminal without --log: a progress line updated at most every S seconds "
-                  "between logged steps (0: none)")
+                  "Without --log: a progress line between logged steps, on a terminal updated at "
+                  "most every S seconds, else one line every 30 s (0: none)")
+      ->check(number_in_range(0, 3600))
       ->capture_default_str();
   cmd->callback([o, &ctx, seed, steps, log_interval, eval_interval, device] {
     // Every rank checks the options; one message (from rank 0) when they fail.
@@ -107,7 +121,25 @@ void add_train_command(CLI::App& app, Context& ctx) {
                                 to_string(options.tp_mode)));
       }
       if (!o->plot.empty() && ctx.world.rank() == 0) check_plot_possible(o->plot);
-      if (!o->log.empty() && ctx.world.rank() == 0) check_output_file(o->log, "--log");
+      if (!o->log.empty() && ctx.world.rank() == 0) {
+        check_output_file(o->log, "--log");
+        // A new run would truncate the log of an earlier one: refused. --resume keeps the
+        // earlier run's lines up to the resumed step and appends.
+        std::error_code ec;
+        const auto size = std::filesystem::file_size(o->log, ec);
+        if (o->resume.empty() && !ec && size > 0) {
+          throw Error(fmt::format(
+              "--log {}: the file exists ({} bytes) and a new run would overwrite it; remove it, "
+              "name another file, or --resume the run that wrote it",
+              o->log, size));
+        }
+      }
+      // Per rank (the memory each rank has may differ): agreed on below.
+      check_memory_fits(train_memory_bytes(config, ctx.world.size()),
+                        fmt::format("train with a global batch of {} windows over {} rank(s) "
+                                    "(hidden {}, ffn {}, {} layers)",
+                                    config.train.batch, ctx.world.size(), config.model.hidden,
+                                    config.model.ffn, config.model.layers));
     } catch (const std::exception& e) {
       failure = e.what();
     }

@@ -2,8 +2,11 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 
@@ -27,6 +30,10 @@ int main(int argc, char** argv) {
   using namespace distmuon;
   std::optional<MpiRuntime> mpi;
   cli::Context ctx;
+  // Redirected to a file or a pipe, stdout would be block-buffered: a run killed after an hour
+  // would leave its log empty. Line-buffered, each line is in the file once printed.
+  if (::isatty(STDOUT_FILENO) == 0) std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::string command = "distmuon";  // the subcommand, once parsed (for out-of-memory errors)
   try {
     cli::fix_blas_core(argv);  // may re-execute this program: before MPI_Init
     if (launched_by_mpi()) {
@@ -48,11 +55,17 @@ int main(int argc, char** argv) {
     CLI::App app{"distmuon: Muon's Newton-Schulz orthogonalisation on sharded weights"};
     app.require_subcommand(1);
     app.set_version_flag("--version", "distmuon " DISTMUON_VERSION);
+    // Given before or after the subcommand (a subcommand passes options it does not know to
+    // this one). spdlog::level::from_str reads any unknown name as off: the names are checked.
+    app.fallthrough();
     std::string log_level = "info";
-    app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+    app.add_option("--log-level", log_level, "Messages shown: trace, debug, info, warn, error, off")
+        ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
         ->capture_default_str();
     app.parse_complete_callback([&] {
       if (ctx.world.rank() == 0) spdlog::set_level(spdlog::level::from_str(log_level));
+      for (const CLI::App* sub : app.get_subcommands())
+        command = "distmuon " + sub->get_name();
     });
     cli::add_demo_command(app, ctx);
     cli::add_orthogonalize_command(app, ctx);
@@ -66,6 +79,14 @@ int main(int argc, char** argv) {
       return rc;
     }
     return 0;
+  } catch (const std::bad_alloc&) {
+    // Sizes are estimated and refused before the work where they can be (check_memory_fits);
+    // this is an allocation that still failed: said without the library's internals.
+    print_error(fmt::format(
+        "{}: {} ran out of memory (an allocation failed): use smaller sizes or more memory",
+        ctx.world.size() > 1 ? fmt::format(" on rank {}", ctx.world.rank()) : "", command));
+    if (ctx.world.size() > 1) ctx.world.abort(1);
+    return 1;
   } catch (const CollectiveError& e) {
     // Thrown identically on every rank (agreed on): said once, by rank 0.
     if (ctx.world.rank() == 0) print_error(fmt::format(": {}", e.what()));

@@ -27,6 +27,12 @@
 
 namespace distmuon {
 
+// Bounds of CalibrateOptions (validate): an sgemm of 16384^3 is already about 9 TFLOP a run, and
+// a collective payload past 1 GiB nears MPI's int counts (and the payload sweep multiplying past
+// SIZE_MAX would never end).
+inline constexpr Index kMaxCalibrateSize = 16384;
+inline constexpr std::size_t kMaxCalibrateBytes = std::size_t{1} << 30;
+
 struct CalibrateOptions {
   std::string name = "calibrated";                             // the profile's name
   std::vector<Index> sizes = {64, 128, 256, 512, 1024, 2048};  // grid of s and l, ascending
@@ -40,6 +46,11 @@ struct CalibrateOptions {
   // (14/36)"; the CLI sets it on rank 0 for its progress line.
   std::function<void(const std::string&)> progress;
   void validate() const;  // throws distmuon::Error naming the option
+  // Bytes one rank of a group of group_size allocates at most during calibrate(): the largest
+  // sgemm's and ssyrk's matrices, the collective buffers of the largest payload (an all-gather
+  // receives group_size of them) and the elementwise buffers. For check_memory_fits before the
+  // measurements; a double, so absurd sizes cannot wrap.
+  double memory_bytes(int group_size) const;
 };
 
 // A line t(P) = a + b P (seconds, P in payload bytes) through a collective's sweep.

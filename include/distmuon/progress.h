@@ -1,7 +1,8 @@
 #pragma once
 // A progress line for long work (`bench --model`, `calibrate`, `train`): on a terminal, one line
-// rewritten in place ('\r', then erase to the end of the line); anywhere else (a pipe, a log
-// file, JSON output) nothing at all, so logs and machine-readable output stay clean.
+// rewritten in place ('\r', then erase to the end of the line); into a pipe or a log file, a
+// whole line "progress: ..." at a modest rate (every 30 s by default), so that a long run is
+// seen to be alive there too; with JSON output (enabled false) nothing at all.
 
 #include <chrono>
 #include <cstdio>
@@ -17,9 +18,11 @@ bool is_terminal(std::FILE* out);
 
 class ProgressLine {
  public:
-  // The line shows only when enabled (the caller's choice: rank 0, no --json or --log) and `out`
-  // is a terminal. Updates closer together than min_interval_s are skipped.
-  explicit ProgressLine(std::FILE* out = stdout, bool enabled = true, double min_interval_s = 0.2);
+  // Shows only when enabled (the caller's choice: rank 0, no --json or --log). On a terminal,
+  // updates closer together than min_interval_s are skipped; elsewhere an update is written as a
+  // line once log_interval_s has passed since the start or the last line written.
+  explicit ProgressLine(std::FILE* out = stdout, bool enabled = true, double min_interval_s = 0.2,
+                        double log_interval_s = 30.0);
   ~ProgressLine() noexcept;  // clears the line (best effort: never throws)
   ProgressLine(const ProgressLine&) = delete;
   ProgressLine& operator=(const ProgressLine&) = delete;
@@ -34,9 +37,12 @@ class ProgressLine {
  private:
   std::FILE* out_;
   bool active_;
+  bool logging_;  // enabled, not a terminal: whole lines at log_interval_s_
   bool shown_ = false;
   double min_interval_s_;
+  double log_interval_s_;
   std::chrono::steady_clock::time_point last_{};
+  std::chrono::steady_clock::time_point last_logged_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace distmuon

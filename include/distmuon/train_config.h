@@ -62,6 +62,14 @@ TrainConfig load_train_config(const std::string& path);
 // the field ("train config: field 'optimizer.adamw.beta1': ..."); unknown fields are errors.
 MuonOptions optimizer_options(const TrainConfig& config);
 
+// Bytes one of `ranks` data-parallel ranks needs to train with config, estimated up front so
+// that a batch or a model too large for the machine is refused with the figure before any work
+// (check_memory_fits) instead of ending in std::bad_alloc after the data is read. Counts the
+// weights with their gradients and optimizer state (full copies on every rank, an upper bound
+// for sharded weights), the per-window activations of the larger of this rank's training batch
+// and validation windows, and the batch's token ids. A double, so absurd sizes cannot wrap.
+double train_memory_bytes(const TrainConfig& config, int ranks);
+
 // The complete configuration as JSON (every field, so a run's log can record it).
 nlohmann::json to_json(const TrainConfig& config);
 

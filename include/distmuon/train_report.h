@@ -20,8 +20,8 @@ namespace distmuon {
 //  - every log_every steps and at the last step: step, training loss, validation loss when
 //    measured, tokens/s (predicted bytes per second over the interval, all ranks), step time and
 //    the optimizer's time split into NS compute and communication (means over the interval);
-//  - between those, on a terminal only, a progress line rewritten in place (ProgressLine, at
-//    most every progress_seconds; 0: none);
+//  - between those, a progress line (ProgressLine): on a terminal rewritten in place at most
+//    every progress_seconds, into a pipe or a file a whole line every 30 s (0: none);
 //  - checkpoints, and at the end the time and the final validation loss against the unigram
 //    entropy.
 // label (e.g. "duplicated") prefixes every line when not empty.

@@ -11,6 +11,7 @@ is released while it runs, and its errors arrive as distmuon.Error with the same
 """
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
@@ -108,6 +109,26 @@ def process_groups(world, tp_size, gtp_size):
     return _core.make_process_groups(communicator(world), tp_size, gtp_size)
 
 
+def _options_json(options):
+    """Muon's options as the JSON the C++ core reads; a non-finite number (which JSON cannot hold)
+    or a value that is no JSON value is refused naming the option."""
+
+    def check(prefix, values):
+        for key, value in values.items():
+            if isinstance(value, dict):
+                check(f"{prefix}{key}.", value)
+            elif isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"Muon: option '{prefix}{key}' must be a finite number, got {value}")
+            elif not isinstance(value, (str, int, float, bool, type(None))):
+                raise TypeError(
+                    f"Muon: option '{prefix}{key}' has type {type(value).__name__}; "
+                    "options are numbers, strings, booleans or (adamw) a dict"
+                )
+
+    check("", options)
+    return json.dumps(options)
+
+
 class Muon:
     """The Muon optimizer over this rank's shards (C++ distmuon::Muon).
 
@@ -120,7 +141,7 @@ class Muon:
 
     def __init__(self, comm=None, **options):
         self.world = communicator(comm)
-        self._core = _core.MuonCore(json.dumps(options), self.world)
+        self._core = _core.MuonCore(_options_json(options), self.world)
         self._shards = []
         # One Communicator per group object: parameters passed the same group share it (owner
         # mode buckets weights by their groups), and an mpi4py group is duplicated once.

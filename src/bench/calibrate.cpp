@@ -91,6 +91,15 @@ ElementwiseTimes measure_elementwise(const Communicator& group, Index elements,
 
 }  // namespace
 
+double CalibrateOptions::memory_bytes(int group_size) const {
+  const double s = sizes.empty() ? 0.0 : static_cast<double>(sizes.back());
+  const double g = std::max(group_size, 1);
+  // sgemm l x s times s x s into l x s, ssyrk of an s x l matrix into s x s: four s^2 matrices
+  // at most; the all-gather's send buffer and g receive buffers; x and y of the elementwise pass.
+  return sizeof(float) * (4 * s * s + 2 * static_cast<double>(elementwise_elements)) +
+         (g + 1) * static_cast<double>(max_bytes);
+}
+
 void CalibrateOptions::validate() const {
   const auto bad = [](const std::string& why) { throw Error("calibrate: " + why); };
   if (name.empty()) bad("the profile name is empty");
@@ -98,9 +107,15 @@ void CalibrateOptions::validate() const {
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] < 1 || (i > 0 && sizes[i] <= sizes[i - 1]))
       bad(fmt::format("sizes must be positive and ascending, got [{}]", fmt::join(sizes, ", ")));
+    if (sizes[i] > kMaxCalibrateSize)
+      bad(fmt::format("size {} is larger than the largest calibrated, {}", sizes[i],
+                      kMaxCalibrateSize));
   }
   if (min_bytes < 1 || max_bytes < min_bytes)
     bad(fmt::format("collective sizes {} .. {} bytes are not a range", min_bytes, max_bytes));
+  if (max_bytes > kMaxCalibrateBytes)
+    bad(fmt::format("the largest collective payload {} bytes is more than {} (1 GiB)", max_bytes,
+                    kMaxCalibrateBytes));
   if (factor < 2) bad(fmt::format("the size factor must be >= 2, got {}", factor));
   if (elementwise_elements < 1) bad("the elementwise buffer must hold at least one element");
   for (const TimingOptions* t : {&compute_timing, &comm_timing}) {

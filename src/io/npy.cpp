@@ -74,7 +74,8 @@ Matrix read_npy(const std::filesystem::path& path) {
     bad(path, e.what());
   }
   const std::string& dtype = h.descr;
-  if (dtype != "<f4" && dtype != "=f4" && dtype != "f4") {
+  // '|f4' ("byte order not applicable") is float32 in native order to numpy.load, as '=f4' is.
+  if (dtype != "<f4" && dtype != "=f4" && dtype != "|f4" && dtype != "f4") {
     bad(path,
         fmt::format("dtype '{}' is not float32 ('<f4'); convert with arr.astype(numpy.float32)",
                     dtype));

@@ -10,8 +10,10 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <charconv>
 #include <optional>
+#include <string>
 
 #include "distmuon/error.h"
 
@@ -154,7 +156,19 @@ class Parser {
   Index dimension() {
     const std::size_t at = pos_;
     const std::string_view t = token();
-    std::string_view digits = t;
+    // Python's integer literals may group digits with single underscores (8_0 is 80), and
+    // numpy.load reads the header with ast.literal_eval: the same is read here.
+    std::string grouped(t);
+    const auto misplaced = [&](std::size_t i) {
+      return i == 0 || i + 1 >= grouped.size() ||
+             !std::isdigit(static_cast<unsigned char>(grouped[i - 1])) ||
+             !std::isdigit(static_cast<unsigned char>(grouped[i + 1]));
+    };
+    for (std::size_t i = 0; i < grouped.size(); ++i)
+      if (grouped[i] == '_' && misplaced(i))
+        fail(at, fmt::format("'shape' has {}, not an integer", t));
+    std::erase(grouped, '_');
+    std::string_view digits = grouped;
     const bool negative = !digits.empty() && digits.front() == '-';
     if (!digits.empty() && (digits.front() == '+' || digits.front() == '-'))
       digits.remove_prefix(1);

@@ -17,8 +17,13 @@ bool is_terminal(std::FILE* out) {
   return ::ioctl(fd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0;
 }
 
-ProgressLine::ProgressLine(std::FILE* out, bool enabled, double min_interval_s)
-    : out_(out), active_(enabled && is_terminal(out)), min_interval_s_(min_interval_s) {}
+ProgressLine::ProgressLine(std::FILE* out, bool enabled, double min_interval_s,
+                           double log_interval_s)
+    : out_(out),
+      active_(enabled && is_terminal(out)),
+      logging_(enabled && !active_),
+      min_interval_s_(min_interval_s),
+      log_interval_s_(log_interval_s) {}
 
 namespace {
 
@@ -38,8 +43,14 @@ ProgressLine::~ProgressLine() noexcept {
 }
 
 void ProgressLine::update(const std::string& text) {
-  if (!active_) return;
   const auto now = std::chrono::steady_clock::now();
+  if (logging_) {
+    if (std::chrono::duration<double>(now - last_logged_).count() < log_interval_s_) return;
+    last_logged_ = now;
+    write_best_effort(out_, "progress: " + text + "\n");
+    return;
+  }
+  if (!active_) return;
   if (shown_ && std::chrono::duration<double>(now - last_).count() < min_interval_s_) return;
   last_ = now;
   shown_ = true;

@@ -2,7 +2,11 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
+#include <utility>
 
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
@@ -151,36 +155,78 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                        {"weight_decay", o.adamw.weight_decay}}}};
 }
 
+namespace {
+
+// The option key of object j as T, with an error that names the option and the type it needs
+// (nlohmann's own says "type must be number, but is string" and names nothing).
+template <typename T>
+T option(const nlohmann::json& j, const char* key, std::string_view prefix = "") {
+  const auto it = j.find(key);
+  if (it == j.end()) throw Error(fmt::format("MuonOptions: missing option '{}{}'", prefix, key));
+  const nlohmann::json& v = *it;
+  const auto wrong = [&](std::string_view expected) {
+    return Error(fmt::format("MuonOptions: option '{}{}' must be {}, got {} {}", prefix, key,
+                             expected, v.type_name(), v.dump()));
+  };
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) throw wrong("true or false");
+    return v.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (v.is_number_unsigned() && std::in_range<T>(v.get<std::uint64_t>()))
+      return static_cast<T>(v.get<std::uint64_t>());
+    if (v.is_number_integer() && std::in_range<T>(v.get<std::int64_t>()))
+      return static_cast<T>(v.get<std::int64_t>());
+    throw wrong(fmt::format("an integer from {} to {}", std::numeric_limits<T>::min(),
+                            std::numeric_limits<T>::max()));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) throw wrong("a number");
+    return v.get<T>();
+  } else {
+    static_assert(std::is_same_v<T, std::string>);
+    if (!v.is_string()) throw wrong("a string");
+    return v.get<std::string>();
+  }
+}
+
+}  // namespace
+
 void from_json(const nlohmann::json& j, MuonOptions& o) {
-  j.at("lr").get_to(o.lr);
-  j.at("momentum").get_to(o.momentum);
-  j.at("nesterov").get_to(o.nesterov);
-  j.at("weight_decay").get_to(o.weight_decay);
-  o.weight_decay_method = parse_weight_decay_method(j.at("weight_decay_method").get<std::string>());
-  j.at("coefficients").get_to(o.coefficients);
-  j.at("custom_coefficients").get_to(o.custom_coefficients);
-  j.at("steps").get_to(o.steps);
+  if (!j.is_object())
+    throw Error(fmt::format("MuonOptions: expected a JSON object, got {}", j.type_name()));
+  o.lr = option<double>(j, "lr");
+  o.momentum = option<double>(j, "momentum");
+  o.nesterov = option<bool>(j, "nesterov");
+  o.weight_decay = option<double>(j, "weight_decay");
+  o.weight_decay_method = parse_weight_decay_method(option<std::string>(j, "weight_decay_method"));
+  o.coefficients = option<std::string>(j, "coefficients");
+  o.custom_coefficients = option<std::string>(j, "custom_coefficients");
+  o.steps = option<int>(j, "steps");
   // Absent in options written before eps was an option: keep the default.
-  if (j.contains("eps")) j.at("eps").get_to(o.eps);
-  j.at("use_syrk").get_to(o.use_syrk);
+  if (j.contains("eps")) o.eps = option<double>(j, "eps");
+  o.use_syrk = option<bool>(j, "use_syrk");
   // Absent in options written before the Gram algorithm existed: keep the defaults.
   if (j.contains("ns_algorithm"))
-    o.ns_algorithm = parse_ns_algorithm(j.at("ns_algorithm").get<std::string>());
-  if (j.contains("gram_restart")) j.at("gram_restart").get_to(o.gram_restart);
-  o.scale_mode = parse_scale_mode(j.at("scale_mode").get<std::string>());
-  j.at("extra_scale_factor").get_to(o.extra_scale_factor);
-  o.tp_mode = parse_tp_mode(j.at("tp_mode").get<std::string>());
-  j.at("cost_model").get_to(o.cost_model);
-  j.at("profile").get_to(o.profile);
+    o.ns_algorithm = parse_ns_algorithm(option<std::string>(j, "ns_algorithm"));
+  if (j.contains("gram_restart")) o.gram_restart = option<int>(j, "gram_restart");
+  o.scale_mode = parse_scale_mode(option<std::string>(j, "scale_mode"));
+  o.extra_scale_factor = option<double>(j, "extra_scale_factor");
+  o.tp_mode = parse_tp_mode(option<std::string>(j, "tp_mode"));
+  o.cost_model = option<std::string>(j, "cost_model");
+  o.profile = option<std::string>(j, "profile");
   // Absent in options written before measure mode: plan by the estimate.
-  if (j.contains("plan")) o.plan = parse_plan_mode(j.at("plan").get<std::string>());
-  if (j.contains("wisdom")) j.at("wisdom").get_to(o.wisdom);
-  const auto& a = j.at("adamw");
-  a.at("lr").get_to(o.adamw.lr);
-  a.at("beta1").get_to(o.adamw.beta1);
-  a.at("beta2").get_to(o.adamw.beta2);
-  a.at("eps").get_to(o.adamw.eps);
-  a.at("weight_decay").get_to(o.adamw.weight_decay);
+  if (j.contains("plan")) o.plan = parse_plan_mode(option<std::string>(j, "plan"));
+  if (j.contains("wisdom")) o.wisdom = option<std::string>(j, "wisdom");
+  const auto it = j.find("adamw");
+  if (it == j.end() || !it->is_object())
+    throw Error(
+        "MuonOptions: option 'adamw' must be an object {lr, beta1, beta2, eps, "
+        "weight_decay}");
+  const auto& a = *it;
+  o.adamw.lr = option<double>(a, "lr", "adamw.");
+  o.adamw.beta1 = option<double>(a, "beta1", "adamw.");
+  o.adamw.beta2 = option<double>(a, "beta2", "adamw.");
+  o.adamw.eps = option<double>(a, "eps", "adamw.");
+  o.adamw.weight_decay = option<double>(a, "weight_decay", "adamw.");
 }
 
 }  // namespace distmuon

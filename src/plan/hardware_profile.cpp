@@ -11,6 +11,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "distmuon/json_file.h"
 #include "plan/data_folder.h"
 #include "plan/json_fields.h"
 
@@ -146,6 +147,11 @@ std::optional<CollectiveFit> fit_from_json(const json& j, const char* key) {
 
 Calibration calibration_from_json(const json& j) {
   if (!j.is_object()) throw Error("hardware profile: field 'calibration' must be an object");
+  detail::json_known_fields(
+      j,
+      {"elem_size", "group_size", "blas_threads", "crosses_domain", "gram_syrk", "update_gemm",
+       "elementwise_gelems", "all_gather", "all_reduce", "host", "date"},
+      kWhat, "calibration.");
   Calibration c;
   c.elem_size = field<int>(j, "elem_size");
   c.group_size = field<int>(j, "group_size");
@@ -287,12 +293,19 @@ void to_json(json& j, const HardwareProfile& p) {
 void from_json(const json& j, HardwareProfile& p) {
   if (!j.is_object())
     throw Error(fmt::format("hardware profile: expected a JSON object, got {}", j.type_name()));
+  detail::json_known_fields(
+      j,
+      {"name", "device", "peak_tflops", "intra_domain_gbps", "inter_domain_gbps",
+       "intra_domain_latency_us", "inter_domain_latency_us", "domain_size",
+       "intra_domain_peer_gbps", "source", "calibration"},
+      kWhat);
   HardwareProfile out;
   out.name = field<std::string>(j, "name");
   out.device = optional_field<std::string>(j, "device", out.name);
   const json peak = field<json>(j, "peak_tflops");
   if (!peak.is_object())
     throw Error("hardware profile: field 'peak_tflops' must be an object {\"bf16\", \"fp32\"}");
+  detail::json_known_fields(peak, {"bf16", "fp32"}, kWhat, "peak_tflops.");
   try {
     out.peak_tflops_bf16 = field<double>(peak, "bf16");
     out.peak_tflops_fp32 = field<double>(peak, "fp32");
@@ -318,12 +331,12 @@ void from_json(const json& j, HardwareProfile& p) {
 }
 
 HardwareProfile load_profile(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) throw Error(fmt::format("cannot open hardware profile '{}'", file.string()));
+  const json j = read_json_file(file, "hardware profile");
   try {
-    return json::parse(in).get<HardwareProfile>();
+    return j.get<HardwareProfile>();
   } catch (const json::exception& e) {
-    throw Error(fmt::format("hardware profile '{}': invalid JSON: {}", file.string(), e.what()));
+    throw Error(
+        fmt::format("hardware profile '{}': invalid JSON: {}", file.string(), json_error_text(e)));
   } catch (const Error& e) {
     throw Error(fmt::format("{} in '{}'", e.what(), file.string()));
   }

@@ -3,7 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -39,6 +43,19 @@ T json_field(const nlohmann::json& j, const char* key, std::string_view what) {
   } catch (const nlohmann::json::exception&) {
     throw Error(fmt::format("{}: field '{}' has the wrong type ({}: {})", what, key,
                             it->type_name(), it->dump()));
+  }
+}
+
+// Refuses a field of object j that is not among known: a misspelled optional field would
+// otherwise be ignored and its default used silently. prefix names the enclosing object
+// ("calibration.") in the message.
+inline void json_known_fields(const nlohmann::json& j,
+                              std::initializer_list<std::string_view> known, std::string_view what,
+                              std::string_view prefix = "") {
+  for (const auto& [key, value] : j.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    throw Error(fmt::format("{}: unknown field '{}{}' (valid: {})", what, prefix, key,
+                            fmt::join(known, ", ")));
   }
 }
 

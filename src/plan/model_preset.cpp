@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distmuon/error.h"
+#include "distmuon/json_file.h"
 #include "plan/data_folder.h"
 #include "plan/json_fields.h"
 
@@ -156,12 +157,12 @@ void from_json(const json& j, ModelPreset& p) {
 }
 
 ModelPreset load_model(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) throw Error(fmt::format("cannot open model preset '{}'", file.string()));
+  const json j = read_json_file(file, "model preset");
   try {
-    return json::parse(in).get<ModelPreset>();
+    return j.get<ModelPreset>();
   } catch (const json::exception& e) {
-    throw Error(fmt::format("model preset '{}': invalid JSON: {}", file.string(), e.what()));
+    throw Error(
+        fmt::format("model preset '{}': invalid JSON: {}", file.string(), json_error_text(e)));
   } catch (const Error& e) {
     throw Error(fmt::format("{} in '{}'", e.what(), file.string()));
   }

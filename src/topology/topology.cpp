@@ -16,6 +16,7 @@
 
 #include "core/host.h"
 #include "distmuon/error.h"
+#include "distmuon/json_file.h"
 #include "topology/nvml_fabric.h"
 
 namespace distmuon {
@@ -30,14 +31,7 @@ const char* env(const char* name) {
 
 // The domain of world_rank in a topology file ({"ranks": [{"rank": r, "domain": "id"}, ...]}).
 std::string domain_from_file(const std::string& path, int world_rank) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("DISTMUON_TOPOLOGY_FILE: cannot open '{}'", path));
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("topology file '{}': invalid JSON: {}", path, e.what()));
-  }
+  const json j = read_json_file(path, "DISTMUON_TOPOLOGY_FILE: topology file");
   const auto bad = [&](const std::string& what) {
     return Error(fmt::format("topology file '{}': {}", path, what));
   };

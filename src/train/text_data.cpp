@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "distmuon/error.h"
+#include "distmuon/json_file.h"
 #include "train/counter_rng.h"
 
 namespace distmuon {
@@ -71,11 +72,8 @@ TextData::TextData(std::vector<std::uint8_t> bytes, const TextDataOptions& optio
 }
 
 TextData TextData::from_file(const std::string& path, const TextDataOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("text data: cannot open '{}'", path));
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                                  std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error(fmt::format("text data: reading '{}' failed", path));
+  const std::string text = read_text_file(path, "text data");
+  std::vector<std::uint8_t> bytes(text.begin(), text.end());
   try {
     return TextData(std::move(bytes), options);
   } catch (const Error& e) {

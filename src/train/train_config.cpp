@@ -3,12 +3,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <set>
 #include <vector>
 
 #include "distmuon/error.h"
+#include "distmuon/json_file.h"
 
 namespace distmuon {
 namespace detail {
@@ -168,19 +171,32 @@ TrainConfig parse_train_config(const json& overrides) {
 }
 
 TrainConfig load_train_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("train config: cannot open '{}'", path));
-  json overrides;
-  try {
-    overrides = json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("train config '{}': not valid JSON: {}", path, e.what()));
-  }
+  const json overrides = read_json_file(path, "train config");
   try {
     return parse_train_config(overrides);
   } catch (const Error& e) {
     throw Error(fmt::format("{} (in '{}')", e.what(), path));
   }
+}
+
+double train_memory_bytes(const TrainConfig& config, int ranks) {
+  const CharLmConfig& m = config.model;
+  double params = 0;
+  for (const CharLmParamInfo& p : charlm_param_infos(m))
+    params += static_cast<double>(p.rows) * static_cast<double>(p.cols);
+  // Weights, gradients, Muon's momentum or AdamW's two moments, and NS's copy and workspace.
+  const double state = 6 * params;
+  // What CharLm::resize allocates per window: the input and its gradient (C x E each), the
+  // residual stream (L + 1 layers of H), per block an inverse RMS, the normed input and two
+  // activations of F, the final normed row, the probabilities (V) and three H / F gradient rows.
+  const double c = m.context, e = m.embed, h = m.hidden, f = m.ffn, l = m.layers, v = m.vocab;
+  const double per_window = 2 * c * e + (l + 1) * h + l * (1 + h + 2 * f) + h + v + 2 * h + f;
+  const double r = std::max(ranks, 1);
+  const double windows = std::max(std::ceil(static_cast<double>(config.train.batch) / r),
+                                  std::ceil(static_cast<double>(config.train.eval_windows) / r));
+  // The batches' token ids and targets (int32), training and validation, held at once.
+  const double ids = 4 * (c + 1) * windows * 2;
+  return sizeof(float) * (state + per_window * windows) + ids;
 }
 
 MuonOptions optimizer_options(const TrainConfig& config) {

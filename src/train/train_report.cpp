@@ -113,7 +113,7 @@ void ConsoleReport::on_step(const StepRecord& r) {
         interval_comm_ms_ / n));
     interval_steps_ = 0;
     interval_step_ms_ = interval_opt_ms_ = interval_comm_ms_ = 0;
-  } else if (progress_.active()) {
+  } else {  // a line on a terminal, or one every 30 s into a log
     progress_.update(fmt::format("{}... step {}/{} ({:.0f}%), {:.1f} s elapsed", prefix_, r.step,
                                  steps_, 100.0 * double(r.step) / steps_, since(started_)));
   }

@@ -233,7 +233,7 @@ TEST_F(CliBadProfile, ZeroPeak) {
 TEST_F(CliBadProfile, NotJson) {
   write("profile.json", profile_.dump().substr(0, 40));
   expect_refused("plan --model llama3-8b --group-size 2 --profile " + path("profile.json"),
-                 "invalid JSON");
+                 "not valid JSON");
 }
 
 // ---- model presets (plan --model FILE) --------------------------------------------------------

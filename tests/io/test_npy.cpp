@@ -168,7 +168,10 @@ TEST_F(Npy, ParsesTheHeaderLiteralAsNumpyDoes) {
       "{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2, 3)}",
       "{'descr':'<f4','fortran_order':False,'shape':(2,3,),}",
       "{\n  'descr': '<f4',\n\t'fortran_order': False,\n  'shape': ( 2 , +3 )\n}",
-      "{'descr': 'f4', 'fortran_order': False, 'shape': (2, 3)}"};
+      "{'descr': 'f4', 'fortran_order': False, 'shape': (2, 3)}",
+      // numpy.load reads these too: '|f4' is float32 ("byte order not applicable"), and the
+      // shape is a Python literal, whose integers may group digits with underscores.
+      "{'descr': '|f4', 'fortran_order': False, 'shape': (2, 3)}"};
   for (std::size_t i = 0; i < dicts.size(); ++i) {
     SCOPED_TRACE(dicts[i]);
     for (int major : {1, 3}) {
@@ -178,6 +181,24 @@ TEST_F(Npy, ParsesTheHeaderLiteralAsNumpyDoes) {
       EXPECT_EQ(m.rows(), 2);
       EXPECT_EQ(m.cols(), 3);
     }
+  }
+}
+
+// A shape's integers may group digits with single underscores, as Python's literals (and so
+// numpy.load) allow: (1_0, 3) is 10 x 3. Misplaced underscores are refused as Python refuses them.
+TEST_F(Npy, ReadsDigitGroupsInTheShape) {
+  const fs::path p = dir_ / "grouped.npy";
+  write_raw(p, npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1_0, 3)}", 120));
+  const Matrix m = read_npy(p);
+  EXPECT_EQ(m.rows(), 10);
+  EXPECT_EQ(m.cols(), 3);
+  for (const char* shape : {"(1__0, 3)", "(10_, 3)", "(_10, 3)", "(0_2, 3)"}) {
+    SCOPED_TRACE(shape);
+    const fs::path bad = dir_ / "bad_grouped.npy";
+    write_raw(bad, npy_bytes(fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': {}}}",
+                                         shape),
+                             120));
+    expect_read_error(bad, "not an integer");
   }
 }
 

@@ -127,6 +127,29 @@ TEST(ProgressLine, NothingWhenDisabledOrNotATerminal) {
   std::filesystem::remove(path);
 }
 
+// Off a terminal (a log file) an enabled line is written whole, "progress: ...\n", at most once per
+// log interval: a long run says it is alive in its log without flooding it.
+TEST(ProgressLine, WholeLinesAtTheLogIntervalIntoAFile) {
+  ASSERT_EQ(::unsetenv("DISTMUON_PROGRESS"), 0);
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("distmuon_progress_log_" + std::to_string(::getpid()) + ".txt");
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  ASSERT_NE(file, nullptr);
+  {
+    ProgressLine now(file, true, 0.2, 0.0);  // every update is due
+    EXPECT_FALSE(now.active());
+    now.update("step 1/3");
+    now.update("step 2/3");
+    ProgressLine later(file, true, 0.2, 3600.0);  // none is due within the hour
+    later.update("step 3/3");
+  }
+  std::fclose(file);
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "progress: step 1/3\nprogress: step 2/3\n");
+  std::filesystem::remove(path);
+}
+
 // Writes that fail (here /dev/full, unbuffered, so each write fails at once with ENOSPC) are
 // ignored: update() does not throw, and neither does the destructor's clear() (it used to throw
 // from the destructor: std::terminate).

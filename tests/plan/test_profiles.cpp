@@ -129,7 +129,7 @@ TEST(Profiles, MalformedFilesNameTheField) {
   EXPECT_NE(load_error(j.dump()).find("'intra_domain_gbps'"), std::string::npos);
 
   const std::string syntax = load_error("{\"name\": \"x\",");
-  EXPECT_NE(syntax.find("invalid JSON"), std::string::npos) << syntax;
+  EXPECT_NE(syntax.find("not valid JSON"), std::string::npos) << syntax;
   EXPECT_NE(syntax.find("bad.json"), std::string::npos) << syntax;  // names the file
   EXPECT_THROW(load_profile(temp_path("does-not-exist.json")), Error);
 }

@@ -108,6 +108,22 @@ def test_bad_shard_shape_refused():
         distmuon.Muon(COMM, lrr=0.1)
 
 
+def test_bad_option_values_name_the_option():
+    # A non-finite number (JSON cannot hold it) and a value of the wrong type are refused naming
+    # the option, not with a JSON parser's message.
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="option 'lr' must be a finite number"):
+            distmuon.Muon(COMM, lr=bad)
+    with pytest.raises(ValueError, match="option 'adamw.eps' must be a finite number"):
+        distmuon.Muon(COMM, adamw={"eps": float("nan")})
+    with pytest.raises(distmuon.Error, match="option 'lr' must be a number, got string \"0.1\""):
+        distmuon.Muon(COMM, lr="0.1")
+    with pytest.raises(distmuon.Error, match="option 'steps' must be an integer"):
+        distmuon.Muon(COMM, steps=2.5)
+    with pytest.raises(TypeError, match="option 'lr' has type list"):
+        distmuon.Muon(COMM, lr=[0.1])
+
+
 def test_bad_gradient_raises_on_every_rank():
     opt, _ = sharded_run("duplicated", 0)
     grads = [shard(full_grad(m, n, k, 1), dim, G, R) for k, (_, m, n, dim) in enumerate(WEIGHTS)]
