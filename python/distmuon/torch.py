@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from . import Communicator, Error, Muon as _CoreMuon, communicator
+from . import _dtensor
 from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the same helper)
 
 _GROUP_KEYS = ("lr", "weight_decay", "adamw_lr", "adamw_weight_decay")
@@ -28,6 +29,8 @@ class Layout:
     rows x cols: the full, unpadded weight. tp_dim 0/1: split over tp_group (a
     distmuon.Communicator, a torch process group, or "world": the optimizer's process group).
     gtp_group: the TP-local tensor, padded with `pad` zero rows, split by rows over it.
+    tp_pad: zero rows/columns extending the full weight along tp_dim (uneven TP shards).
+    A DTensor parameter needs none: its layout comes from its mesh and placements (_dtensor.py).
     qkv_split: rows per query group of each block type. role: hidden (Muon), embedding,
     output_head or other (AdamW); use_muon False sends a hidden matrix to AdamW too.
     """
@@ -43,6 +46,7 @@ class Layout:
     expert: bool = False
     expert_rank: int = 0
     name: Optional[str] = None
+    tp_pad: int = 0
 
 
 def _default_layout(p):
@@ -76,6 +80,7 @@ class Muon(torch.optim.Optimizer):
             id(process_group): (process_group, self._world)}
         self._options = dict(options, tp_mode=tp_mode)
         self._cores = []  # one C++ optimizer per param group
+        self._dtensor_entries = []  # per param group: per parameter, its _dtensor.Entry or None
         defaults = dict(lr=lr, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_weight_decay=adamw_weight_decay)
         super().__init__(params, defaults)
@@ -112,18 +117,24 @@ class Muon(torch.optim.Optimizer):
         # This rank's checks first, agreed before anything collective (an mpi4py group's
         # communicator is made by MPI_Comm_dup on every rank).
         failure = ""
-        layouts = []
+        layouts, entries = [], []
         try:
             layouts = group.get("layouts") or [None] * len(group["params"])
             if len(layouts) != len(group["params"]):
                 raise Error(f"{len(layouts)} layouts for {len(group['params'])} parameters")
-            for k, p in enumerate(group["params"]):
-                if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
+            # DTensor parameters (FSDP2, TP): layout and updated tensor from the placements.
+            entries = [_dtensor.entry(p, lo or getattr(p, "distmuon_layout", None), Layout,
+                                      f"{k} of group {gi}") if _dtensor.is_dtensor(p) else None
+                       for k, (p, lo) in enumerate(zip(group["params"], layouts))]
+            for k, (p, e) in enumerate(zip(group["params"], entries)):
+                if e is None and (p.dtype != torch.float32 or p.device.type != "cpu" or
+                                  not p.is_contiguous()):
                     raise Error(f"parameter {k} is {p.dtype} on {p.device}"
                                 f"{'' if p.is_contiguous() else ', strided'}; distmuon updates "
                                 "contiguous CPU float32 parameters in place")
-            layouts = [layout or getattr(p, "distmuon_layout", None) or _default_layout(p)
-                       for p, layout in zip(group["params"], layouts)]
+            layouts = [e.layout if e is not None else
+                       layout or getattr(p, "distmuon_layout", None) or _default_layout(p)
+                       for p, layout, e in zip(group["params"], layouts, entries)]
         except Exception as e:  # any refusal, whatever its type: agreed below
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
@@ -138,21 +149,33 @@ class Muon(torch.optim.Optimizer):
                              **self._options)
             for k, (p, layout, (tp, gtp)) in enumerate(zip(group["params"], layouts, groups)):
                 name = layout.name or f"group{gi}.param{k}"
-                core.add_parameter(p.data, name, layout.rows, layout.cols, role=layout.role,
+                e = entries[k]  # DTensor: the local (or staged) tensor
+                core.add_parameter(p.data if e is None else e.work, name, layout.rows,
+                                   layout.cols, role=layout.role,
                                    use_muon=layout.use_muon, tp_dim=layout.tp_dim, tp_group=tp,
                                    gtp_group=gtp, pad=layout.pad, expert=layout.expert,
-                                   expert_rank=layout.expert_rank, qkv_split=layout.qkv_split)
-                addresses.append(p.data_ptr())
+                                   expert_rank=layout.expert_rank, qkv_split=layout.qkv_split,
+                                   tp_pad=layout.tp_pad)
+                addresses.append(p.data_ptr() if e is None else e.local.data_ptr())
         except Exception as e:
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
         self._cores.append((core, addresses))
+        self._dtensor_entries.append(entries)
 
     def _check_group(self, gi, group, core, addresses, finite):
         """This rank's gradients of param group gi, or the reason it cannot step (rank-local;
         finite: also look for a non-finite gradient, which the C++ step checks itself)."""
         grads = []
         for k, p in enumerate(group["params"]):
+            e = self._dtensor_entries[gi][k]
+            if e is not None:  # DTensor: its local gradient (staged when padded)
+                why = _dtensor.check_storage(e, p)
+                a, why = (None, why) if why else _dtensor.read_grad(e, p, finite)
+                if why:
+                    return None, f"DTensor parameter {k} of group {gi} {why}"
+                grads.append(a)
+                continue
             if p.data_ptr() != addresses[k]:
                 return None, (f"parameter {k} of group {gi} was given new storage after the "
                               "optimizer was built (update it in place)")
@@ -199,6 +222,8 @@ class Muon(torch.optim.Optimizer):
             # The arrays are checked views already: straight to the C++ step.
             why = failure if gi == 0 else ""
             core._core.step([] if why or grads is None else grads, why)
+        for entries in self._dtensor_entries:  # DTensor: staged updates into the local tensors
+            _dtensor.write_back(entries)
         return loss
 
     def plan(self):
@@ -208,9 +233,12 @@ class Muon(torch.optim.Optimizer):
 
     def state_dict(self):
         # The C++ state (copies) goes into the usual per-parameter state.
-        for group, (core, _) in zip(self.param_groups, self._cores):
+        for group, (core, _), entries in zip(self.param_groups, self._cores,
+                                             self._dtensor_entries):
             for k, p in enumerate(group["params"]):
                 tensors = [torch.from_numpy(t.copy()) for t in core.state_tensors(k)]
+                if entries[k] is not None:  # DTensor: state as DTensors like the parameter
+                    tensors = [_dtensor.wrap_state(entries[k], p, t) for t in tensors]
                 st = {"step": torch.tensor(float(core.step_count))}
                 if len(tensors) == 1:
                     st["momentum_buffer"] = tensors[0]
@@ -221,7 +249,8 @@ class Muon(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
-        for group, (core, _) in zip(self.param_groups, self._cores):
+        for group, (core, _), entries in zip(self.param_groups, self._cores,
+                                             self._dtensor_entries):
             for k, p in enumerate(group["params"]):
                 st = self.state.get(p)
                 if not st:
@@ -229,6 +258,9 @@ class Muon(torch.optim.Optimizer):
                 dst = core.state_tensors(k)
                 src = [st["momentum_buffer"]] if len(dst) == 1 else [st["exp_avg"],
                                                                     st["exp_avg_sq"]]
+                if entries[k] is not None:  # DTensor: its local state, padded as registered
+                    src = [_dtensor.unwrap_state(entries[k], p, s, "distmuon.torch.Muon."
+                                                 f"load_state_dict: parameter {k}") for s in src]
                 for d, s in zip(dst, src):
                     if tuple(s.shape) != d.shape:
                         raise Error(f"distmuon.torch.Muon.load_state_dict: state of parameter "

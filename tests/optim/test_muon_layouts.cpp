@@ -66,7 +66,8 @@ void check_layout(const TestLayout& l, TpMode mode) {
       const Matrix u_local = test::shard_for(u.view(), l, r.tp_rank, r.gtp_rank);
       const Matrix upd = test::reference_orthogonalize(
           u_local.view(), ids, l.qkv, o.ns_options(),
-          [&](Index m, Index n) { return muon_scale(o.scale_mode, m, n); });
+          // The block's own shape: its real columns (tp_pad's zero columns excluded).
+          [&](Index m, Index) { return muon_scale(o.scale_mode, m, l.tp_cols(r.tp_rank)); });
       ref.apply(p_shard, upd.view());
       expected = Matrix::from(p_shard.view());
     } else {
