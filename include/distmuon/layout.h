@@ -4,10 +4,11 @@
 //
 // A weight of full shape m x n may be split over a TP group along tp_dim (rows or columns, equal
 // TP shards of the weight padded with tp_pad zero rows or columns: uneven shards as torch.chunk
-// cuts them, the last ranks short or empty), each TP-local tensor padded with zero rows to a multiple of the GTP group and split
-// by rows over the GTP group; its rows may form QKV blocks (query groups of q, [gate,] k, v rows),
-// each block type orthogonalised on its own. newton_schulz_tp (tp.h) is the case of one group
-// (TP only, no padding, no QKV split); Muon runs every parameter through orthogonalize_shard.
+// cuts them, the last ranks short or empty), each TP-local tensor padded with zero rows to a
+// multiple of the GTP group and split by rows over the GTP group; its rows may form QKV blocks
+// (query groups of q, [gate,] k, v rows), each block type orthogonalised on its own.
+// newton_schulz_tp (tp.h) is the case of one group (TP only, no padding, no QKV split); Muon runs
+// every parameter through orthogonalize_shard.
 //
 // Every mode is written as three steps:
 //   1. build a work matrix P from the local shard (gathered over none, one or both groups), and

@@ -215,7 +215,8 @@ def read_grad(e, p, finite):
                       f"{'' if gl.is_contiguous() else ', strided'}; expected contiguous CPU "
                       "float32")
     if gl.shape != e.local.shape:
-        return None, f"has a local gradient {tuple(gl.shape)}, the local weight {tuple(e.local.shape)}"
+        return None, (f"has a local gradient {tuple(gl.shape)}, the local weight "
+                      f"{tuple(e.local.shape)}")
     if finite and not bool(torch.isfinite(gl).all()):
         return None, "has a non-finite gradient"
     if not e.staged:

@@ -201,8 +201,8 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   if (ps.local.rows != l.shard_rows() || ps.local.cols != l.n_tp() || ps.local.ld < ps.local.cols ||
       (ps.local.data == nullptr && ps.local.size() > 0)) {
     throw Error(fmt::format(
-        "{}: the local shard is {} but a {} weight (TP {} on dim {}, TP pad {}, pad {}, GTP {}) has "
-        "{} shards",
+        "{}: the local shard is {} but a {} weight (TP {} on dim {}, TP pad {}, pad {}, GTP {}) "
+        "has {} shards",
         what, shape_str(ps.local), shape_str(l.m, l.n), l.tp_size, l.tp_dim, l.tp_pad, l.pad,
         l.gtp_size,
         shape_str(l.shard_rows(), l.n_tp())));

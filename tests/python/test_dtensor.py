@@ -5,7 +5,8 @@ the same model trained unsharded in one process; the state goes through
 torch.distributed.checkpoint and resumes bit-exact, on the same or on other placements.
 
 The shapes are uneven at 4 processes (10, 7 and 6 rows or columns over 4 ranks: torch.chunk
-leaves short and empty shards) and at 2 (7 over 2).
+leaves short and empty shards) and at 2 (9 and 7 over 2), for FSDP2's row splits and for TP's row
+and column splits.
 """
 import os
 import tempfile
@@ -42,13 +43,21 @@ def _torch_distributed():
     yield
 
 
+def _hidden():
+    """a's outputs (b's inputs): uneven over the TP ranks of a 1-D mesh (10 over 4: 3, 3, 3, 1;
+    9 over 2: 5, 4) and even over the 2 TP ranks of the 4-process 2-D mesh (an uneven TP row
+    split followed by the FSDP2 split is refused, test_refused_placements_and_gradients)."""
+    return 10 if dist.get_world_size() >= 4 else 9
+
+
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
+        h = _hidden()
         self.emb = nn.Embedding(V, D)
-        self.a = nn.Linear(D, 10)  # 10 x 12
-        self.b = nn.Linear(10, 7)  # 7 x 10
-        self.c = nn.Linear(7, 6)   # 6 x 7
+        self.a = nn.Linear(D, h)  # h x 12
+        self.b = nn.Linear(h, 7)  # 7 x h
+        self.c = nn.Linear(7, 6)  # 6 x 7 (2, 2, 2, 0 over 4 TP ranks)
 
     def forward(self, x):
         h = torch.tanh(self.a(self.emb(x)))
@@ -69,7 +78,9 @@ def _batch(step):
 
 
 def _tp_plan():
-    return {"a": ColwiseParallel(), "b": RowwiseParallel(),
+    # a's output stays a DTensor: RowwiseParallel would rebuild it from its local tensors with the
+    # global shape of even shards (4 x 3 = 12 columns, not 10).
+    return {"a": ColwiseParallel(use_local_output=False), "b": RowwiseParallel(),
             "c": ColwiseParallel(output_layouts=Replicate())}
 
 
@@ -133,6 +144,14 @@ def test_matches_unsharded(kind, mode):
     net = _sharded(kind, world)
     assert any(isinstance(p, DTensor) for p in net.parameters())
     opt = _optimizer(net.parameters(), mode)
+    entries = [e for group in opt._dtensor_entries for e in group if e is not None]
+    # The uneven splits are there: staged (padded) shards on some rank, and TP's padded columns
+    # (the same on every rank).
+    staged = torch.tensor([int(any(e.staged for e in entries))])
+    dist.all_reduce(staged)
+    assert int(staged) > 0
+    if kind == "tp":
+        assert any(e.layout.tp_dim == 1 and e.layout.tp_pad > 0 for e in entries)
     _train(net, opt, STEPS)
     rel = _max_rel(net, _reference(STEPS))
     if dist.get_rank() == 0:
@@ -229,3 +248,37 @@ def test_blockwise_matches_per_shard_reference():
     if dist.get_rank() == 0:
         print(f"\nfsdp blockwise at {world} processes: max relative difference {rel:.2e}")
     assert rel <= RTOL, rel
+
+
+def test_refused_placements_and_gradients():
+    """Parameters distmuon cannot lay out, and a gradient placed unlike its parameter, raise
+    distmuon.CollectiveError on every rank (agreed: no rank is left in a collective); the
+    optimizer keeps working afterwards."""
+    from torch.distributed.tensor import Partial, Shard, distribute_tensor
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    partial = nn.Parameter(DTensor.from_local(torch.zeros(4, 4), mesh, [Partial()]))
+    with pytest.raises(distmuon.CollectiveError, match="Partial placement"):
+        _optimizer([partial], "auto")
+    cube = nn.Parameter(distribute_tensor(torch.zeros(4, 4, 4), mesh, [Shard(0)]))
+    with pytest.raises(distmuon.CollectiveError, match="3-D"):
+        _optimizer([cube], "auto")
+    if world >= 4:
+        # 9 rows split over 2 ranks unevenly and then again over 2: the inner shards do not line
+        # up with distmuon's padded ones.
+        mesh2 = init_device_mesh("cpu", (2, world // 2))
+        twice = nn.Parameter(distribute_tensor(torch.zeros(9, 4), mesh2, [Shard(0), Shard(0)]))
+        with pytest.raises(distmuon.CollectiveError, match="unevenly"):
+            _optimizer([twice], "auto")
+
+    w = nn.Parameter(distribute_tensor(torch.randn(10, 6), mesh, [Shard(0)]))
+    opt = _optimizer([w], "auto")
+    w.grad = distribute_tensor(torch.ones(10, 6), mesh, [Shard(1)])
+    before = w.full_tensor()
+    with pytest.raises(distmuon.CollectiveError, match="placements"):
+        opt.step()
+    assert torch.equal(w.full_tensor(), before)  # nothing updated
+    w.grad = distribute_tensor(torch.ones(10, 6), mesh, [Shard(0)])
+    opt.step()
+    assert not torch.equal(w.full_tensor(), before)
