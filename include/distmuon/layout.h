@@ -3,10 +3,12 @@
 // it in any TP mode.
 //
 // A weight of full shape m x n may be split over a TP group along tp_dim (rows or columns, equal
-// TP shards), each TP-local tensor padded with zero rows to a multiple of the GTP group and split
-// by rows over the GTP group; its rows may form QKV blocks (query groups of q, [gate,] k, v rows),
-// each block type orthogonalised on its own. newton_schulz_tp (tp.h) is the case of one group
-// (TP only, no padding, no QKV split); Muon runs every parameter through orthogonalize_shard.
+// TP shards of the weight padded with tp_pad zero rows or columns: uneven shards as torch.chunk
+// cuts them, the last ranks short or empty), each TP-local tensor padded with zero rows to a
+// multiple of the GTP group and split by rows over the GTP group; its rows may form QKV blocks
+// (query groups of q, [gate,] k, v rows), each block type orthogonalised on its own.
+// newton_schulz_tp (tp.h) is the case of one group (TP only, no padding, no QKV split); Muon runs
+// every parameter through orthogonalize_shard.
 //
 // Every mode is written as three steps:
 //   1. build a work matrix P from the local shard (gathered over none, one or both groups), and
@@ -42,17 +44,22 @@ struct ShardLayout {
   int tp_size = 1, tp_rank = 0;
   int gtp_size = 1, gtp_rank = 0;
   Index pad = 0;           // zero rows appended to the TP-local tensor
+  Index tp_pad = 0;        // zero rows (tp_dim 0) or columns (tp_dim 1) appended to the full
+                           // weight before the TP split (uneven TP shards)
   std::vector<Index> qkv;  // rows per query group of each block type; empty: no split
 
   bool tp_on() const { return tp_dim != kNoPartition && tp_size > 1; }
   bool gtp_on() const { return gtp_size > 1; }
-  Index m_tp() const { return tp_dim == 0 ? m / tp_size : m; }
-  Index n_tp() const { return tp_dim == 1 ? n / tp_size : n; }
+  Index m_tp() const { return tp_dim == 0 ? (m + tp_pad) / tp_size : m; }
+  Index n_tp() const { return tp_dim == 1 ? (n + tp_pad) / tp_size : n; }
+  // Columns of TP rank t's TP-local tensor that hold the weight (the rest are tp_pad's zeros).
+  Index tp_cols(int t) const;
   Index padded_rows() const { return m_tp() + pad; }
   Index shard_rows() const { return padded_rows() / gtp_size; }
   // Padding rows at the end of this rank's shard.
   Index local_pad() const;
-  // Global row of row i of TP rank t's TP-local (padded) tensor; -1 for a padding row.
+  // Global row of row i of TP rank t's TP-local (padded) tensor; -1 for a padding row (pad's or
+  // tp_pad's).
   Index global_row(int t, Index i) const;
   int classes() const { return qkv.empty() ? 1 : static_cast<int>(qkv.size()); }
   int row_class(Index global_row) const;

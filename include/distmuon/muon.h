@@ -4,7 +4,8 @@
 // Each parameter is registered with this rank's shard (a view of the caller's buffer, updated in
 // place by step()) and the metadata that says how the full weight is split:
 //
-//   full weight m x n (unpadded) --TP along tp_partition_dim over T ranks--> TP-local tensor
+//   full weight m x n (unpadded) --tp_pad_length zero rows/columns appended along
+//   tp_partition_dim, TP along it over T ranks--> TP-local tensor
 //   m_tp x n_tp --pad_length zero rows appended--> (m_tp + pad) x n_tp --GTP along dim 0 over
 //   G ranks--> local shard of (m_tp + pad) / G rows.
 //
@@ -115,6 +116,10 @@ struct ParamSpec {
   bool gtp_sharded = false;  // rows of the TP-local tensor split over gtp_group
   std::optional<Communicator> gtp_group;
   Index pad_length = 0;  // zero rows appended to the TP-local tensor before the GTP split
+  // Zero rows (dim 0) or columns (dim 1) appended to the full weight before the TP split: uneven
+  // TP shards (torch.chunk's: T shards of ceil(extent / T), the last ones short or empty, held
+  // padded to that size by the caller, the padding zero).
+  Index tp_pad_length = 0;
 
   bool expert = false;  // an expert weight: pass the expert TP/GTP groups above
   int expert_rank = 0;  // expert-parallel rank holding it (tells same-named experts apart)

@@ -156,12 +156,14 @@ class Muon:
 
     def add_parameter(self, shard, name, rows=None, cols=None, *, role="hidden", use_muon=True,
                       tp_dim=None, tp_group=None, gtp_group=None, pad=0, expert=False,
-                      expert_rank=0, qkv_split=()):
+                      expert_rank=0, qkv_split=(), tp_pad=0):
         """Registers this rank's shard (updated in place by step()). rows x cols is the full
         unpadded weight (default: the shard's shape); tp_dim 0/1 with tp_group splits it over
         TP, gtp_group splits the (padded by `pad` rows) TP-local tensor by rows over GTP.
-        A group is a Communicator or anything communicator() accepts (converted once per
-        object). A 1-D shard is registered as a k x 1 column. Returns its index."""
+        tp_pad zero rows/columns extend the full weight along tp_dim before the TP split (uneven TP
+        shards as torch.chunk cuts them; the shard holds its padding, zero). A group is a
+        Communicator or anything communicator() accepts (converted once per object). A 1-D shard
+        is registered as a k x 1 column. Returns its index."""
         arr = as_array(shard, f"Muon parameter '{name}'")
         if arr.ndim == 1:
             arr = arr.reshape(-1, 1)
@@ -170,7 +172,7 @@ class Muon:
         i = self._core.add_parameter(
             arr, name, rows, cols, role, use_muon, tp_dim,
             self._group(tp_group), self._group(gtp_group), pad, expert, expert_rank,
-            list(qkv_split))
+            list(qkv_split), tp_pad)
         self._shards.append(arr)
         return i
 

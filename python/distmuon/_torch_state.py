@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from . import Error
+from . import Error, _dtensor
 
 _WHAT = "distmuon.torch.Muon.load_state_dict"
 _NOT_SAVED = ("params", "layouts")
@@ -28,6 +28,9 @@ def param_state(entry, core):
     st = {"step": torch.tensor(float(core.step_count))}
     for k, name in enumerate(_state_names(entry)):
         mats = [m[k] for m in per_matrix]
+        if entry.dt is not None:  # DTensor: state as a DTensor like the parameter
+            st[name] = _dtensor.wrap_state(entry.dt, entry.p, torch.from_numpy(mats[0].copy()))
+            continue
         full = np.stack(mats) if len(mats) > 1 else mats[0].copy()
         st[name] = torch.from_numpy(np.ascontiguousarray(full).reshape(entry.logical_shape))
     return st
@@ -37,6 +40,10 @@ def set_param_state(entry, core, st):
     """Writes a checked state (check_param_state) into the C++ optimizer's tensors."""
     per_matrix = [core.state_tensors(i) for i in entry.indices]
     for k, name in enumerate(_state_names(entry)):
+        if entry.dt is not None:  # DTensor: its local state, padded as registered
+            per_matrix[0][k][...] = _dtensor.unwrap_state(entry.dt, entry.p, st[name],
+                                                          _WHAT).numpy()
+            continue
         src = st[name].detach().to(torch.float32).contiguous().numpy()
         if len(per_matrix) > 1:
             parts = [src[s] for s in range(src.shape[0])]
@@ -73,6 +80,9 @@ def check_param_state(entry, st, where):
         if tuple(t.shape) != entry.logical_shape:
             raise Error(f"{where}: '{key}' is {tuple(t.shape)}, the parameter "
                         f"{entry.logical_shape}")
+        if entry.dt is not None:  # DTensor: its placements; this rank's values (no collective)
+            _dtensor.unwrap_state(entry.dt, entry.p, t, f"{where}: '{key}'")
+            t = t._local_tensor if _dtensor.is_dtensor(t) else t
         if not bool(torch.isfinite(t).all()):
             raise Error(f"{where}: '{key}' has a non-finite value")
         if key == "exp_avg_sq" and bool((t < 0).any()):

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from . import Communicator, Error, Muon as _CoreMuon, communicator
+from . import _dtensor
 from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the same helper)
 from ._torch_state import build_state_dict, load_group_state, check_state_dict
 
@@ -53,8 +54,10 @@ class Layout:
     rows x cols: the full, unpadded weight (of each matrix of a 3-D batch). tp_dim 0/1: split
     over tp_group (a distmuon.Communicator, a torch process group, or "world": the optimizer's
     process group). gtp_group: the TP-local tensor, padded with `pad` zero rows, split by rows
-    over it. qkv_split: rows per query group of each block type. role: hidden (Muon),
+    over it. tp_pad: zero rows/columns extending the full weight along tp_dim (uneven TP
+    shards). qkv_split: rows per query group of each block type. role: hidden (Muon),
     embedding, output_head or other (AdamW); use_muon False sends a hidden matrix to AdamW too.
+    A DTensor parameter needs none: its layout comes from its mesh and placements (_dtensor.py).
     """
     rows: int
     cols: int
@@ -68,18 +71,20 @@ class Layout:
     expert: bool = False
     expert_rank: int = 0
     name: Optional[str] = None
+    tp_pad: int = 0
 
 
 class _Param:
     """One torch parameter as the C++ optimizer sees it: one or more float32 matrices (a 3-D
     parameter is a batch of them), their layout, and their indices in the group's core."""
 
-    def __init__(self, p, layout, matrices, work):
+    def __init__(self, p, layout, matrices, work, dt=None):
         self.p = p
         self.layout = layout
         self.matrices = matrices  # 2-D float32 NumPy views the C++ updates in place
         self.work = work          # float32 copy of a low-precision parameter, else None
-        self.address = p.data_ptr()
+        self.dt = dt              # a DTensor parameter's _dtensor.Entry, else None
+        self.address = p.data_ptr() if dt is None else dt.local.data_ptr()
         self.indices: List[int] = []
         self.muon = False
 
@@ -119,6 +124,9 @@ def _as_matrices(t):
 def _to_local(p, layout):
     """(1) A parameter as the C++ optimizer takes it: its float32 matrices and layout.
     Rank-local checks; raises Error on a parameter distmuon cannot update."""
+    if _dtensor.is_dtensor(p):  # FSDP2 / TP: layout and updated tensor from the placements
+        dt = _dtensor.entry(p, layout, Layout)
+        return _Param(p, dt.layout, [dt.work.numpy()], None, dt)
     if p.device.type != "cpu":
         raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU parameters")
     if p.dtype == torch.float32:
@@ -139,6 +147,11 @@ def _read_grad(entry):
     p, g = entry.p, entry.p.grad
     if g is None:
         return None
+    if entry.dt is not None:  # DTensor: its local gradient (staged when padded)
+        a, why = _dtensor.read_grad(entry.dt, p)
+        if why:
+            raise Error(why)
+        return [a]
     if g.shape != p.shape:
         raise Error(f"{tuple(g.shape)}, the parameter {tuple(p.shape)}")
     if g.device.type != "cpu" or g.is_sparse or g.dtype != p.dtype:
@@ -287,8 +300,9 @@ class Muon(torch.optim.Optimizer):
             if len(layouts) != len(group["params"]):
                 raise Error(f"{len(layouts)} layouts for {len(group['params'])} parameters")
             for k, (p, layout) in enumerate(zip(group["params"], layouts)):
-                layout = layout or getattr(p, "distmuon_layout", None) or \
-                    _default_layout(p, bool(group["use_muon"]))
+                layout = layout or getattr(p, "distmuon_layout", None)
+                if layout is None and not _dtensor.is_dtensor(p):
+                    layout = _default_layout(p, bool(group["use_muon"]))
                 try:
                     entries.append(_to_local(p, layout))
                 except Error as e:
@@ -311,7 +325,7 @@ class Muon(torch.optim.Optimizer):
                         m, name, lo.rows, lo.cols, role=lo.role,
                         use_muon=lo.use_muon and bool(group["use_muon"]), tp_dim=lo.tp_dim,
                         tp_group=tp, gtp_group=gtp, pad=lo.pad, expert=lo.expert,
-                        expert_rank=lo.expert_rank, qkv_split=lo.qkv_split))
+                        expert_rank=lo.expert_rank, qkv_split=lo.qkv_split, tp_pad=lo.tp_pad))
             infos = core.parameters()
             for e in entries:
                 e.muon = bool(e.indices) and bool(infos[e.indices[0]]["muon"])
@@ -327,13 +341,18 @@ class Muon(torch.optim.Optimizer):
         gradient, which the C++ step checks itself)."""
         grads, active = [], []
         for k, e in enumerate(entries):
-            if e.p.data_ptr() != e.address:
-                return None, None, (f"parameter {k} of group {gi} was given new storage after "
-                                    "the optimizer was built (update it in place)")
+            if e.dt is not None:  # DTensor: its local tensor is the one registered
+                moved = _dtensor.check_storage(e.dt, e.p)
+            else:
+                moved = "" if e.p.data_ptr() == e.address else \
+                    "was given new storage after the optimizer was built (update it in place)"
+            if moved:
+                return None, None, f"parameter {k} of group {gi} {moved}"
             try:
                 mats = _read_grad(e)
             except Error as err:
-                return None, None, f"the gradient of parameter {k} of group {gi} is {err}"
+                return None, None, (f"DTensor parameter {k} of group {gi} {err}" if e.dt else
+                                    f"the gradient of parameter {k} of group {gi} is {err}")
             if mats is not None and finite and not all(np.isfinite(m).all() for m in mats):
                 return None, None, f"the gradient of parameter {k} of group {gi} has a " \
                                    "non-finite value"
@@ -377,6 +396,8 @@ class Muon(torch.optim.Optimizer):
             for e in entries:
                 if e.work is not None:
                     e.p.detach().copy_(e.work)
+                elif e.dt is not None and e.indices and active[e.indices[0]]:
+                    _dtensor.write_back([e.dt])  # DTensor: a staged update into its local tensor
         return loss
 
     def plan(self):

@@ -3,6 +3,7 @@
 // the Python object; a Python exception becomes a distmuon::Error with its text.
 #include <fmt/format.h>
 #include <pybind11/numpy.h>
+#include <pybind11/stl.h>  // the all_to_all_v counts as Python lists
 
 #include <cstdio>
 #include <cstdlib>

@@ -59,7 +59,7 @@ class PyMuon {
                             const std::string& role, bool use_muon, std::optional<int> tp_dim,
                             std::optional<Communicator> tp_group,
                             std::optional<Communicator> gtp_group, Index pad, bool expert,
-                            int expert_rank, std::vector<Index> qkv_split) {
+                            int expert_rank, std::vector<Index> qkv_split, Index tp_pad) {
     ParamSpec spec;
     spec.name = name;
     spec.local = mutable_view(shard, fmt::format("Muon parameter '{}'", name));
@@ -75,6 +75,7 @@ class PyMuon {
     spec.gtp_sharded = gtp_group.has_value();
     spec.gtp_group = std::move(gtp_group);
     spec.pad_length = pad;
+    spec.tp_pad_length = tp_pad;
     spec.expert = expert;
     spec.expert_rank = expert_rank;
     spec.qkv_split = std::move(qkv_split);
@@ -175,7 +176,7 @@ void init_muon(py::module_& m) {
       .def("add_parameter", &PyMuon::add_parameter, py::arg("shard"), py::arg("name"),
            py::arg("rows"), py::arg("cols"), py::arg("role"), py::arg("use_muon"),
            py::arg("tp_dim"), py::arg("tp_group"), py::arg("gtp_group"), py::arg("pad"),
-           py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"))
+           py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"), py::arg("tp_pad") = 0)
       .def("step", &PyMuon::step, py::arg("grads"), py::arg("failure") = std::string(),
            py::arg("active") = std::vector<std::uint8_t>())
       .def("set_options", &PyMuon::set_options, py::arg("patch"))

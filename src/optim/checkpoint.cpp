@@ -140,6 +140,13 @@ void check_params(const nlohmann::json& saved, const nlohmann::json& current) {
                                     : ""));
       }
     }
+    // Absent from checkpoints written before uneven TP shards: none then.
+    const auto saved_tp_pad = saved[i].value("tp_pad_length", Index{0});
+    if (saved_tp_pad != current[i].at("tp_pad_length").get<Index>()) {
+      throw Error(fmt::format("parameter {} ('{}'): TP pad is {} in the checkpoint but {} now", i,
+                              current[i].at("name").get<std::string>(), saved_tp_pad,
+                              current[i].at("tp_pad_length").dump()));
+    }
   }
 }
 

@@ -126,6 +126,7 @@ nlohmann::json Muon::Impl::config() const {
                     {"tp_size", p.layout.tp_size},
                     {"gtp_size", p.layout.gtp_size},
                     {"pad_length", p.layout.pad},
+                    {"tp_pad_length", p.layout.tp_pad},
                     {"expert", s.expert},
                     {"qkv_split", s.qkv_split}});
   }
@@ -189,12 +190,16 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   l.m = ps.rows;
   l.n = ps.cols;
   l.pad = ps.pad_length;
+  l.tp_pad = ps.tp_pad_length;
   l.qkv = ps.qkv_split;
   if (ps.tp_partition_dim != kNoPartition && ps.tp_group && ps.tp_group->size() > 1) {
     p.tp = timed(ps.tp_group);
     l.tp_dim = ps.tp_partition_dim;
     l.tp_size = p.tp.size();
     l.tp_rank = p.tp.rank();
+  } else if (ps.tp_pad_length != 0) {
+    throw Error(fmt::format("{}: TP pad {} without a TP split over more than one rank", what,
+                            ps.tp_pad_length));
   }
   if (ps.gtp_sharded && ps.gtp_group) {
     p.gtp = timed(ps.gtp_group);
@@ -209,8 +214,10 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   if (ps.local.rows != l.shard_rows() || ps.local.cols != l.n_tp() || ps.local.ld < ps.local.cols ||
       (ps.local.data == nullptr && ps.local.size() > 0)) {
     throw Error(fmt::format(
-        "{}: the local shard is {} but a {} weight (TP {} on dim {}, pad {}, GTP {}) has {} shards",
-        what, shape_str(ps.local), shape_str(l.m, l.n), l.tp_size, l.tp_dim, l.pad, l.gtp_size,
+        "{}: the local shard is {} but a {} weight (TP {} on dim {}, TP pad {}, pad {}, GTP {}) "
+        "has {} shards",
+        what, shape_str(ps.local), shape_str(l.m, l.n), l.tp_size, l.tp_dim, l.tp_pad, l.pad,
+        l.gtp_size,
         shape_str(l.shard_rows(), l.n_tp())));
   }
   p.muon = ps.use_muon && ps.role == ParamRole::kHidden;

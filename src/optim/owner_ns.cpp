@@ -95,8 +95,8 @@ MatrixView tp_block(MatrixView full, const ShardLayout& l, int j) {
 
 // A one-line description of a layout (rank fields excluded): the composition key of a bucket.
 std::string describe(const ShardLayout& l) {
-  return fmt::format("{}x{}:tp{}/{}:gtp{}:pad{}:qkv{}", l.m, l.n, l.tp_dim,
-                     tp_on(l) ? l.tp_size : 1, l.gtp_size, l.pad, fmt::join(l.qkv, ","));
+  return fmt::format("{}x{}:tp{}/{}+{}:gtp{}:pad{}:qkv{}", l.m, l.n, l.tp_dim,
+                     tp_on(l) ? l.tp_size : 1, l.tp_pad, l.gtp_size, l.pad, fmt::join(l.qkv, ","));
 }
 
 }  // namespace

@@ -18,7 +18,13 @@ Index ShardLayout::local_pad() const {
 
 Index ShardLayout::global_row(int t, Index i) const {
   if (i >= m_tp()) return -1;
-  return tp_dim == 0 ? t * m_tp() + i : i;
+  const Index row = tp_dim == 0 ? t * m_tp() + i : i;
+  return row < m ? row : -1;
+}
+
+Index ShardLayout::tp_cols(int t) const {
+  if (tp_dim != 1) return n_tp();
+  return std::clamp<Index>(n - t * n_tp(), 0, n_tp());
 }
 
 int ShardLayout::row_class(Index global_row) const {
@@ -45,9 +51,11 @@ void ShardLayout::validate(const std::string& what) const {
     fail(fmt::format("TP partition dim {} (valid: none, 0, 1)", tp_dim));
   }
   const Index extent = tp_dim == 0 ? m : n;
-  if (tp_dim != kNoPartition && extent % tp_size != 0) {
-    fail(fmt::format("{} does not split into {} equal TP shards along dim {}", shape_str(m, n),
-                     tp_size, tp_dim));
+  if (tp_pad < 0) fail(fmt::format("TP pad {} is negative", tp_pad));
+  if (tp_pad > 0 && !tp_on()) fail(fmt::format("TP pad {} without a TP split", tp_pad));
+  if (tp_dim != kNoPartition && (extent + tp_pad) % tp_size != 0) {
+    fail(fmt::format("{} with TP pad {} does not split into {} equal TP shards along dim {}",
+                     shape_str(m, n), tp_pad, tp_size, tp_dim));
   }
   if (pad < 0) fail(fmt::format("pad_length {} is negative", pad));
   if (padded_rows() % gtp_size != 0) {

@@ -18,6 +18,7 @@ struct Placement {
   const Communicator* group = nullptr;  // nullptr: local NS
   GramSide side = GramSide::kAuto;      // with a group: kCols (rows split) or kRows
   bool local_scale = false;             // blockwise: scale with the block's own shape
+  Index local_cols = 0;                 // blockwise: the block's columns (tp_pad's excluded)
 };
 
 NsWorkspace* workspace_for(NsWorkspaces& workspaces, ConstMatrixView x, const NsOptions& o) {
@@ -59,7 +60,7 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
     // nothing to the norm or the Gram matrix (only possible with the Gram on the columns).
     DISTMUON_ASSERT(!rows.empty() || o.side == GramSide::kCols, "rows side needs every row");
     const double f = !scale              ? 1.0
-                     : where.local_scale ? scale(static_cast<Index>(rows.size()), p.cols)
+                     : where.local_scale ? scale(static_cast<Index>(rows.size()), where.local_cols)
                                          : scale(layout.class_rows(c), layout.n);
     const Communicator* group = distributed ? where.group : nullptr;
     const auto runs = runs_of(rows);
@@ -106,7 +107,8 @@ Index full_work_rows(const ShardLayout& layout) {
 }
 
 Index full_work_cols(const ShardLayout& layout) {
-  return layout.n;
+  const bool tp_cols = layout.tp_dim == 1 && layout.tp_size > 1;
+  return tp_cols ? layout.n_tp() * layout.tp_size : layout.n;  // tp_pad's columns included
 }
 
 void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
@@ -153,8 +155,11 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
 
   if (mode == TpMode::kBlockwise || (!tp_on && !gtp_on)) {
     ids_of(t_rank, g_rank * r_l, r_l, ids);
-    orthogonalize_classes(u, ids, layout, {.local_scale = mode == TpMode::kBlockwise}, ns, scale,
-                          compute, ws);
+    // A block of tp_pad's columns only (an empty TP rank) is zero: any positive scale will do.
+    const Index cols = std::max<Index>(1, layout.tp_cols(t_rank));
+    orthogonalize_classes(u, ids, layout,
+                          {.local_scale = mode == TpMode::kBlockwise, .local_cols = cols}, ns,
+                          scale, compute, ws);
     return;
   }
 

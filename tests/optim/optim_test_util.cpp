@@ -9,13 +9,18 @@ namespace distmuon::test {
 Index TestLayout::global_row(int tp_rank, int gtp_rank, Index j) const {
   const Index i = gtp_rank * shard_rows() + j;  // row of the padded TP-local tensor
   if (i >= m_tp()) return -1;
-  return tp_dim == 0 ? tp_rank * m_tp() + i : i;
+  const Index row = tp_dim == 0 ? tp_rank * m_tp() + i : i;
+  return row < m ? row : -1;  // tp_pad's rows
 }
 
 Matrix shard_for(ConstMatrixView full, const TestLayout& l, int tp_rank, int gtp_rank,
                  float pad_fill) {
-  const Matrix tp_local =
-      l.tp_dim == kNoPartition ? Matrix::from(full) : shard_of(full, l.tp_dim, l.tp, tp_rank);
+  Matrix extended(full.rows + (l.tp_dim == 0 ? l.tp_pad : 0),
+                  full.cols + (l.tp_dim == 1 ? l.tp_pad : 0));  // zero-initialised
+  copy(full, extended.view().block(0, 0, full.rows, full.cols));
+  const Matrix tp_local = l.tp_dim == kNoPartition
+                               ? Matrix::from(full)
+                               : shard_of(extended.view(), l.tp_dim, l.tp, tp_rank);
   Matrix padded(tp_local.rows() + l.pad, tp_local.cols());
   copy(tp_local.view(), padded.view().row_block(0, tp_local.rows()));
   for (Index i = tp_local.rows(); i < padded.rows(); ++i)
@@ -108,6 +113,11 @@ bool padding_is_zero(ConstMatrixView shard, const TestLayout& l, int tp_rank, in
     for (Index c = 0; c < shard.cols; ++c)
       if (shard(j, c) != 0.0f) return false;
   }
+  const Index real_cols = l.tp_dim == 1 ? std::max<Index>(0, l.n - tp_rank * l.n_tp()) : shard.cols;
+  for (Index j = 0; j < shard.rows; ++j) {  // tp_pad's columns
+    for (Index c = real_cols; c < shard.cols; ++c)
+      if (shard(j, c) != 0.0f) return false;
+  }
   return true;
 }
 
@@ -123,6 +133,7 @@ ParamSpec layout_spec(const TestLayout& l, const ProcessGroups& groups, MatrixVi
   s.gtp_sharded = l.gtp > 1;
   s.gtp_group = groups.gtp;
   s.pad_length = l.pad;
+  s.tp_pad_length = l.tp_pad;
   s.qkv_split = l.qkv;
   return s;
 }
@@ -142,6 +153,15 @@ std::vector<TestLayout> layouts_for(int w) {
   out.push_back({.label = "gtp pad one shard", .m = 8 * w - 3, .n = 12, .gtp = w, .pad = 3});
   if (w > 1)
     out.push_back({.label = "gtp pad two shards", .m = 8 * w - 10, .n = 5, .gtp = w, .pad = 10});
+  // Uneven TP shards (torch.chunk's: ceil(extent / T) each, the last ones short or empty): the
+  // weight padded with zero rows or columns to T of them.
+  if (w > 1) {
+    const Index c = 3;  // rows / columns per TP shard; the extent leaves the last shard short
+    out.push_back(
+        {.label = "tp dim0 uneven", .m = c * w - 1, .n = 8, .tp_dim = 0, .tp = w, .tp_pad = 1});
+    out.push_back(
+        {.label = "tp dim1 uneven", .m = 9, .n = c * w - 2, .tp_dim = 1, .tp = w, .tp_pad = 2});
+  }
   // QKV: [q, k, v] and [q, gate, k, v] blocks per query group, groups split across shards.
   out.push_back({.label = "gtp qkv", .m = 24, .n = 20, .gtp = w, .qkv = {4, 2, 2}});
   out.push_back({.label = "gtp qkv gate", .m = 24, .n = 20, .gtp = w, .qkv = {4, 4, 2, 2}});
@@ -171,6 +191,14 @@ std::vector<TestLayout> layouts_for(int w) {
                    .tp = t,
                    .gtp = g,
                    .pad = pad});
+    out.push_back({.label = tg + " dim1 uneven pad",
+                   .m = 13,
+                   .n = 6 * t - 1,
+                   .tp_dim = 1,
+                   .tp = t,
+                   .gtp = g,
+                   .pad = pad,
+                   .tp_pad = 1});
     out.push_back({.label = tg + " dim0 qkv",
                    .m = 24 * t,
                    .n = 20,

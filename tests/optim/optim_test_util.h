@@ -3,6 +3,7 @@
 // muon.h, independently of the optimizer's own layout code) and a float64 reference Muon of the
 // full, unsharded matrix.
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,16 +20,21 @@ struct TestLayout {
   int tp = 1, gtp = 1;
   Index pad = 0;
   std::vector<Index> qkv;
+  Index tp_pad = 0;  // zero rows/columns appended along tp_dim before the TP split (uneven TP)
 
-  Index m_tp() const { return tp_dim == 0 ? m / tp : m; }
-  Index n_tp() const { return tp_dim == 1 ? n / tp : n; }
+  Index m_tp() const { return tp_dim == 0 ? (m + tp_pad) / tp : m; }
+  Index n_tp() const { return tp_dim == 1 ? (n + tp_pad) / tp : n; }
+  // Columns of TP rank t's shard that hold the weight (at least 1: the scale of an empty block).
+  Index tp_cols(int t) const {
+    return tp_dim == 1 ? std::max<Index>(1, std::min(n_tp(), n - t * n_tp())) : n_tp();
+  }
   Index shard_rows() const { return (m_tp() + pad) / gtp; }
   // Global row of local shard row j on (tp_rank, gtp_rank); -1 for a padding row.
   Index global_row(int tp_rank, int gtp_rank, Index j) const;
 };
 
-// This rank's shard of a full m x n matrix: TP split along tp_dim, pad rows of value pad_fill
-// appended, GTP split of the rows.
+// This rank's shard of a full m x n matrix: tp_pad zero rows/columns appended along tp_dim, TP
+// split along it, pad rows of value pad_fill appended, GTP split of the rows.
 Matrix shard_for(ConstMatrixView full, const TestLayout& l, int tp_rank, int gtp_rank,
                  float pad_fill = 0.0f);
 

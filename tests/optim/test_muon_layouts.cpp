@@ -66,7 +66,8 @@ void check_layout(const TestLayout& l, TpMode mode) {
       const Matrix u_local = test::shard_for(u.view(), l, r.tp_rank, r.gtp_rank);
       const Matrix upd = test::reference_orthogonalize(
           u_local.view(), ids, l.qkv, o.ns_options(),
-          [&](Index m, Index n) { return muon_scale(o.scale_mode, m, n); });
+          // The block's own shape: its real columns (tp_pad's zero columns excluded).
+          [&](Index m, Index) { return muon_scale(o.scale_mode, m, l.tp_cols(r.tp_rank)); });
       ref.apply(p_shard, upd.view());
       expected = Matrix::from(p_shard.view());
     } else {
@@ -249,6 +250,37 @@ TEST(MuonLayouts, QkvShapesThatDoNotDivideAreRefused) {
   }
   s.qkv_split = {4, 2};
   EXPECT_THROW(opt.add_parameter(s), Error);
+}
+
+TEST(MuonLayouts, BadTpPadsAreRefused) {
+  const Communicator& world = test::world();
+  const int w = world.size();
+  auto refused = [&](int tp_dim, Index rows, Index cols, Index tp_pad, Index local_rows,
+                     Index local_cols, const std::string& why) {
+    Matrix local(local_rows, local_cols);
+    ParamSpec s;
+    s.name = "w";
+    s.local = local.view();
+    s.rows = rows;
+    s.cols = cols;
+    s.tp_partition_dim = tp_dim;
+    s.tp_group = world;
+    s.tp_pad_length = tp_pad;
+    Muon opt(test_options(TpMode::kDuplicated), world, cpu_compute());
+    try {
+      opt.add_parameter(s);
+      FAIL() << "TP pad " << tp_pad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  if (w == 1) {
+    refused(0, 6, 4, 1, 6, 4, "without a TP split");  // a TP group of one: nothing to pad
+    return;
+  }
+  refused(1, 5, 3 * w - 1, -1, 5, 3, "negative");
+  refused(1, 5, 3 * w - 1, 2, 5, 3, "equal TP shards");  // 3w + 1 columns do not split
+  refused(kNoPartition, 6, 4, 1, 6, 4, "without a TP split");
 }
 
 }  // namespace
