@@ -89,9 +89,10 @@ void add_demo_command(CLI::App& app, Context& ctx) {
                ns_gemm_flops(o->m, o->n, opts.steps) * 1e-9);
     fmt::print("  singular values [{:.4f}, {:.4f}] (min, max over {})\n", sv.back(), sv.front(),
                sv.size());
-    fmt::print("  polar alignment {:.4f} (cosine with U V^T of the input; 1 = aligned, -1 = "
-               "reversed)\n",
-               alignment);
+    fmt::print(
+        "  polar alignment {:.4f} (cosine with U V^T of the input; 1 = aligned, -1 = "
+        "reversed)\n",
+        alignment);
   });
 }
 

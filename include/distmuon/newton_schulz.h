@@ -75,7 +75,7 @@ inline constexpr int kScheduleCheckedSteps = 20;
 
 struct ScheduleCheck {
   bool ok = false;
-  std::string problem;            // why not (empty when ok)
+  std::string problem;                // why not (empty when ok)
   double final_lo = 0, final_hi = 0;  // the final values for sigma in [kScheduleSigmaFloor, 1]
 };
 // The check at `steps` (>= 1) steps. Does not throw.

@@ -108,8 +108,8 @@ struct Accepted {
 bool remembered(const CoefficientSet& s, int steps, bool remember) {
   thread_local std::vector<Accepted> accepted;
   for (const Accepted& a : accepted) {
-    if (a.steps == steps && a.tail == s.tail && a.band_lo == s.band_lo &&
-        a.band_hi == s.band_hi && a.table == s.table)
+    if (a.steps == steps && a.tail == s.tail && a.band_lo == s.band_lo && a.band_hi == s.band_hi &&
+        a.table == s.table)
       return true;
   }
   if (remember) {
@@ -144,8 +144,7 @@ void CoefficientSet::validate_schedule(int steps) const {
     throw Error(fmt::format(
         "Newton-Schulz coefficient set '{}' at {} steps does not orthogonalise: {}; '{}' "
         "supports {} (of 1-{} checked; docs/optimizer.md lists each set's band)",
-        name, steps, c.problem, name, format_steps(supported_steps(*this)),
-        kScheduleCheckedSteps));
+        name, steps, c.problem, name, format_steps(supported_steps(*this)), kScheduleCheckedSteps));
   }
   remembered(*this, steps, true);
 }

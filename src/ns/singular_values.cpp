@@ -37,8 +37,8 @@ std::vector<double> singular_values(ConstMatrixView a) {
 
 double polar_alignment(ConstMatrixView g, ConstMatrixView x) {
   if (g.rows != x.rows || g.cols != x.cols) {
-    throw Error(fmt::format("polar_alignment: input {} and result {} differ in shape",
-                            shape_str(g), shape_str(x)));
+    throw Error(fmt::format("polar_alignment: input {} and result {} differ in shape", shape_str(g),
+                            shape_str(x)));
   }
   // Wide (s = rows): U V^T = A^{-1/2} g with A = g g^T, so <U V^T, x> = <A^{-1/2}, x g^T>
   // = sum_k lambda_k^{-1/2} w_k^T (x g^T) w_k over the eigenpairs of A. Tall: the transposes.
@@ -62,8 +62,7 @@ double polar_alignment(ConstMatrixView g, ConstMatrixView x) {
   cblas_dsyrk(CblasRowMajor, CblasUpper, t, n, k, 1.0, gd.data(), ld, 0.0, a.data(), n);
   cblas_dgemm(CblasRowMajor, t, tt, n, n, k, 1.0, xd.data(), ld, gd.data(), ld, 0.0, c.data(), n);
   std::vector<double> lambda(static_cast<std::size_t>(s));
-  const lapack_int info =
-      LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', n, a.data(), n, lambda.data());
+  const lapack_int info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', n, a.data(), n, lambda.data());
   if (info != 0) {
     throw Error(fmt::format("polar_alignment: LAPACK dsyevd on a {} Gram matrix returned {}",
                             shape_str(s, s), info));

@@ -217,8 +217,7 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
         "{}: the local shard is {} but a {} weight (TP {} on dim {}, TP pad {}, pad {}, GTP {}) "
         "has {} shards",
         what, shape_str(ps.local), shape_str(l.m, l.n), l.tp_size, l.tp_dim, l.tp_pad, l.pad,
-        l.gtp_size,
-        shape_str(l.shard_rows(), l.n_tp())));
+        l.gtp_size, shape_str(l.shard_rows(), l.n_tp())));
   }
   p.muon = ps.use_muon && ps.role == ParamRole::kHidden;
   if (p.muon) {
@@ -295,9 +294,9 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
     }
     for (std::size_t k = 0; reason.empty() && k < s.check_views.size(); ++k) {
       if (const auto& bad = s.check_results[k]) {
-        reason = fmt::format("{} has a non-finite value at ({}, {}) of its shard{}", what[k],
-                             bad->row, bad->col,
-                             k < grads.size() ? "" : " before the step (nothing is updated)");
+        reason =
+            fmt::format("{} has a non-finite value at ({}, {}) of its shard{}", what[k], bad->row,
+                        bad->col, k < grads.size() ? "" : " before the step (nothing is updated)");
       }
     }
   }

@@ -50,8 +50,8 @@ TpTraffic traffic(Index m, Index n, int group_size, int partition_dim, TpMode mo
   return t;
 }
 
-void check_traffic_args(Index m, Index n, int group_size, int partition_dim, TpMode mode,
-                        int steps, int elem_size) {
+void check_traffic_args(Index m, Index n, int group_size, int partition_dim, TpMode mode, int steps,
+                        int elem_size) {
   check_args("tp_traffic", m, n, group_size, partition_dim, mode);
   if (steps < 0 || elem_size < 1) {
     throw Error(fmt::format("tp_traffic: invalid steps {} or element size {}", steps, elem_size));
@@ -69,9 +69,7 @@ TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode
 TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode,
                      const NsOptions& opts, int elem_size) {
   check_traffic_args(m, n, group_size, partition_dim, mode, opts.steps, elem_size);
-  const int grams = opts.algorithm == NsAlgorithm::kGram
-                        ? gram_ns_gram_count(opts)
-                        : opts.steps;
+  const int grams = opts.algorithm == NsAlgorithm::kGram ? gram_ns_gram_count(opts) : opts.steps;
   return traffic(m, n, group_size, partition_dim, mode, grams, elem_size);
 }
 

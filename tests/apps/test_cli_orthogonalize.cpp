@@ -74,10 +74,14 @@ TEST_F(CliOrthogonalize, CustomCoefficientsAndGemmPath) {
   const Matrix g = test::random_matrix(40, 24, 5);
   write_npy(dir_ / "in.npy", g.view());
   ASSERT_EQ(run((dir_ / "in.npy").string() + " " + (dir_ / "out.npy").string() +
-                " --coefficients custom --custom-coefficients '8.2051,-22.9019,16.4607;4.0664,-2.8612,0.5184;3.9096,-2.8234,0.5250;3.2856,-2.4153,0.4853;2.2779,-1.6198,0.3985;1.8726,-1.2307,0.3585;1.8564,-1.2132,0.3568;1.8750,-1.2500,0.3750' --steps 8 --no-syrk"),
+                " --coefficients custom --custom-coefficients "
+                "'8.2051,-22.9019,16.4607;4.0664,-2.8612,0.5184;3.9096,-2.8234,0.5250;3.2856,-2."
+                "4153,0.4853;2.2779,-1.6198,0.3985;1.8726,-1.2307,0.3585;1.8564,-1.2132,0.3568;1."
+                "8750,-1.2500,0.3750' --steps 8 --no-syrk"),
             0)
       << log();
-  const Matrix ref = test::reference_newton_schulz<float>(g.view(), coefficient_set("polar_express"), 8);
+  const Matrix ref =
+      test::reference_newton_schulz<float>(g.view(), coefficient_set("polar_express"), 8);
   EXPECT_LE(relative_error(read_npy(dir_ / "out.npy").view(), ref.view()), 1e-5);
 }
 

@@ -93,9 +93,8 @@ struct Band {
 };
 TEST(NewtonSchulz, SingularValuesInsideEachSetsBand) {
   const Band bands[] = {
-      {"simple", 5, 0.66, 1.16}, {"quintic", 5, 0.95, 1.06}, {"polar_express", 8, 0.98, 1.02},
-      {"cans", 5, 0.86, 1.14},   {"deepseekv4", 10, 0.98, 1.02},
-      {"cubic5", 5, 0.75, 1.32},
+      {"simple", 5, 0.66, 1.16}, {"quintic", 5, 0.95, 1.06},     {"polar_express", 8, 0.98, 1.02},
+      {"cans", 5, 0.86, 1.14},   {"deepseekv4", 10, 0.98, 1.02}, {"cubic5", 5, 0.75, 1.32},
   };
   const Matrix g = random_matrix(256, 512, 42);
   for (const auto& b : bands) {

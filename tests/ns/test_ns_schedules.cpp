@@ -191,8 +191,8 @@ TEST(NsSchedules, RandomCustomSchedules) {
     const char* name;
     int steps;
   };
-  const Base bases[] = {{"quintic", 5}, {"quintic", 4}, {"polar_express", 8}, {"cans", 5},
-                        {"deepseekv4", 10}, {"simple", 6}};
+  const Base bases[] = {{"quintic", 5}, {"quintic", 4},     {"polar_express", 8},
+                        {"cans", 5},    {"deepseekv4", 10}, {"simple", 6}};
   int accepted = 0, refused = 0;
   for (int trial = 0; trial < 60; ++trial) {
     std::vector<NsCoefficients> table;

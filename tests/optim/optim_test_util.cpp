@@ -19,8 +19,8 @@ Matrix shard_for(ConstMatrixView full, const TestLayout& l, int tp_rank, int gtp
                   full.cols + (l.tp_dim == 1 ? l.tp_pad : 0));  // zero-initialised
   copy(full, extended.view().block(0, 0, full.rows, full.cols));
   const Matrix tp_local = l.tp_dim == kNoPartition
-                               ? Matrix::from(full)
-                               : shard_of(extended.view(), l.tp_dim, l.tp, tp_rank);
+                              ? Matrix::from(full)
+                              : shard_of(extended.view(), l.tp_dim, l.tp, tp_rank);
   Matrix padded(tp_local.rows() + l.pad, tp_local.cols());
   copy(tp_local.view(), padded.view().row_block(0, tp_local.rows()));
   for (Index i = tp_local.rows(); i < padded.rows(); ++i)
