@@ -43,10 +43,10 @@ struct ShardLayout {
   int tp_dim = kNoPartition;  // kNoPartition when not TP-sharded (or TP of one rank)
   int tp_size = 1, tp_rank = 0;
   int gtp_size = 1, gtp_rank = 0;
-  Index pad = 0;           // zero rows appended to the TP-local tensor
-  Index tp_pad = 0;        // zero rows (tp_dim 0) or columns (tp_dim 1) appended to the full
-                           // weight before the TP split (uneven TP shards)
-  std::vector<Index> qkv;  // rows per query group of each block type; empty: no split
+  Index pad = 0;             // zero rows appended to the TP-local tensor
+  Index tp_pad = 0;          // zero rows (tp_dim 0) or columns (tp_dim 1) appended to the full
+                             // weight before the TP split (uneven TP shards)
+  std::vector<Index> qkv{};  // rows per query group of each block type; empty: no split
 
   bool tp_on() const { return tp_dim != kNoPartition && tp_size > 1; }
   bool gtp_on() const { return gtp_size > 1; }

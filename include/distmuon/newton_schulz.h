@@ -31,7 +31,8 @@ struct NsCoefficients {
 
 // The band a custom schedule's result must land in (CoefficientSet::band_lo/band_hi). Any
 // singular values within [lo, hi] give a cosine with the polar factor U V^T of at least
-// (lo + hi) / sqrt(2 (lo^2 + hi^2)): 0.990 for this band (hi / lo <= 1.33).
+// (lo + hi) / sqrt(2 (lo^2 + hi^2)): 0.990 for this band (hi / lo <= 1.33). A custom table equal
+// to a built-in set's (custom_coefficients) takes that set's band instead.
 inline constexpr double kCustomBandLo = 0.86;
 inline constexpr double kCustomBandHi = 1.14;
 

@@ -133,6 +133,17 @@ CoefficientSet custom_coefficients(std::vector<NsCoefficients> table) {
   if (table.empty()) throw Error("custom coefficient set needs at least one (a, b, c) tuple");
   CoefficientSet set{"custom", std::move(table), Tail::kCycle, {}};
   set.validate_values();
+  // A published table given as custom coefficients (torch.optim.Muon's default tuple is
+  // simple's) is held to that set's band and step counts, not to the custom band.
+  for (const auto& [name, builtin] : registry()) {
+    const bool same_run = builtin.tail == Tail::kCycle || builtin.table.size() == 1;
+    if (builtin.table == set.table && same_run) {
+      set.band_lo = builtin.band_lo;
+      set.band_hi = builtin.band_hi;
+      set.required_steps = builtin.required_steps;
+      break;
+    }
+  }
   return set;
 }
 

@@ -222,6 +222,21 @@ TEST(NsSchedules, RandomCustomSchedules) {
   std::printf("  random custom schedules: %d accepted, %d refused\n", accepted, refused);
 }
 
+TEST(NsSchedules, APublishedTableGivenAsCustomKeepsItsSetsBand) {
+  // torch.optim.Muon's default tuple is simple's table: accepted at 5 steps in simple's band
+  // ([0.65, 1.25]; the custom band [0.86, 1.14] would refuse it, its values reach 0.68).
+  const CoefficientSet torch_default = custom_coefficients({{3.4445, -4.7750, 2.0315}});
+  EXPECT_EQ(torch_default.band_lo, coefficient_set("simple").band_lo);
+  EXPECT_EQ(torch_default.band_hi, coefficient_set("simple").band_hi);
+  EXPECT_TRUE(refused_clearly_or_orthogonalises(torch_default, 5, "torch default"));
+  EXPECT_EQ(supported_steps(torch_default), supported_steps(coefficient_set("simple")));
+  // cubic5's table keeps its one step count; a table differing in one digit is a custom one.
+  EXPECT_EQ(custom_coefficients(coefficient_set("cubic5").table).required_steps, 5);
+  const CoefficientSet near_default = custom_coefficients({{3.4445, -4.7750, 2.0316}});
+  EXPECT_EQ(near_default.band_lo, kCustomBandLo);
+  EXPECT_FALSE(refused_clearly_or_orthogonalises(near_default, 5, "near torch default"));
+}
+
 TEST(NsSchedules, TheReportedSchedulesAreRefused) {
   const auto error_of = [](const CoefficientSet& set, int steps) {
     NsOptions o;

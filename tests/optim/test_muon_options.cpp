@@ -231,7 +231,7 @@ TEST(MuonUpdate, SetOptionsChangesTheNextStepsAndRefusesPlanFields) {
   second.lr = 0.05;
   second.momentum = 0.5;
   second.nesterov = false;
-  second.steps = 3;
+  second.steps = 4;
   second.eps = 1e-3;
   second.scale_mode = ScaleMode::kShapeScaling;
   Muon a(first, local_communicator(), cpu_compute());

@@ -103,8 +103,11 @@ def _sharded(kind, world):
 
 def _optimizer(params, mode, process_group=None):
     kw = {} if process_group is None else {"process_group": process_group}
+    # distmuon's own NS settings (quintic, the spectral scale, its eps), as the reference below.
     return dmt.Muon(params, lr=0.02, weight_decay=0.01, adamw_lr=3e-3, adamw_weight_decay=0.01,
-                    momentum=0.9, nesterov=True, ns_algorithm="standard", tp_mode=mode, **kw)
+                    momentum=0.9, nesterov=True, ns_coefficients="quintic",
+                    adjust_lr_fn="spectral", eps=1e-15, ns_algorithm="standard", tp_mode=mode,
+                    **kw)
 
 
 def _train(net, opt, steps, first=0):
@@ -144,7 +147,7 @@ def test_matches_unsharded(kind, mode):
     net = _sharded(kind, world)
     assert any(isinstance(p, DTensor) for p in net.parameters())
     opt = _optimizer(net.parameters(), mode)
-    entries = [e for group in opt._dtensor_entries for e in group if e is not None]
+    entries = [e.dt for _, group in opt._cores for e in group if e.dt is not None]
     # The uneven splits are there: staged (padded) shards on some rank, and TP's padded columns
     # (the same on every rank).
     staged = torch.tensor([int(any(e.staged for e in entries))])

@@ -72,7 +72,7 @@ def _side_by_side(steps, torch_kwargs, ours_kwargs=None, schedule=None, missing=
     dict(),                                                       # torch's defaults
     dict(lr=0.02, weight_decay=0.01, adjust_lr_fn="match_rms_adamw"),
     dict(lr=0.01, momentum=0.9, nesterov=False, ns_steps=6, eps=1e-5, weight_decay=0.0,
-         ns_coefficients=(3.0, -3.2, 1.2), adjust_lr_fn="original"),
+         ns_coefficients=(2.8, -3.0, 1.2), adjust_lr_fn="original"),
 ])
 def test_matches_torch_muon_with_fp32_ns(fp32_torch_ns, kwargs):
     worst, _, _ = _side_by_side(20, kwargs)
@@ -119,9 +119,9 @@ def test_every_group_key_is_read_at_every_step(fp32_torch_ns):
         group["momentum"] = 0.95 if s < 5 else 0.5
         group["nesterov"] = s < 8
         group["weight_decay"] = 0.1 if s < 10 else 0.0
-        group["ns_steps"] = 5 if s < 12 else 3
+        group["ns_steps"] = 5 if s < 12 else (4 if s < 16 else 6)
         group["eps"] = 1e-7 if s < 14 else 1e-3
-        group["ns_coefficients"] = (3.4445, -4.7750, 2.0315) if s < 16 else (2.0, -1.5, 0.5)
+        group["ns_coefficients"] = (3.4445, -4.7750, 2.0315) if s < 16 else (2.8, -3.0, 1.2)
         group["adjust_lr_fn"] = None if s < 18 else "match_rms_adamw"
 
     worst, _, _ = _side_by_side(20, dict(), schedule=schedule)
