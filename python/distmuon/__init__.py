@@ -24,6 +24,9 @@ if os.path.isdir(_DATA):
     os.environ.setdefault("DISTMUON_DATA_DIR", _DATA)
 
 from . import _core  # noqa: E402  (after the data folder is known)
+from ._types import wrap_module as _wrap_module  # noqa: E402
+
+_wrap_module(_core)  # argument type errors in plain words, not pybind11's overload listings
 from ._arrays import as_array, _is_torch
 from ._core import CollectiveError, Communicator, Error, ProcessGroups
 
@@ -51,7 +54,11 @@ def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk
     """
     custom = []
     if not isinstance(coefficients, str):
-        custom = [tuple(float(v) for v in t) for t in coefficients]
+        try:
+            custom = [tuple(float(v) for v in t) for t in coefficients]
+        except (TypeError, ValueError):
+            raise TypeError(f"newton_schulz: coefficients takes a set name or a list of (a, b, c) "
+                            f"tuples, got {type(coefficients).__name__} {coefficients!r:.60}")
         coefficients = "custom"
     src = as_array(x, "newton_schulz input", allow_copy=allow_copy)
     if inplace:
@@ -183,6 +190,9 @@ class Muon:
         arrays = []
         if not failure:
             try:
+                if not isinstance(grads, (list, tuple)):
+                    raise TypeError(f"Muon.step: grads takes a list of arrays, got "
+                                    f"{type(grads).__name__}")
                 for i, g in enumerate(grads):
                     a = as_array(g, f"gradient {i}")
                     arrays.append(a.reshape(-1, 1) if a.ndim == 1 else a)
@@ -256,11 +266,11 @@ class Muon:
 
     def save(self, path):
         """Checkpoint directory (the C++ format: manifest.json + per-rank files). Collective."""
-        self._core.save(str(path))
+        self._core.save(os.fspath(path))
 
     def load(self, path):
         """Loads a checkpoint written by save() here or by the C++ Muon::save. Collective."""
-        self._core.load(str(path))
+        self._core.load(os.fspath(path))
 
 
 @dataclass
@@ -290,6 +300,9 @@ def plan(shapes=None, group_size=8, *, model=None, profile="none", crosses_domai
     if isinstance(shapes, str) and model is None:
         shapes, model = None, shapes
     rows = []
+    if shapes is not None and not isinstance(shapes, (list, tuple)):
+        raise TypeError(f"plan: shapes takes a list of (m, n), (name, m, n) or (name, m, n, count) "
+                        f"tuples, got {type(shapes).__name__}")
     for k, s in enumerate(shapes or []):
         s = tuple(s)
         if len(s) == 2:

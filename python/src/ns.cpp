@@ -59,7 +59,7 @@ void init_ns(py::module_& m) {
         newton_schulz_tp(dst, 0, local_communicator(), TpMode::kDuplicated, opts, cpu_compute());
       },
       py::arg("x"), py::arg("out"), py::arg("coefficients"), py::arg("custom"), py::arg("steps"),
-      py::arg("algorithm"), py::arg("use_syrk"), py::arg("gram_restart"));
+      py::arg("algorithm"), py::arg("syrk"), py::arg("gram_restart"));
   m.def("coefficient_sets", &coefficient_set_names);
   m.def("ns_flops", [](Index m_, Index n, int steps, bool use_syrk) {
     return ns_flops(m_, n, steps, use_syrk);

@@ -52,7 +52,7 @@ void init_plan(py::module_& m) {
         return std::make_pair(nlohmann::json(plan).dump(), format_plan(plan));
       },
       py::arg("shapes"), py::arg("model"), py::arg("group_size"), py::arg("profile"),
-      py::arg("crosses_domain"), py::arg("partition_dim"), py::arg("steps"), py::arg("use_syrk"),
+      py::arg("crosses_domain"), py::arg("partition_dim"), py::arg("steps"), py::arg("syrk"),
       py::arg("elem_size"), py::arg("algorithm"), py::arg("cost_model"));
   m.def("profiles", [] {
     nlohmann::json out = nlohmann::json::array();

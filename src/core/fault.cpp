@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,8 +40,8 @@ std::optional<FaultSpec> parse_fault(const char* text) {
   if (text == nullptr || *text == '\0') return std::nullopt;
   const std::string s(text);
   const auto bad = [&](const std::string& why) {
-    return Error(
-        fmt::format("DISTMUON_FAULT='{}': {} (expected RANK:POINT[:throw|exit|kill[:N]])", s, why));
+    return Error(fmt::format(
+        "DISTMUON_FAULT='{}': {} (expected RANK:POINT[:throw|exit|kill|oom[:N]])", s, why));
   };
   std::vector<std::string> parts;
   for (std::size_t start = 0;;) {
@@ -61,7 +62,8 @@ std::optional<FaultSpec> parse_fault(const char* text) {
   if (!known)
     throw bad("unknown POINT (optim-step, checkpoint-between-files, collective, file-write)");
   if (parts.size() > 2) f.action = parts[2];
-  if (f.action != "throw" && f.action != "exit" && f.action != "kill") throw bad("unknown ACTION");
+  if (f.action != "throw" && f.action != "exit" && f.action != "kill" && f.action != "oom")
+    throw bad("unknown ACTION");
   if (parts.size() > 3) {
     f.nth = std::strtol(parts[3].c_str(), &end, 10);
     if (parts[3].empty() || *end != '\0' || f.nth < 1) throw bad("N is not a positive count");
@@ -86,6 +88,7 @@ void fault_point(const char* point) {
   std::fflush(stderr);
   if (spec->action == "exit") std::_Exit(kFaultExitCode);
   if (spec->action == "kill") std::raise(SIGKILL);
+  if (spec->action == "oom") throw std::bad_alloc();
   throw Error(fmt::format("injected fault '{}' on rank {} (DISTMUON_FAULT)", point, rank));
 }
 

@@ -4,7 +4,8 @@
 // 1) it reaches POINT; ACTION is
 //   throw  throws distmuon::Error (a rank-local failure the program sees),
 //   exit   ends the process at once with status 43 (std::_Exit: no unwinding, no MPI_Finalize),
-//   kill   raises SIGKILL (kill -9).
+//   kill   raises SIGKILL (kill -9),
+//   oom    throws std::bad_alloc (an allocation that failed past the size estimates).
 // POINT is one of "optim-step" (inside Muon::step, half of the parameters updated),
 // "checkpoint-between-files" (Trainer::save_checkpoint, the model file written, the optimizer's
 // not yet), "collective" (before an MPI all-reduce) and "file-write" (write_file_atomic, half of

@@ -173,6 +173,29 @@ TEST_F(CliFaults, ThrowInOptimizerStep) {
   expect_resumes_exactly(4);
 }
 
+// An allocation failing on rank 1 in step 3 (past the size estimates): the CLI says it ran out of
+// memory in plain words (not a bare std::bad_alloc), every rank ends, the checkpoint survives.
+TEST_F(CliFaults, OutOfMemoryInOptimizerStep) {
+  const RunResult r = expect_failure("1:optim-step:oom:3", 1);
+  EXPECT_NE(r.output.find("error on rank 1: distmuon train ran out of memory (an allocation "
+                          "failed): use smaller sizes or more memory"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("bad_alloc"), std::string::npos) << r.output;
+  expect_resumes_exactly(2);
+}
+
+// stdout into a file (here through mpirun's forwarding pipe) is line-buffered: rank 0 killed by
+// SIGKILL in step 5 leaves the lines of steps 1-4 in the file (block-buffered, these few hundred
+// bytes would still sit in the dead process's buffer).
+TEST_F(CliFaults, AKilledRunKeepsWhatItPrinted) {
+  const RunResult r = expect_failure("0:optim-step:kill:5", 0);
+  for (int step = 1; step <= 4; ++step) {
+    const std::regex line(fmt::format(R"(step +{}/{}  loss)", step, kSteps));
+    EXPECT_TRUE(std::regex_search(r.output, line)) << step << "\n" << r.output;
+  }
+}
+
 // Rank 0 ends at once (no unwinding, no MPI_Finalize) in the middle of step 3.
 TEST_F(CliFaults, ExitInOptimizerStep) {
   expect_failure("0:optim-step:exit:3", 0);
