@@ -11,6 +11,7 @@
 #include <string>
 
 #include "blas_fix.h"
+#include "command_line_agreement.h"
 #include "commands.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/error.h"
@@ -62,10 +63,13 @@ int main(int argc, char** argv) {
     app.add_option("--log-level", log_level, "Messages shown: trace, debug, info, warn, error, off")
         ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
         ->capture_default_str();
+    bool agreed = false;  // the ranks agreed on their command lines (before any command runs)
     app.parse_complete_callback([&] {
       if (ctx.world.rank() == 0) spdlog::set_level(spdlog::level::from_str(log_level));
       for (const CLI::App* sub : app.get_subcommands())
         command = "distmuon " + sub->get_name();
+      agreed = true;
+      cli::agree_command_line(ctx.world, cli::command_line_text(app), {});
     });
     cli::add_demo_command(app, ctx);
     cli::add_orthogonalize_command(app, ctx);
@@ -75,6 +79,10 @@ int main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
+      // A command line refused on some ranks only must not leave the others in the agreement.
+      if (!agreed)
+        cli::agree_command_line(ctx.world, {},
+                                fmt::format("{} (exit status {})", e.what(), e.get_exit_code()));
       const int rc = ctx.world.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
       return rc;
     }

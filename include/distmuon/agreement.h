@@ -36,6 +36,9 @@ void agree(const Communicator& group, std::uint64_t hash, std::string_view what,
 // How this rank's value (mine) differs from rank 0's (root), for the error message.
 using ExplainDifference = std::function<std::string(std::string_view root, std::string_view mine)>;
 
+// An ExplainDifference for JSON texts: the first path at which they differ and both values there.
+std::string explain_json_difference(std::string_view root, std::string_view mine);
+
 // agree() on the FNV-1a 64 hash (hash.h) of value. Only when the ranks differ, rank 0's value is
 // broadcast and explain(root, mine) on the first differing rank names the difference (default:
 // both values, cut to 200 characters each).

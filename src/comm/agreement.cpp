@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <bit>
 
@@ -59,6 +61,21 @@ void agree_on(const Communicator& group, std::string_view value, std::string_vie
                                    clip(value));
   }
   throw_difference(group, hash, what, detail);
+}
+
+std::string explain_json_difference(std::string_view root_text, std::string_view mine_text) {
+  const auto root = nlohmann::json::parse(root_text, nullptr, false);
+  const auto mine = nlohmann::json::parse(mine_text, nullptr, false);
+  if (root.is_discarded() || mine.is_discarded())
+    return fmt::format("this rank has {:.200}, rank 0 {:.200}", mine_text, root_text);
+  const auto patch = nlohmann::json::diff(root, mine);
+  if (patch.empty()) return "the same values, hashed differently";
+  const auto path = nlohmann::json::json_pointer(patch[0].at("path").get<std::string>());
+  auto at = [&](const nlohmann::json& j) {
+    return j.contains(path) ? j.at(path).dump() : std::string("nothing");
+  };
+  return fmt::format("first difference at {}: rank 0 has {}, this rank has {}", path.to_string(),
+                     at(root), at(mine));
 }
 
 namespace detail {

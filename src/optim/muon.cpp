@@ -17,20 +17,6 @@
 namespace distmuon {
 namespace {
 
-// The first difference between rank 0's configuration and this rank's, for the error message.
-std::string describe_difference(const std::string& root_text, const std::string& mine_text) {
-  const auto root = nlohmann::json::parse(root_text);
-  const auto mine = nlohmann::json::parse(mine_text);
-  const auto patch = nlohmann::json::diff(root, mine);
-  if (patch.empty()) return "configurations hash differently";
-  const auto path = nlohmann::json::json_pointer(patch[0].at("path").get<std::string>());
-  auto at = [&](const nlohmann::json& j) {
-    return j.contains(path) ? j.at(path).dump() : std::string("nothing");
-  };
-  return fmt::format("first difference at {}: rank 0 has {}, this rank has {}", path.to_string(),
-                     at(root), at(mine));
-}
-
 // Weight decay of the shard and the momentum step: writes the update u (before NS).
 void muon_direction(Compute& compute, const MuonOptions& o, ParamState& p, ConstMatrixView g,
                     MatrixView u) {
@@ -137,9 +123,7 @@ void Muon::Impl::prepare() {
   if (prepared) return;
   // On a mismatch every differing rank names its first difference from rank 0's configuration.
   agree_on(world, config().dump(), "Muon: the optimizer configuration (options, parameters)",
-           [](std::string_view root, std::string_view mine) {
-             return describe_difference(std::string(root), std::string(mine));
-           });
+           explain_json_difference);
   prepared = true;
 }
 
@@ -310,9 +294,7 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
   nlohmann::json mine = {{"options", nlohmann::json::parse(s.options_text)},
                          {"active", std::vector<int>(active.begin(), active.end())}};
   agree_on(s.world, mine.dump(), "Muon::step: the options and the parameters with a gradient",
-           [](std::string_view root, std::string_view me) {
-             return describe_difference(std::string(root), std::string(me));
-           });
+           explain_json_difference);
 }
 
 void Muon::Impl::check_updated_weights() const {

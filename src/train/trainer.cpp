@@ -11,6 +11,7 @@
 
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
+#include "distmuon/hash.h"
 #include "train/trainer_impl.h"
 
 namespace distmuon {
@@ -57,6 +58,16 @@ Trainer::Trainer(TrainConfig config, Communicator world)
     failure = e.what();
   }
   w.agree_or_throw(failure.empty(), "train: setup", failure);
+  // One model on one data set: the configuration and the bytes each rank read are agreed on (a
+  // data file that differs between the ranks' nodes would otherwise train each rank on its own).
+  const std::span<const std::uint8_t> text = s.data->bytes();
+  const nlohmann::json identity = {
+      {"config", to_json(s.config)},
+      {"data",
+       {{"bytes", text.size()},
+        {"checksum", fmt::format("{:016x}", fnv1a64(text.data(), text.size()))}}}};
+  agree_on(w, identity.dump(), "train: the configuration and the training data",
+           explain_json_difference);
   // The run id: rank 0 draws it, every rank receives it.
   s.run_id = decide_on_root<std::string>(w, 0, "train: the run id", new_run_id);
 
