@@ -8,7 +8,7 @@ applied, then that same C++ step), both on the one optimizer that distmuon.torch
 same weights, gradients and workspaces. Prints the median
 and spread of each and the ratio of the medians; --json writes them.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/python_step_overhead.py [--shape MxN ...]
+    PYTHONPATH=build/python .venv/bin/python bench/python_step_overhead.py [--shape MxN ...]
 """
 import argparse
 import json
@@ -54,34 +54,46 @@ def main():
     core._core.time_steps(grad_arrays, args.warmup)
     for _ in range(args.warmup):
         opt.step()
-    cpp, py = [], []
+    cpp, py, own = [], [], []
+    # distmuon.torch.Muon.step without torch.optim.Optimizer's step wrapper (profiling hooks,
+    # step hooks): what distmuon's Python adds on its own.
+    inner = type(opt).step
+    while hasattr(inner, "__wrapped__"):
+        inner = inner.__wrapped__
 
-    def py_step():
+    def timed(f, into):
         t0 = time.perf_counter()
-        opt.step()
-        py.append(time.perf_counter() - t0)
+        f()
+        into.append(time.perf_counter() - t0)
 
-    # Interleaved, alternating which goes first: both see the same machine load and caches.
+    # Interleaved, alternating which goes first: all see the same machine load and caches.
     for r in range(args.reps):
         if r % 2:
-            py_step()
+            timed(opt.step, py)
+            timed(lambda: inner(opt), own)
         cpp.append(core._core.time_steps(grad_arrays, 1)[0])
         if not r % 2:
-            py_step()
+            timed(lambda: inner(opt), own)
+            timed(opt.step, py)
     pairs = sorted(b / a for a, b in zip(cpp, py))
     out = {"shapes": ["%dx%d" % s for s in shapes], "reps": args.reps, "cpp": summary(cpp),
-           "torch_optimizer": summary(py),
+           "torch_optimizer": summary(py), "without_torch_wrapper": summary(own),
            "ratio_of_medians": statistics.median(py) / statistics.median(cpp),
            "median_pair_ratio": statistics.median(pairs),
-           "ratio_of_minima": min(py) / min(cpp)}
+           "ratio_of_minima": min(py) / min(cpp),
+           "without_wrapper_ratio_of_medians": statistics.median(own) / statistics.median(cpp),
+           "without_wrapper_ratio_of_minima": min(own) / min(cpp)}
     print(f"weights: {', '.join(out['shapes'])}; {args.reps} interleaved repetitions")
-    for k in ("cpp", "torch_optimizer"):
+    for k in ("cpp", "torch_optimizer", "without_torch_wrapper"):
         s = out[k]
-        print(f"  {k:16s} min {s['min_ms']:8.3f} ms  median {s['median_ms']:8.3f} ms  (p10 {s['p10_ms']:.3f}, "
+        print(f"  {k:21s} min {s['min_ms']:8.3f} ms  median {s['median_ms']:8.3f} ms  (p10 {s['p10_ms']:.3f}, "
               f"p90 {s['p90_ms']:.3f})")
     print(f"  distmuon.torch.Muon / C++ step: {out['ratio_of_medians']:.4f} (ratio of medians), "
           f"{out['median_pair_ratio']:.4f} (median of per-pair ratios), "
           f"{out['ratio_of_minima']:.4f} (ratio of minima)")
+    print(f"  without torch's Optimizer.step wrapper / C++ step: "
+          f"{out['without_wrapper_ratio_of_medians']:.4f} (ratio of medians), "
+          f"{out['without_wrapper_ratio_of_minima']:.4f} (ratio of minima)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

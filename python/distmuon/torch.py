@@ -152,6 +152,9 @@ def _read_grad(entry):
         if why:
             raise Error(why)
         return [a]
+    if g.dtype is torch.float32 and p.dtype is torch.float32 and g.layout is torch.strided and \
+            g.device.type == "cpu" and g.shape == p.shape and g.is_contiguous():
+        return _as_matrices(g)  # the common case: read where it lies
     if g.shape != p.shape:
         raise Error(f"{tuple(g.shape)}, the parameter {tuple(p.shape)}")
     if g.device.type != "cpu" or g.is_sparse or g.dtype != p.dtype:
@@ -186,6 +189,13 @@ def _adamw_factor(group):
     if lr == 0.0:
         return 0.0
     return lr / initial if initial > 0 else 1.0
+
+
+def _group_key(group):
+    """The values of a group's per-step keys, compared at each step to skip rebuilding its
+    options when no schedule changed them (containers by their text: changed in place too)."""
+    return tuple(v if isinstance(v, (int, float, str, type(None))) else repr(v)
+                 for v in (group.get(k) for k in _GROUP_KEYS + ("initial_lr",)))
 
 
 def group_options(group):
@@ -253,6 +263,7 @@ class Muon(torch.optim.Optimizer):
         self._options = dict(options, tp_mode=tp_mode)
         self._cores = []   # per param group: (core, [_Param])
         self._pushed = []  # per param group: the options last given to its core (JSON text)
+        self._pushed_keys = []  # per param group: _group_key of the group when last pushed
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, adamw_lr=adamw_lr,
@@ -334,6 +345,7 @@ class Muon(torch.optim.Optimizer):
         self._world.agree_or_throw(not failure, what, failure)
         self._cores.append((core, entries))
         self._pushed.append(json.dumps(opts, sort_keys=True))
+        self._pushed_keys.append(None)
 
     def _check_group(self, gi, group, core, entries, finite):
         """This rank's gradients of param group gi (None where a parameter has none) and active
@@ -359,10 +371,13 @@ class Muon(torch.optim.Optimizer):
             grads.extend(mats if mats is not None else [None] * len(e.indices))
             active.extend([0 if mats is None else 1] * len(e.indices))
         try:
-            opts = json.dumps(group_options(group), sort_keys=True)
-            if opts != self._pushed[gi]:  # rank-local; the step agrees the options
-                core._core.set_options(opts)
-                self._pushed[gi] = opts
+            key = _group_key(group)  # cheap; the options are rebuilt only when a key changed
+            if key != self._pushed_keys[gi]:
+                opts = json.dumps(group_options(group), sort_keys=True)
+                if opts != self._pushed[gi]:  # rank-local; the step agrees the options
+                    core._core.set_options(opts)
+                    self._pushed[gi] = opts
+                self._pushed_keys[gi] = key
         except Exception as err:
             return None, None, f"group {gi}: {type(err).__name__}: {err}"
         return grads, active, ""
