@@ -121,9 +121,27 @@ def _as_matrices(t):
     return [a.reshape(-1, 1) if t.dim() <= 1 else a]
 
 
+def _check_layout(layout):
+    """Rank-local: raises Error unless layout is a Layout whose groups can become communicators
+    (checked before the agreement: making them is collective)."""
+    if not isinstance(layout, Layout):
+        raise Error(f"its layout is a {type(layout).__name__} ({layout!r:.40}), not a "
+                    "distmuon.torch.Layout")
+    for key in ("tp_group", "gtp_group"):
+        g = getattr(layout, key)
+        mod = type(g).__module__
+        if not (g is None or isinstance(g, Communicator) or g in ("world", "torch") or
+                mod.startswith("mpi4py") or mod.startswith("torch")):
+            raise Error(f"its Layout's {key} is a {type(g).__name__} ({g!r:.40}); expected None, "
+                        "\"world\", a distmuon.Communicator, an mpi4py communicator or a torch "
+                        "process group")
+
+
 def _to_local(p, layout):
     """(1) A parameter as the C++ optimizer takes it: its float32 matrices and layout.
     Rank-local checks; raises Error on a parameter distmuon cannot update."""
+    if layout is not None:
+        _check_layout(layout)
     if _dtensor.is_dtensor(p):  # FSDP2 / TP: layout and updated tensor from the placements
         dt = _dtensor.entry(p, layout, Layout)
         return _Param(p, dt.layout, [dt.work.numpy()], None, dt)

@@ -162,6 +162,26 @@ def test_torch_add_param_group_refused_on_one_rank():
     assert [core.step_count for core, _ in opt._cores] == [1, 1]
 
 
+@pytest.mark.parametrize("bad", ["a string", "an int group", "an object group"])
+def test_torch_layout_bad_on_one_rank(bad):
+    """A layout that is no Layout, or whose group cannot be a communicator, on one rank only:
+    checked before the communicators are made (collective), so every rank raises (before: rank 1
+    raised alone and rank 0 waited inside the constructor forever)."""
+    w = torch.nn.Parameter(torch.zeros(M, N))
+    if R == BAD:
+        w.distmuon_layout = {"a string": "bogus",
+                             "an int group": dmt.Layout(rows=M, cols=N, tp_dim=0, tp_group=7),
+                             "an object group": dmt.Layout(rows=M, cols=N, gtp_group=object())
+                             }[bad]
+    with pytest.raises(distmuon.CollectiveError, match=ON_BAD + ".*(not a distmuon.torch.Layout|"
+                       "expected None)"):
+        dmt.Muon([w], process_group=COMM)
+    w.distmuon_layout = None
+    opt = dmt.Muon([w], process_group=COMM)  # the same parameter, a good layout: it works
+    w.grad = torch.ones(M, N)
+    opt.step()
+
+
 def test_communicator_agree_or_throw():
     world = distmuon.communicator(COMM)
     world.agree_or_throw(True, "check")
