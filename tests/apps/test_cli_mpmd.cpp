@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -105,6 +106,35 @@ TEST_F(CliMpmd, CalibrateLimitsDiffer) {
   expect_named(mpmd("calibrate --max-bytes 4096" + out, "calibrate --max-bytes 8192" + out),
                "calibrate --max-bytes=8192");
   EXPECT_FALSE(fs::exists(dir_ / "p.json"));
+}
+
+// Every command, launched with one option differing between its two ranks: one error naming the
+// option on every rank, well within the runner's 60 s limit.
+TEST_F(CliMpmd, EveryCommandWithOneDifferingOption) {
+  const fs::path in = dir_ / "g.npy";
+  write_npy(in, test::random_matrix(32, 16, 3).view());
+  const std::string io = " " + in.string() + " " + (dir_ / "o.npy").string();
+  const std::string cal = " --sizes 32 --max-bytes 4096 --out " + (dir_ / "p.json").string();
+  struct Case {
+    std::string a, b, named;
+  };
+  const Case cases[] = {
+      {"demo --rows 32 --cols 16", "demo --rows 64 --cols 16", "demo --rows=64"},
+      {"orthogonalize" + io, "orthogonalize --coefficients cans" + io,
+       "orthogonalize --coefficients=cans where rank 0 has orthogonalize --coefficients=(default"},
+      {"plan --shape 64x64", "plan --shape 64x128", "plan --shape=64x128"},
+      {"profiles", "profiles --json", "profiles --json="},
+      {"topology", "topology --json", "topology --json="},
+      {"calibrate --name a" + cal, "calibrate --name b" + cal, "calibrate --name=b"},
+      {"bench --shape 64x64 --reps 1", "bench --shape 64x64 --reps 2", "bench --reps=2"},
+      {train("--seed 1"), train("--seed 2"), "train --seed=2"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.a);
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_named(mpmd(c.a, c.b), c.named);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  }
 }
 
 TEST_F(CliMpmd, DifferentCommands) {
