@@ -130,8 +130,9 @@ def _check_layout(layout):
     for key in ("tp_group", "gtp_group"):
         g = getattr(layout, key)
         mod = type(g).__module__
-        if not (g is None or isinstance(g, Communicator) or g in ("world", "torch") or
-                mod.startswith("mpi4py") or mod.startswith("torch")):
+        named = isinstance(g, str) and g in ("world", "torch")
+        if not (g is None or named or isinstance(g, Communicator) or mod.startswith("mpi4py") or
+                mod.startswith("torch")):
             raise Error(f"its Layout's {key} is a {type(g).__name__} ({g!r:.40}); expected None, "
                         "\"world\", a distmuon.Communicator, an mpi4py communicator or a torch "
                         "process group")
