@@ -13,13 +13,12 @@
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/hardware_profile.h"
+#include "expect_rel.h"
 
 namespace distmuon {
 namespace {
 
-void expect_rel(double actual, double expected) {
-  EXPECT_NEAR(actual, expected, 1e-12 * std::abs(expected));
-}
+using test::expect_rel;
 
 // Datasheet fields far from the measured ones, so that a test sees which were used.
 HardwareProfile measured_profile() {

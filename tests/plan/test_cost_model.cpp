@@ -7,6 +7,7 @@
 
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
+#include "expect_rel.h"
 
 namespace distmuon {
 namespace {
@@ -39,9 +40,7 @@ HardwareProfile test_profile(double intra_lat_us = 0, double inter_lat_us = 0) {
   return p;
 }
 
-void expect_rel(double actual, double expected) {
-  EXPECT_NEAR(actual, expected, 1e-12 * std::abs(expected));
-}
+using test::expect_rel;
 
 // Tall 4096 x 1024, G = 8, 5 steps, syrk: s = 1024 = 2^10, L = 2^12, k = 512.
 // duplicated = 5 (2^32 + 2^30 + 2^33) = 65 Gi; distributed = 5 (2^29 + 2^30 + 2^30) = 12.5 Gi.
