@@ -8,6 +8,7 @@
 // left out of the comparison on both sides: timings, losses and other figures that vary between
 // runs or machines.
 
+#include <filesystem>
 #include <optional>
 #include <regex>
 #include <string>
@@ -26,6 +27,9 @@ struct DocBlock {
 // Whether DISTMUON_UPDATE_DOCS (its value, nullptr when unset) asks to rewrite the blocks: "1"
 // only, so that DISTMUON_UPDATE_DOCS=0 (or an empty value) checks them as usual.
 bool update_docs_requested(const char* value);
+
+// The whole file (throws std::runtime_error when it cannot be read).
+std::string read_text(const std::filesystem::path& path);
 
 std::vector<std::string> split_lines(const std::string& text);
 std::string join_lines(const std::vector<std::string>& lines);

@@ -27,13 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 TEST(DocCommands, FindsCommandLinesSpansAndSkippedBlocks) {
   const auto lines = split_lines(
       "Run `distmuon plan --shape 8x8` or `ls`.\n"

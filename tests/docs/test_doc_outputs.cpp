@@ -23,14 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read " + path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 TEST(DocBlocks, FindsMarkedBlocksWithTheirIgnorePattern) {
   const auto lines = split_lines(
       "text\n<!-- doc-output: distmuon plan --shape 8x8 -->\n```\na\nb\n```\nmore\n"

@@ -40,29 +40,15 @@ class Mpi4pyFamily:
             c.Free()
 
 
-class OwnFamily:
-    name = "distmuon"
-
-    def __init__(self):
-        self.world = distmuon.communicator(COMM)
-        assert isinstance(self.world, distmuon.Communicator) and self.world.backend == "mpi"
-        self.size, self.rank = self.world.size, self.world.rank
-        self._cache = {}
-
-    def groups(self, tp, gtp):
-        if (tp, gtp) not in self._cache:
-            pg = distmuon.process_groups(self.world, tp, gtp)
-            self._cache[(tp, gtp)] = (self.world if tp == G else pg.tp,
-                                      self.world if gtp == G else pg.gtp)
-        return self._cache[(tp, gtp)]
-
-    def close(self):
-        pass
+def own_family():
+    world = distmuon.communicator(COMM)
+    assert isinstance(world, distmuon.Communicator) and world.backend == "mpi"
+    return tp_matrix.SplitFamily("distmuon", world)
 
 
 @pytest.fixture(scope="module", params=["mpi4py", "distmuon"])
 def checker(request):
-    family = Mpi4pyFamily() if request.param == "mpi4py" else OwnFamily()
+    family = Mpi4pyFamily() if request.param == "mpi4py" else own_family()
     yield tp_matrix.Checker(family)
     family.close()
 

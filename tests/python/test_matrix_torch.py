@@ -50,26 +50,15 @@ class TorchFamily:
         return self._cache[(tp, gtp)]
 
 
-class TorchSplitFamily:
-    name = "distmuon-over-torch"
-
-    def __init__(self):
-        self.world = distmuon.communicator("torch")
-        assert self.world.backend == "torch"
-        self.size, self.rank = self.world.size, self.world.rank
-        self._cache = {}
-
-    def groups(self, tp, gtp):
-        if (tp, gtp) not in self._cache:
-            pg = distmuon.process_groups(self.world, tp, gtp)
-            self._cache[(tp, gtp)] = (self.world if tp == G else pg.tp,
-                                      self.world if gtp == G else pg.gtp)
-        return self._cache[(tp, gtp)]
+def torch_split_family():
+    world = distmuon.communicator("torch")
+    assert world.backend == "torch"
+    return tp_matrix.SplitFamily("distmuon-over-torch", world)
 
 
 @pytest.fixture(scope="module", params=["torch", "distmuon-over-torch"])
 def checker(request):
-    return tp_matrix.Checker(TorchFamily() if request.param == "torch" else TorchSplitFamily())
+    return tp_matrix.Checker(TorchFamily() if request.param == "torch" else torch_split_family())
 
 
 @pytest.mark.parametrize("kind", tp_matrix.KINDS)

@@ -160,6 +160,26 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+class SplitFamily:
+    """Groups made by distmuon.process_groups from a distmuon communicator `world` (its own C++
+    splits), the world itself where a group spans every rank."""
+
+    def __init__(self, name, world):
+        self.name, self.world = name, world
+        self.size, self.rank = world.size, world.rank
+        self._cache = {}
+
+    def groups(self, tp, gtp):
+        if (tp, gtp) not in self._cache:
+            pg = distmuon.process_groups(self.world, tp, gtp)
+            self._cache[(tp, gtp)] = (self.world if tp == self.size else pg.tp,
+                                      self.world if gtp == self.size else pg.gtp)
+        return self._cache[(tp, gtp)]
+
+    def close(self):
+        pass
+
+
 class Checker:
     """Runs the matrix for one family, caching duplicated's results per optimizer kind."""
 
