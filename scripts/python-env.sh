@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # Creates the project's Python virtual environment (.venv, or $DISTMUON_VENV) and installs
-# python/requirements.txt into it from PyPI, only when something is missing or of another
-# version. Idempotent and quiet; once installed, it needs no network. Prints nothing on success.
+# python/requirements.txt (and python/requirements-cuda.txt, see below) into it from PyPI, only
+# when something is missing or of another version. Idempotent and quiet; once installed, it needs no network. Prints nothing on success.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${DISTMUON_VENV:-$root/.venv}"
 req="$root/python/requirements.txt"
+# With a CUDA compiler whose toolkit lacks cuBLAS or NCCL, their wheels too (the CUDA backend's
+# build needs their headers; python/requirements-cuda.txt).
+cuda="${CUDAToolkit_ROOT:-/usr/local/cuda}"
+if [ -x "$cuda/bin/nvcc" ] && { [ ! -e "$cuda/include/cublas_v2.h" ] || [ ! -e "$cuda/include/nccl.h" ]; }; then
+  merged="$(mktemp)"
+  trap 'rm -f "$merged"' EXIT
+  cat "$req" "$root/python/requirements-cuda.txt" > "$merged"
+  req="$merged"
+fi
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
