@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Newton-Schulz in PyTorch on a GPU: the reference the CUDA backend's NS is timed against
-(bench/cuda/bench_cuda_ns.cpp reads this script's JSON; scripts/device-check.sh runs both).
+(scripts/device-check.sh runs bench/cuda/bench_cuda_ns.cpp, then this script, and
+bench/device_summary.py puts their JSON side by side).
 
 The same algorithms as distmuon with its defaults (src/ns/newton_schulz.cpp,
 src/ns/gram_newton_schulz.cpp, src/ns/coefficients.cpp): the "quintic" coefficients, 5 steps,
@@ -9,12 +10,14 @@ X = G / max(||G||_F, 1e-15), the Gram matrix on the smaller side.
   gram:     R = X X^T once; per step P = c R R + b R + a I, Q = P Q (Q = P on the first step),
             R = R P^2 (not on the last step; re-formed from X = Q X_0 on a restart); X = Q X_0.
 Precisions: fp32 (TF32 off), tf32 (fp32 tensors, TF32 matmuls), bf16 (bf16 tensors, which
-matmul accumulates in fp32). Times are the median of --reps runs after --warmup runs, with CUDA
-events. Prints a table and writes JSON (--out).
+matmul accumulates in fp32). The input is random (torch.randn). Times are the median of --reps
+runs after --warmup runs, with CUDA events (a host clock on --device cpu, which the device check's
+dry run uses at small --shapes). Prints a table and writes JSON (--out).
 """
 import argparse
 import json
 import statistics
+import time
 
 import torch
 
@@ -90,13 +93,24 @@ def time_ms(fn, g, dtype, warmup, reps):
         fn(g, dtype)
     times = []
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(g, dtype)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        if g.is_cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(g, dtype)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn(g, dtype)
+            times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def shape(text):
+    m, n = (int(v) for v in text.lower().split("x"))
+    return m, n
 
 
 def main():
@@ -104,13 +118,15 @@ def main():
     ap.add_argument("--out", default="torch_ns.json", help="JSON results")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--device", default="cuda", help="cuda (default), or cpu for a dry run")
+    ap.add_argument("--shapes", type=shape, nargs="+", default=SHAPES, help="MxN ...")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("torch_newton_schulz.py: no CUDA device")
     results = []
     torch.manual_seed(0)
-    for m, n in SHAPES:
-        g = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    for m, n in args.shapes:
+        g = torch.randn(m, n, device=args.device, dtype=torch.float32)
         for precision in ("fp32", "tf32", "bf16"):
             torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -122,8 +138,9 @@ def main():
                       flush=True)
         del g
     torch.backends.cuda.matmul.allow_tf32 = False
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        json.dump({"device": name, "torch": torch.__version__,
                    "steps": STEPS, "coefficients": "quintic", "results": results}, f, indent=1)
 
 

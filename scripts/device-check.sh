@@ -1,46 +1,170 @@
 #!/usr/bin/env bash
-# The GPU check of distmuon's CUDA backend, in one run on a machine with an NVIDIA GPU, CUDA
-# (/usr/local/cuda), CMake, ninja and PyTorch but no package registry (docs/gpu.md):
-#   1. unpacks the Debian packages of device-debs/ (fetched beforehand by
-#      scripts/fetch-device-debs.sh) into a private prefix with dpkg -x (or ar + tar);
-#   2. configures and builds, against that prefix only, a Release build with CUDA on and MPI,
-#      the command-line tool and the Python module off, and only the targets it needs: the gpu
-#      tests and bench_cuda_ns;
-#   3. runs the gpu tests (ctest -L gpu: the CUDA backend against the CPU backend);
-#   4. times Newton-Schulz in PyTorch (bench/torch_newton_schulz.py) and in distmuon
-#      (bench_cuda_ns: the same algorithms and precisions, with the GEMM rates of the GPU).
-# Everything goes to $OUT (else ./device-check-out): device-check.log (all output), summary.txt
-# (step times and results), ctest-gpu.log, torch_ns.json, bench.txt and cuda_ns.json.
-# DEVICE_CHECK_DRY_RUN=1 runs steps 1-2 and the tests (which then skip themselves: no device) and
-# checks that every library came from the prefix; it skips the benchmarks. PYTHON names the
-# interpreter with PyTorch (default python3). Budget: 8 minutes.
-set -euo pipefail
+# The GPU check of distmuon's CUDA backend: one command, run on a machine with an NVIDIA GPU, the
+# CUDA compiler, CMake, ninja and a Python with PyTorch, but no package registry (docs/gpu.md,
+# "The device check").
+#
+#   scripts/device-check.sh --prepare   here, with Debian's registry: fetches into device-debs/
+#                                       (git-ignored, ~15 MiB; carry it to the GPU machine) the
+#                                       Debian packages the build needs that such a machine lacks
+#   scripts/device-check.sh             on the GPU machine: the check
+#   scripts/device-check.sh --dry-run   anywhere: the check without a GPU (its steps that need a
+#                                       device are rehearsed on the CPU at small sizes)
+#
+# Steps, each under a hard time cap (the whole run within 8 minutes, build included):
+#   0. preflight (10 s): OS, nvcc, cmake, compiler and Python versions, where cuBLAS and NCCL
+#      are (the CUDA toolkit, else the Python environment's nvidia-* wheels, as PyTorch takes
+#      them), the driver's device count or its error string;
+#   1. the packages of device-debs/ unpacked into a private prefix (dpkg -x, else ar + tar);
+#   2. a Release build with CUDA (for this GPU's architecture only), MPI and the command-line
+#      tool off: the library, the CUDA tests, the CUDA benchmark and the Python module;
+#   3. distmuon's tests: ctest (labels compute and gpu; a test that skips while a GPU is present
+#      is a failure), then the Python CUDA tests (pytest);
+#   4. distmuon's benchmark (bench_cuda_ns: GEMM rates on random data, NS in each precision);
+#   5. PyTorch's comparison, after: the same NS in PyTorch (bench/torch_newton_schulz.py) and
+#      distmuon.torch.Muon's step on CUDA tensors beside a PyTorch reference Muon step
+#      (bench/torch_muon_step.py);
+#   6. the summary table (bench/device_summary.py), also in summary.txt.
+# Everything goes to $OUT (else ./device-check-out), at most 8 files: summary.txt, log.txt (all
+# output), build.txt, ctest.txt, pytest.txt, cuda_ns.json, torch_ns.json, muon_step.json.
+# PYTHON names the interpreter with PyTorch (default: python3 on PATH). Exit status 0 only when
+# every step passed.
+set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="${OUT:-$root/device-check-out}"
-dry="${DEVICE_CHECK_DRY_RUN:-0}"
 debs="${DEVICE_CHECK_DEBS:-$root/device-debs}"
+mode=run
+case "${1:-}" in
+  --prepare) mode=prepare ;;
+  --dry-run) mode=dry ;;
+  "") ;;
+  *)
+    echo "usage: scripts/device-check.sh [--prepare | --dry-run]" >&2
+    exit 2
+    ;;
+esac
+
+# What a Release build of the library, its CUDA tests, the benchmark and the Python module needs
+# (MPI and the command-line tool off), with the libraries those link: OpenBLAS and LAPACKE,
+# JSON, logging, GoogleTest and Google Benchmark. libc, libgcc and libstdc++ come with any
+# machine that has a compiler for nvcc.
+packages=(
+  libopenblas0-pthread libopenblas-pthread-dev libgfortran5 libquadmath0
+  liblapacke liblapacke-dev libtmglib3
+  nlohmann-json3-dev libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
+  libgtest-dev libbenchmark-dev libbenchmark1debian
+)
+if [[ "$mode" == prepare ]]; then
+  set -e
+  mkdir -p "$debs"
+  rm -f "$debs"/*.deb
+  if ! apt-cache show "${packages[0]}" >/dev/null 2>&1; then apt-get update -qq; fi
+  (cd "$debs" && apt-get download -qq "${packages[@]}" 2>&1 | grep -v "unsandboxed" >&2 || true)
+  echo "device-check: $(ls "$debs"/*.deb | wc -l) packages, $(du -sh "$debs" | cut -f1), in $debs"
+  exit 0
+fi
+
+out="${OUT:-$root/device-check-out}"
 build="$root/build-device"
 prefix="$build/prefix"
+python="${PYTHON:-python3}"
 jobs="$(nproc)"
+# Seconds for the whole run: 8 minutes on a 16-core GPU machine. DEVICE_CHECK_BUDGET gives a
+# slower machine's dry run more (every step's cap grows in proportion).
+budget="${DEVICE_CHECK_BUDGET:-480}"
 mkdir -p "$out"
-exec > >(tee "$out/device-check.log") 2>&1
+exec > >(tee "$out/log.txt") 2>&1
 summary="$out/summary.txt"
-: > "$summary"
+: >"$summary"
 t0=$SECONDS
-step_start=$SECONDS
+failures=()
 note() { echo "$*" | tee -a "$summary"; }
-step() { note "[$((SECONDS - t0))s] $*"; step_start=$SECONDS; }
-done_step() { note "      done in $((SECONDS - step_start))s"; }
-fail() { note "device-check: FAILED: $*"; exit 1; }
+step() {
+  note "[$((SECONDS - t0))s] $*"
+}
+failed() {
+  failures+=("$1")
+  note "  FAILED: $1"
+}
+# The seconds a step may take: its own cap (for the 480 s budget, scaled to the budget), never
+# past the whole run's budget (less 20 s kept for the summary).
+cap() {
+  local want=$(($1 * budget / 480)) left=$((budget - 20 - (SECONDS - t0)))
+  ((left < 1)) && left=1
+  echo $((want < left ? want : left))
+}
+finish() {
+  step "6. summary"
+  timeout 20 "$python" "$root/bench/device_summary.py" --out "$out" --mode "$mode" \
+    --failures "$(
+      IFS=';'
+      echo "${failures[*]:-}"
+    )" | tee -a "$summary" || failures+=("summary")
+  local files
+  files=$(find "$out" -type f | wc -l)
+  ((files <= 8)) || failures+=("$files files under $out (at most 8)")
+  note "device-check: $mode, total $((SECONDS - t0))s, $files files, ${#failures[@]} failed step(s)${failures[*]:+: ${failures[*]}}"
+  ((${#failures[@]} == 0))
+  exit $?
+}
 
-note "distmuon device check $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), dry run: $dry"
-if [[ "$dry" != 1 ]]; then
-  command -v nvidia-smi >/dev/null && nvidia-smi | tee "$out/nvidia-smi.txt" || true
-fi
+note "distmuon device check $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), mode $mode"
 export PATH="/usr/local/cuda/bin:$PATH"
 
-step "1. unpacking $(ls "$debs"/*.deb 2>/dev/null | wc -l) packages of $debs into $prefix"
-ls "$debs"/*.deb >/dev/null 2>&1 || fail "no .deb files in $debs (run scripts/fetch-device-debs.sh first)"
+step "0. preflight"
+timeout 10 bash -c '
+  echo "  os:       $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME") ($(uname -srm))"
+  echo "  nvcc:     $(nvcc --version 2>&1 | grep -o "release [0-9.]*" || echo "not found")"
+  echo "  cmake:    $(cmake --version 2>&1 | head -1)"
+  echo "  ninja:    $(ninja --version 2>&1 || echo "not found")"
+  echo "  compiler: $(${CXX:-c++} --version 2>&1 | head -1)"
+  echo "  cores:    $(nproc)"
+' | tee -a "$summary"
+timeout 10 "$python" - <<'PY' 2>&1 | tee -a "$summary"
+import ctypes, glob, os, sys
+print(f"  python:   {sys.executable} {sys.version.split()[0]}")
+try:
+    import torch
+    print(f"  torch:    {torch.__version__} (CUDA {torch.version.cuda})")
+except Exception as e:  # the check still runs distmuon's own steps
+    print(f"  torch:    not importable: {e}")
+dirs = ["/usr/local/cuda/lib64", "/usr/local/cuda/lib"]
+try:
+    import nvidia
+    for d in nvidia.__path__:
+        dirs += [os.path.join(d, s, "lib") for s in ("cu13", "cublas", "nccl")]
+except ImportError:
+    pass
+for name, pattern in (("cuBLAS", "libcublas.so.*"), ("NCCL", "libnccl.so.*")):
+    found = [p for d in dirs for p in sorted(glob.glob(os.path.join(d, pattern)))]
+    print(f"  {name}: {' '.join(found) if found else 'not found in ' + ' '.join(dirs)}")
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+    rc = cuda.cuInit(0)
+    count = ctypes.c_int(0)
+    if rc == 0:
+        rc = cuda.cuDeviceGetCount(ctypes.byref(count))
+    if rc != 0:
+        msg = ctypes.c_char_p()
+        cuda.cuGetErrorString(rc, ctypes.byref(msg))
+        print(f"  driver:   error {rc}: {msg.value.decode() if msg.value else '?'}")
+    else:
+        version = ctypes.c_int(0)
+        cuda.cuDriverGetVersion(ctypes.byref(version))
+        print(f"  driver:   CUDA {version.value // 1000}.{version.value % 1000 // 10}, {count.value} device(s)")
+except OSError as e:
+    print(f"  driver:   cannot load libcuda.so.1: {e}")
+PY
+gpu_present=0
+grep -Eq "^  driver: .* [1-9][0-9]* device\(s\)" "$summary" && gpu_present=1
+note "  a GPU is present: $gpu_present"
+if [[ "$mode" == run && "$gpu_present" != 1 ]]; then
+  failed "preflight: no GPU (use --dry-run on a machine without one)"
+fi
+
+step "1. unpacking $debs"
+if ! ls "$debs"/*.deb >/dev/null 2>&1; then
+  failed "no .deb files in $debs: run scripts/device-check.sh --prepare where Debian's registry is reachable, and carry device-debs/"
+  finish
+fi
 rm -rf "$prefix"
 mkdir -p "$prefix"
 for deb in "$debs"/*.deb; do
@@ -52,69 +176,102 @@ for deb in "$debs"/*.deb; do
     rm -rf "$tmp"
   fi
 done
-lib="$prefix/usr/lib/x86_64-linux-gnu"
-blas_dir="$lib/openblas-pthread"
-# What Debian's alternatives would link: OpenBLAS as libblas.so.3 and liblapack.so.3.
-ln -sf openblas-pthread/libopenblas.so "$lib/libopenblas.so"
-ln -sf "$(basename "$(ls "$blas_dir"/libopenblasp-r*.so | head -1)")" "$blas_dir/libopenblas.so.0"
-ln -sf openblas-pthread/libopenblas.so.0 "$lib/libopenblas.so.0"
-ln -sf openblas-pthread/libblas.so.3 "$lib/libblas.so.3"
-ln -sf openblas-pthread/liblapack.so.3 "$lib/liblapack.so.3"
+# The packages' library folder, wherever their multiarch path puts it; what Debian's
+# alternatives would link: OpenBLAS as libblas.so.3 and liblapack.so.3.
+blas_so="$(find "$prefix" -name 'libopenblasp-r*.so' | head -1)"
+[[ -n "$blas_so" ]] || {
+  failed "no OpenBLAS in $debs"
+  finish
+}
+blas_dir="$(dirname "$blas_so")"
+lib="$(dirname "$blas_dir")"
+include="$(find "$prefix" -type d -path '*/include' | head -1)"
+ln -sf "$(basename "$blas_so")" "$blas_dir/libopenblas.so.0"
+ln -sf "$(basename "$blas_so")" "$blas_dir/libopenblas.so"
+ln -sf "$(basename "$blas_so")" "$blas_dir/libblas.so.3"
+ln -sf "$(basename "$blas_so")" "$blas_dir/liblapack.so.3"
+blas_include="$(find "$prefix" -type d -name 'openblas-pthread' -path '*include*' | head -1)"
 export LD_LIBRARY_PATH="$lib:$blas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done_step
+note "  $(ls "$debs"/*.deb | wc -l) packages; libraries in $lib"
 
-step "2. configuring and building (Release, CUDA on; $jobs jobs)"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DDISTMUON_ENABLE_CUDA=ON -DDISTMUON_ENABLE_MPI=OFF -DDISTMUON_ENABLE_APPS=OFF \
-  -DDISTMUON_ENABLE_PYTHON=OFF -DDISTMUON_ENABLE_TESTS=ON -DDISTMUON_ENABLE_BENCH=ON \
-  -DCMAKE_PREFIX_PATH="$prefix/usr" \
-  -DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include/x86_64-linux-gnu/openblas-pthread -isystem $prefix/usr/include" \
-  -DBLAS_LIBRARIES="$blas_dir/libopenblas.so" -DLAPACK_LIBRARIES="$blas_dir/libopenblas.so" \
-  -DDISTMUON_LAPACKE_LIBRARY="$lib/liblapacke.so" | tee "$out/configure.log"
-# Every dependency must come from the prefix (a machine without them has nothing else).
+step "2. configure and build (CUDA for this GPU, $jobs jobs)"
+arch=90
+if [[ "$gpu_present" == 1 ]]; then
+  arch="$(timeout 10 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')"
+  [[ "$arch" =~ ^[0-9]+$ ]] || arch=90
+fi
+build_ok=1
+{
+  timeout "$(cap 60)" cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DDISTMUON_ENABLE_CUDA=ON -DDISTMUON_CUDA_ARCHITECTURES="$arch" -DDISTMUON_ENABLE_MPI=OFF \
+    -DDISTMUON_ENABLE_APPS=OFF -DDISTMUON_ENABLE_TESTS=ON -DDISTMUON_ENABLE_BENCH=ON \
+    -DPython3_EXECUTABLE="$(command -v "$python")" \
+    -DCMAKE_PREFIX_PATH="$(dirname "$include")" \
+    -DCMAKE_CXX_FLAGS="-isystem $blas_include -isystem $include" \
+    -DBLAS_LIBRARIES="$blas_dir/libopenblas.so" -DLAPACK_LIBRARIES="$blas_dir/libopenblas.so" \
+    -DDISTMUON_LAPACKE_LIBRARY="$lib/liblapacke.so" &&
+    timeout "$(cap 200)" cmake --build "$build" --parallel "$jobs" --target \
+      test_cuda_libraries test_cuda_compute test_cuda_ns bench_cuda_ns
+} >"$out/build.txt" 2>&1 || build_ok=0
+grep -E "^-- distmuon:" "$out/build.txt" | sed 's/^/  /' | tee -a "$summary"
+if [[ "$build_ok" != 1 ]]; then
+  tail -30 "$out/build.txt"
+  failed "build (build.txt)"
+  finish
+fi
+# Every build dependency came from the prefix (a machine without them has nothing else).
 for var in fmt_DIR spdlog_DIR nlohmann_json_DIR GTest_DIR benchmark_DIR DISTMUON_LAPACKE_LIBRARY; do
   value="$(grep -E "^$var:" "$build/CMakeCache.txt" | cut -d= -f2-)"
-  note "      $var = $value"
-  [[ "$value" == "$prefix"/* ]] || fail "$var is not in the private prefix: $value"
+  [[ "$value" == "$prefix"/* ]] || failed "$var is not in the private prefix: $value"
 done
-targets=(test_cuda_compute test_cuda_ns bench_cuda_ns)
-cmake --build "$build" --parallel "$jobs" --target "${targets[@]}"
-# The binaries load the prefix's libraries.
-for bin in "$build/tests/compute/test_cuda_compute" "$build/bin/bench_cuda_ns"; do
-  for so in libopenblas libfmt libspdlog liblapacke; do
-    path="$(ldd "$bin" | awk -v so="$so" '$1 ~ "^"so {print $3}' | head -1)"
-    if [[ -n "$path" ]]; then
-      note "      $(basename "$bin"): $so -> $path"
-      [[ "$(readlink -f "$path")" == "$prefix"/* ]] || fail "$(basename "$bin") loads $path, not the prefix's $so"
-    fi
-  done
-done
-done_step
+# The Python module apart: without Python's headers there, the C++ steps still run.
+python_ok=1
+timeout "$(cap 90)" cmake --build "$build" --parallel "$jobs" --target distmuon_python \
+  >>"$out/build.txt" 2>&1 || python_ok=0
+if [[ "$python_ok" != 1 ]]; then
+  grep -E "Python|pybind11|error" "$out/build.txt" | tail -5
+  failed "the Python module's build (build.txt)"
+fi
+note "  built in $((SECONDS - t0))s since the start"
 
-step "3. gpu tests (ctest -L gpu)"
-set +e
-(cd "$build" && ctest -L gpu --output-on-failure --timeout 300) 2>&1 | tee "$out/ctest-gpu.log"
-tests_rc=${PIPESTATUS[0]}
-set -e
-grep -E "tests passed|tests failed|Skipped|Not Run|Failed|Passed" "$out/ctest-gpu.log" | sed 's/^/      /' >> "$summary" || true
-done_step
-
-if [[ "$dry" == 1 ]]; then
-  note "dry run: benchmarks skipped. total $((SECONDS - t0))s, ctest rc $tests_rc"
-  exit "$tests_rc"
+step "3a. distmuon's tests (ctest -L 'compute|gpu')"
+(
+  cd "$build" &&
+    DISTMUON_TEST_REQUIRE_GPU="$gpu_present" timeout "$(cap 120)" \
+      ctest -L 'compute|gpu' -R 'cuda|nccl' --output-on-failure --timeout 100
+) >"$out/ctest.txt" 2>&1
+ctest_rc=$?
+grep -E "tests passed|tests failed|\(Skipped\)|\(Failed\)|\(Timeout\)|Not Run" "$out/ctest.txt" | sed 's/^/  /' | tee -a "$summary"
+((ctest_rc == 0)) || failed "ctest (ctest.txt, rc $ctest_rc)"
+if [[ "$gpu_present" == 1 ]] && grep -q "(Skipped)" "$out/ctest.txt"; then
+  failed "a gpu test skipped while a GPU is present"
 fi
 
-step "4a. PyTorch Newton-Schulz"
-bench_rc=0
-timeout 240 "${PYTHON:-python3}" "$root/bench/torch_newton_schulz.py" --out "$out/torch_ns.json" 2>&1 |
-  tee "$out/torch_ns.txt" || bench_rc=1
-done_step
-step "4b. distmuon CUDA Newton-Schulz and the GEMM rates"
-torch_json=()
-[[ -s "$out/torch_ns.json" ]] && torch_json=("$out/torch_ns.json")
-timeout 240 "$build/bin/bench_cuda_ns" "${torch_json[@]}" --json "$out/cuda_ns.json" 2>&1 |
-  tee "$out/bench.txt" || bench_rc=1
-cat "$out/bench.txt" >> "$summary"
-done_step
-note "total $((SECONDS - t0))s, ctest rc $tests_rc, benchmarks rc $bench_rc"
-[[ $tests_rc == 0 && $bench_rc == 0 ]]
+step "3b. distmuon's Python CUDA tests (pytest)"
+[[ "$python_ok" == 1 ]] && PYTHONPATH="$build/python" DISTMUON_TEST_REQUIRE_GPU="$gpu_present" timeout "$(cap 90)" \
+  "$python" -m pytest -q -p no:cacheprovider "$root/tests/python/test_cuda_tensors.py" \
+  >"$out/pytest.txt" 2>&1
+pytest_rc=$?
+tail -3 "$out/pytest.txt" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
+((pytest_rc == 0)) || failed "pytest (pytest.txt, rc $pytest_rc)"
+
+step "4. distmuon's benchmark (bench_cuda_ns)"
+if [[ "$gpu_present" == 1 ]]; then
+  timeout "$(cap 120)" "$build/bin/bench_cuda_ns" --json "$out/cuda_ns.json" ||
+    failed "bench_cuda_ns"
+else
+  timeout "$(cap 30)" "$build/bin/bench_cuda_ns" --help && note "  no GPU: bench_cuda_ns --help only"
+fi
+
+step "5a. PyTorch's Newton-Schulz (bench/torch_newton_schulz.py)"
+small=()
+[[ "$gpu_present" == 1 ]] || small=(--device cpu --shapes 64x64 64x192 --reps 1 --warmup 0)
+timeout "$(cap 120)" "$python" "$root/bench/torch_newton_schulz.py" --out "$out/torch_ns.json" \
+  "${small[@]}" || failed "torch_newton_schulz.py"
+
+step "5b. distmuon.torch.Muon beside a PyTorch reference Muon (bench/torch_muon_step.py)"
+[[ "$python_ok" == 1 ]] && PYTHONPATH="$build/python" timeout "$(cap 90)" "$python" \
+  "$root/bench/torch_muon_step.py" --out "$out/muon_step.json" "${small[@]}" ||
+  failed "torch_muon_step.py"
+
+finish

@@ -1,14 +1,15 @@
-// Times distmuon's Newton-Schulz on the CUDA backend (standard and Gram; fp32, TF32, bf16) at
-// 4096x4096, 4096x14336 and 8192x8192, and the GEMM rate of the same GPU (8192^3; bf16 operands
-// with fp32 accumulation is "the bf16 GEMM rate"), in one run. With the JSON of
-// bench/torch_newton_schulz.py it also prints PyTorch's time of the same algorithm and
-// precision and the ratio (PyTorch time / distmuon time: above 1, distmuon is faster).
+// Times distmuon's Newton-Schulz on the CUDA backend (standard and Gram; fp32 with syrk on and
+// off, TF32, bf16) at 4096x4096, 4096x14336 and 8192x8192, and the GEMM rates of the same GPU
+// (8192^3 on random data: fp32, TF32, and bf16 operands with fp32 accumulation), in one run.
+// scripts/device-check.sh runs it first, then PyTorch's NS (bench/torch_newton_schulz.py), and
+// puts the two side by side (bench/device_summary.py).
 //
-//   bench_cuda_ns [torch_ns.json] [--reps N] [--json out.json]
+//   bench_cuda_ns [--reps N] [--json out.json]
 //
 // TFLOP/s count the plain GEMM work of each algorithm (ns_flops with use_syrk = false: every
-// symmetric product counted as a full GEMM), the same count for distmuon and PyTorch. Times
-// are medians over the repetitions, measured with CUDA events on the backend's stream.
+// symmetric product counted as a full GEMM), the count PyTorch's NS is given too; "of GEMM" is
+// that rate over the GEMM rate of the same precision. Times are medians over the repetitions,
+// measured with CUDA events on the backend's stream.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -17,13 +18,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "compute/cuda/cuda_check.h"
@@ -41,12 +42,16 @@ struct Shape {
   Index m, n;
 };
 constexpr Shape kShapes[] = {{4096, 4096}, {4096, 14336}, {8192, 8192}};
-constexpr CudaPrecision kPrecisions[] = {CudaPrecision::kFp32, CudaPrecision::kTf32,
-                                         CudaPrecision::kBf16, CudaPrecision::kBf16Operands};
-// PyTorch's precision of the same arithmetic (bf16-operands and bf16 both compare with bf16).
-std::string torch_precision(CudaPrecision p) {
-  return p == CudaPrecision::kBf16Operands ? "bf16" : to_string(p);
-}
+// What is timed: each precision of the products, fp32 with syrk on and off.
+struct Variant {
+  const char* precision;  // the products' precision (and the GEMM rate it is compared with)
+  CudaPrecision cuda;
+  bool syrk;
+};
+constexpr Variant kVariants[] = {{"fp32", CudaPrecision::kFp32, true},
+                                 {"fp32", CudaPrecision::kFp32, false},
+                                 {"tf32", CudaPrecision::kTf32, true},
+                                 {"bf16", CudaPrecision::kBf16Operands, true}};
 constexpr NsAlgorithm kAlgorithms[] = {NsAlgorithm::kStandard, NsAlgorithm::kGram};
 
 // Median milliseconds of `reps` calls of fn on stream (after `warmup` calls).
@@ -85,6 +90,26 @@ Matrix random_host(Index rows, Index cols, std::uint64_t seed) {
   return m;
 }
 
+// n x n random entries (random_host) into device memory of `type` (fp32, or bf16 rounded to
+// nearest even).
+void upload_random(void* dst, Index n, cudaDataType_t type, std::uint64_t seed) {
+  const Matrix host = random_host(n, n, seed);
+  const auto count = static_cast<std::size_t>(n * n);
+  if (type != CUDA_R_16BF) {
+    check(cudaMemcpy(dst, host.data(), count * sizeof(float), cudaMemcpyHostToDevice),
+          "cudaMemcpy", "gemm bench operands");
+    return;
+  }
+  std::vector<std::uint16_t> bf16(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, host.data() + i, sizeof bits);
+    bf16[i] = static_cast<std::uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  }
+  check(cudaMemcpy(dst, bf16.data(), count * 2, cudaMemcpyHostToDevice), "cudaMemcpy",
+        "gemm bench operands");
+}
+
 // TFLOP/s of cublasGemmEx at n^3 with the given operand type and compute type.
 double gemm_tflops(cudaStream_t stream, Index n, cudaDataType_t type, cublasComputeType_t ct,
                    int reps) {
@@ -97,8 +122,9 @@ double gemm_tflops(cudaStream_t stream, Index n, cudaDataType_t type, cublasComp
   check(cudaMalloc(&a, bytes), "cudaMalloc", "gemm bench");
   check(cudaMalloc(&b, bytes), "cudaMalloc", "gemm bench");
   check(cudaMalloc(&c, bytes), "cudaMalloc", "gemm bench");
-  check(cudaMemsetAsync(a, 0x3c, bytes, stream), "cudaMemset", "gemm bench");  // finite values
-  check(cudaMemsetAsync(b, 0x3c, bytes, stream), "cudaMemset", "gemm bench");
+  // Random operands: constant or zero data runs measurably faster than real data.
+  upload_random(a, n, type, 11);
+  upload_random(b, n, type, 12);
   const float alpha = 1.0f, beta = 0.0f;
   const int ni = static_cast<int>(n);
   const double ms = median_ms(stream, 2, reps, [&] {
@@ -115,7 +141,7 @@ double gemm_tflops(cudaStream_t stream, Index n, cudaDataType_t type, cublasComp
 }
 
 int run(int argc, char** argv) {
-  std::string torch_file, json_out;
+  std::string json_out;
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -123,25 +149,13 @@ int run(int argc, char** argv) {
       reps = std::stoi(argv[++i]);
     } else if (a == "--json" && i + 1 < argc) {
       json_out = argv[++i];
-    } else if (!a.empty() && a[0] != '-') {
-      torch_file = a;
     } else {
-      std::fprintf(stderr, "usage: bench_cuda_ns [torch_ns.json] [--reps N] [--json out.json]\n");
-      return 2;
+      std::fprintf(a == "--help" ? stdout : stderr,
+                   "usage: bench_cuda_ns [--reps N] [--json out.json]\n");
+      return a == "--help" ? 0 : 2;
     }
   }
-  // PyTorch's times by (algorithm, precision, m, n).
-  std::map<std::tuple<std::string, std::string, Index, Index>, double> torch_ms;
-  if (!torch_file.empty()) {
-    std::ifstream in(torch_file);
-    if (!in) throw Error(fmt::format("cannot read {}", torch_file));
-    const auto j = nlohmann::json::parse(in);
-    for (const auto& r : j.at("results")) {
-      torch_ms[{r.at("algorithm").get<std::string>(), r.at("precision").get<std::string>(),
-                r.at("m").get<Index>(), r.at("n").get<Index>()}] = r.at("ms").get<double>();
-    }
-  }
-
+  if (reps < 1) throw Error(fmt::format("--reps {}: must be >= 1", reps));
   if (cuda_device_count() == 0) throw Error("no CUDA device");
   cudaDeviceProp prop{};
   int device = 0;
@@ -152,36 +166,31 @@ int run(int argc, char** argv) {
 
   nlohmann::json out;
   out["device"] = prop.name;
-  // The GEMM rates of this GPU, 8192^3, measured in this run.
+  // The GEMM rates of this GPU, 8192^3 on random data, measured in this run.
   auto stream_owner = make_cuda_compute(CudaPrecision::kFp32);
   const cudaStream_t gemm_stream = cuda_stream(*stream_owner);
   const Index g = 8192;
-  const double bf16_rate =
-      gemm_tflops(gemm_stream, g, CUDA_R_16BF, CUBLAS_COMPUTE_32F, std::max(reps, 5));
-  const double bf16_fast_rate =
-      gemm_tflops(gemm_stream, g, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF, std::max(reps, 5));
-  const double tf32_rate =
-      gemm_tflops(gemm_stream, g, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, std::max(reps, 5));
-  const double fp32_rate = gemm_tflops(gemm_stream, g, CUDA_R_32F, CUBLAS_COMPUTE_32F, reps);
-  fmt::print(
-      "GEMM 8192^3: bf16 operands {:.1f} TFLOP/s, fp32 operands with bf16 compute "
-      "(distmuon's bf16) {:.1f}, tf32 {:.1f}, fp32 {:.1f}\n",
-      bf16_rate, bf16_fast_rate, tf32_rate, fp32_rate);
-  out["gemm_tflops"] = {{"bf16", bf16_rate},
-                        {"fp32_fast_bf16", bf16_fast_rate},
-                        {"tf32", tf32_rate},
-                        {"fp32", fp32_rate}};
+  const int gemm_reps = std::max(reps, 5);
+  std::map<std::string, double> rate;
+  rate["bf16"] = gemm_tflops(gemm_stream, g, CUDA_R_16BF, CUBLAS_COMPUTE_32F, gemm_reps);
+  rate["tf32"] = gemm_tflops(gemm_stream, g, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32, gemm_reps);
+  rate["fp32"] = gemm_tflops(gemm_stream, g, CUDA_R_32F, CUBLAS_COMPUTE_32F, gemm_reps);
+  fmt::print("GEMM 8192^3 on random data: bf16 operands {:.1f} TFLOP/s, tf32 {:.1f}, fp32 {:.1f}\n",
+             rate["bf16"], rate["tf32"], rate["fp32"]);
+  out["gemm_tflops"] = rate;
 
-  fmt::print("\n{:<9} {:<13} {:>11} {:>11} {:>9} {:>11} {:>9} {:>14}\n", "algorithm", "precision",
-             "shape", "distmuon ms", "TFLOP/s", "torch ms", "torch/dm", "of bf16 GEMM");
+  fmt::print("\n{:<9} {:<5} {:<4} {:>11} {:>11} {:>9} {:>8}\n", "algorithm", "prec", "syrk",
+             "shape", "ms", "TFLOP/s", "of GEMM");
   for (const Shape& sh : kShapes) {
     const Matrix host = random_host(sh.m, sh.n, 7);
-    for (const CudaPrecision p : kPrecisions) {
-      auto compute = make_cuda_compute(p);
+    for (const Variant& v : kVariants) {
+      auto compute = make_cuda_compute(v.cuda);
       const cudaStream_t stream = cuda_stream(*compute);
       for (const NsAlgorithm algorithm : kAlgorithms) {
-        NsOptions opts;  // distmuon's defaults: quintic, 5 steps, syrk
+        if (algorithm == NsAlgorithm::kGram && !v.syrk) continue;  // Gram's products are GEMMs
+        NsOptions opts;  // distmuon's defaults: quintic, 5 steps
         opts.algorithm = algorithm;
+        opts.use_syrk = v.syrk;
         DeviceMatrix x = to_device(*compute, host.view());
         NsWorkspace ws;
         const double ms = median_ms(stream, 2, reps, [&] {
@@ -190,32 +199,24 @@ int run(int argc, char** argv) {
         NsOptions plain = opts;
         plain.use_syrk = false;
         const double tflops = ns_flops(sh.m, sh.n, plain) / (ms * 1e-3) / 1e12;
-        const auto key =
-            std::tuple{std::string(to_string(algorithm)), torch_precision(p), sh.m, sh.n};
-        const auto t = torch_ms.find(key);
-        const std::string shape = fmt::format("{}x{}", sh.m, sh.n);
-        const std::string torch_col = t == torch_ms.end() ? "-" : fmt::format("{:.2f}", t->second);
-        const std::string ratio = t == torch_ms.end() ? "-" : fmt::format("{:.2f}", t->second / ms);
-        const std::string of_gemm = fmt::format("{:.0f}%", 100.0 * tflops / bf16_rate);
-        fmt::print("{:<9} {:<13} {:>11} {:>11.2f} {:>9.1f} {:>11} {:>9} {:>14}\n",
-                   to_string(algorithm), to_string(p), shape, ms, tflops, torch_col, ratio,
-                   of_gemm);
-        out["results"].push_back(
-            {{"algorithm", to_string(algorithm)},
-             {"precision", to_string(p)},
-             {"m", sh.m},
-             {"n", sh.n},
-             {"ms", ms},
-             {"tflops", tflops},
-             {"torch_ms", t == torch_ms.end() ? nlohmann::json() : nlohmann::json(t->second)},
-             {"fraction_of_bf16_gemm", tflops / bf16_rate}});
+        const double of_gemm = tflops / rate.at(v.precision);
+        fmt::print("{:<9} {:<5} {:<4} {:>11} {:>11.2f} {:>9.1f} {:>7.0f}%\n", to_string(algorithm),
+                   v.precision, v.syrk ? "on" : "off", fmt::format("{}x{}", sh.m, sh.n), ms,
+                   tflops, 100.0 * of_gemm);
+        out["results"].push_back({{"algorithm", to_string(algorithm)},
+                                  {"precision", v.precision},
+                                  {"syrk", v.syrk},
+                                  {"m", sh.m},
+                                  {"n", sh.n},
+                                  {"ms", ms},
+                                  {"tflops", tflops},
+                                  {"of_gemm", of_gemm}});
       }
     }
   }
   fmt::print(
-      "\ntorch/dm: PyTorch's time over distmuon's (above 1: distmuon faster). "
-      "of bf16 GEMM: TFLOP/s over the bf16 GEMM rate above (the target: standard, bf16, "
-      "8192x8192 at 70% or more).\n");
+      "\nof GEMM: the NS rate over the GEMM rate of the same precision (the target: standard, "
+      "bf16, 8192x8192 at 70% or more of the bf16 rate).\n");
   if (!json_out.empty()) std::ofstream(json_out) << out.dump(1) << "\n";
   return 0;
 }
