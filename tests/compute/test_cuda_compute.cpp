@@ -11,11 +11,13 @@
 //  - sum_squares: in double 1e-12 relative (the order of the double sums differs); in float
 //    1e-5 relative to the double sum (fp32 partial sums over <= 1e4 elements of one sign).
 // Every test is skipped ("no CUDA device: skipped") on a machine without a CUDA device.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -158,6 +160,42 @@ TEST(CudaCompute, GemmAndSyrkMatchCpuInEveryPrecision) {
     DeviceMatrix x(*cuda, 3, 4), y(*cuda, 5, 3);
     EXPECT_THROW(cuda->gemm(Trans::kNo, Trans::kNo, 1.0f, x, y, 0.0f, y), Error);
     EXPECT_THROW(cuda->syrk(Trans::kNo, 1.0f, x, 0.0f, y), Error);
+  }
+}
+
+// At a reduced precision syrk runs as one batched product of the blocks on and above the
+// diagonal (2, 4 and 8 blocks a side at these sizes), the lower triangle mirrored: the same
+// tolerances as above, both triangles written and equal, strided a and c.
+TEST(CudaCompute, ReducedPrecisionSyrkInBlocksMatchesCpu) {
+  DISTMUON_REQUIRE_CUDA();
+  Compute& cpu = cpu_compute();
+  for (const auto& [precision, tolerance] :
+       {std::pair{CudaPrecision::kTf32, 5e-3}, std::pair{CudaPrecision::kBf16, 2e-2},
+        std::pair{CudaPrecision::kBf16Operands, 2e-2}}) {
+    auto cuda = make_cuda_compute(precision);
+    for (const Index n : {2048, 4096, 8192}) {
+      for (const Trans ta : {Trans::kNo, Trans::kYes}) {
+        SCOPED_TRACE(fmt::format("{} n {} ta {}", to_string(precision), n, ta == Trans::kYes));
+        const Index k = 24;
+        const Matrix a =
+            ta == Trans::kNo ? test::random_matrix(n, k, 7) : test::random_matrix(k, n, 7);
+        const Matrix c0 = test::random_matrix(n, 3, 8);
+        Matrix sym(n, n);  // a symmetric start for beta != 0
+        cpu.gemm(Trans::kNo, Trans::kYes, 1.0f, c0.view(), c0.view(), 0.0f, sym.view());
+        Strided want = strided(sym);
+        cpu.syrk(ta, 0.5f, a.view(), 0.25f, want.view);
+        DevStrided da = dev_strided(*cuda, a), dc = dev_strided(*cuda, sym);
+        cuda->syrk(ta, 0.5f, da.view, 0.25f, dc.view);
+        const Matrix got = host_of(*cuda, dc.view);
+        EXPECT_LE(relative_error(got.view(), Matrix::from(want.view).view()), tolerance);
+        Index asymmetric = 0;
+        for (Index i = 0; i < n; ++i) {
+          for (Index j = 0; j < i; ++j)
+            asymmetric += got(i, j) != got(j, i) ? 1 : 0;
+        }
+        EXPECT_EQ(asymmetric, 0);
+      }
+    }
   }
 }
 

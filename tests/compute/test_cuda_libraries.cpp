@@ -78,6 +78,7 @@ TEST(CudaLibraries, CublasLoadsOnFirstUseWithEveryFunction) {
   EXPECT_NE(api.set_stream, nullptr);
   EXPECT_NE(api.ssyrk, nullptr);
   EXPECT_NE(api.gemm_ex, nullptr);
+  EXPECT_NE(api.gemm_batched_ex, nullptr);
   // Calls into the library that need no device.
   EXPECT_STREQ(api.get_status_name(CUBLAS_STATUS_NOT_INITIALIZED), "CUBLAS_STATUS_NOT_INITIALIZED");
   EXPECT_NE(std::string(api.get_status_string(CUBLAS_STATUS_SUCCESS)), "");

@@ -59,7 +59,8 @@ struct NormScaleOp {
   __device__ void operator()(std::int64_t t) const {
     const double ss = *sum;
     float& x = a.data[offset(t, a.cols, a.ld)];
-    if (!isfinite(ss)) {
+    // Not finite: infinite or NaN (a comparison with NaN is false).
+    if (!(ss <= 1.7976931348623157e308)) {
       x = __int_as_float(0x7fc00000);  // quiet NaN: the caller's check finds it
       return;
     }
@@ -153,6 +154,21 @@ __global__ void mirror_kernel(Dev c) {
   }
 }
 
+__global__ void upper_block_pointers_kernel(const char* a, std::int64_t a_step, char* c,
+                                            std::int64_t c_row_step, std::int64_t c_col_step, int t,
+                                            const void** row_block, const void** col_block,
+                                            void** c_block) {
+  int p = 0;
+  for (int i = 0; i < t; ++i) {
+    for (int j = i; j < t; ++j, ++p) {
+      if (p != static_cast<int>(threadIdx.x)) continue;
+      row_block[p] = a + i * a_step;
+      col_block[p] = a + j * a_step;
+      c_block[p] = c + i * c_row_step + j * c_col_step;
+    }
+  }
+}
+
 template <class T>
 __device__ T block_sum(T v) {
   __shared__ T part[kThreads / 32];
@@ -220,6 +236,15 @@ cudaError_t adamw(cudaStream_t s, AdamWArgs k, ConstDev g, Dev m, Dev v, Dev p) 
 }
 cudaError_t to_bf16(cudaStream_t s, ConstDev a, void* dst) {
   return launch(s, a.rows * a.cols, ToBf16Op{a, static_cast<__nv_bfloat16*>(dst)});
+}
+
+cudaError_t upper_block_pointers(cudaStream_t s, const void* a, std::int64_t a_step, void* c,
+                                 std::int64_t c_row_step, std::int64_t c_col_step, int t,
+                                 const void** row_block, const void** col_block, void** c_block) {
+  upper_block_pointers_kernel<<<1, t*(t + 1) / 2, 0, s>>>(
+      static_cast<const char*>(a), a_step, static_cast<char*>(c), c_row_step, c_col_step, t,
+      row_block, col_block, c_block);
+  return cudaGetLastError();
 }
 
 cudaError_t mirror_upper(cudaStream_t s, Dev c) {

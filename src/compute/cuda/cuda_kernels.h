@@ -40,6 +40,13 @@ cudaError_t add_diagonal(cudaStream_t s, Dev a, float alpha);
 cudaError_t fill(cudaStream_t s, Dev a, float value);
 // Copies the upper triangle of a square matrix into its lower one (syrk writes one triangle).
 cudaError_t mirror_upper(cudaStream_t s, Dev c);
+// The operand and result pointers of the t (t + 1) / 2 blocks on and above the diagonal of a
+// product split into t x t blocks, in row-major block order (0,0), (0,1), ..., (t-1,t-1), for a
+// batched GEMM: row_block[p] = a + i * a_step, col_block[p] = a + j * a_step and
+// c_block[p] = c + i * c_row_step + j * c_col_step (steps in bytes) for block p = (i, j).
+cudaError_t upper_block_pointers(cudaStream_t s, const void* a, std::int64_t a_step, void* c,
+                                 std::int64_t c_row_step, std::int64_t c_col_step, int t,
+                                 const void** row_block, const void** col_block, void** c_block);
 cudaError_t muon_momentum(cudaStream_t s, MomentumArgs k, ConstDev g, ConstDev w, Dev buf, Dev u);
 cudaError_t adamw(cudaStream_t s, AdamWArgs k, ConstDev g, Dev m, Dev v, Dev p);
 // dst (rows * cols bf16 values, row-major, contiguous) = a rounded to bf16 (to nearest even).

@@ -16,6 +16,8 @@ namespace {
 // CublasApi::gemm_ex is spelled out (cublasGemmEx is overloaded in C++): this cast compiles only
 // when it is exactly the type of one of the declared functions.
 static_assert(sizeof(static_cast<decltype(CublasApi::gemm_ex)>(&::cublasGemmEx)) > 0);
+static_assert(sizeof(static_cast<decltype(CublasApi::gemm_batched_ex)>(&::cublasGemmBatchedEx)) >
+              0);
 
 std::string last_dl_error() {
   const char* err = dlerror();
@@ -31,6 +33,7 @@ CublasApi load_cublas() {
   resolve(api.set_stream, lib, soname, "cublasSetStream_v2");
   resolve(api.ssyrk, lib, soname, "cublasSsyrk_v2");
   resolve(api.gemm_ex, lib, soname, "cublasGemmEx");
+  resolve(api.gemm_batched_ex, lib, soname, "cublasGemmBatchedEx");
   resolve(api.get_status_string, lib, soname, "cublasGetStatusString");
   resolve(api.get_status_name, lib, soname, "cublasGetStatusName");
   return api;

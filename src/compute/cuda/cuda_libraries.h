@@ -36,6 +36,12 @@ struct CublasApi {
                             const void*, const void*, cudaDataType, int, const void*, cudaDataType,
                             int, const void*, void*, cudaDataType, int, cublasComputeType_t,
                             cublasGemmAlgo_t);
+  // cublasGemmBatchedEx, spelled out for the same reason.
+  cublasStatus_t (*gemm_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                    int, const void*, const void* const[], cudaDataType, int,
+                                    const void* const[], cudaDataType, int, const void*,
+                                    void* const[], cudaDataType, int, int, cublasComputeType_t,
+                                    cublasGemmAlgo_t);
   decltype(&::cublasGetStatusString) get_status_string;
   decltype(&::cublasGetStatusName) get_status_name;
 };
