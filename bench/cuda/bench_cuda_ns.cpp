@@ -41,11 +41,10 @@ struct Shape {
   Index m, n;
 };
 constexpr Shape kShapes[] = {{4096, 4096}, {4096, 14336}, {8192, 8192}};
-constexpr CudaPrecision kPrecisions[] = {CudaPrecision::kFp32, CudaPrecision::kTf32,
-                                         CudaPrecision::kBf16, CudaPrecision::kBf16Operands};
-// PyTorch's precision of the same arithmetic (bf16-operands and bf16 both compare with bf16).
-std::string torch_precision(CudaPrecision p) {
-  return p == CudaPrecision::kBf16Operands ? "bf16" : to_string(p);
+constexpr Precision kPrecisions[] = {Precision::kFp32, Precision::kTf32, Precision::kBf16};
+// PyTorch's precision of the same arithmetic.
+std::string torch_precision(Precision p) {
+  return to_string(p);
 }
 constexpr NsAlgorithm kAlgorithms[] = {NsAlgorithm::kStandard, NsAlgorithm::kGram};
 
@@ -153,7 +152,7 @@ int run(int argc, char** argv) {
   nlohmann::json out;
   out["device"] = prop.name;
   // The GEMM rates of this GPU, 8192^3, measured in this run.
-  auto stream_owner = make_cuda_compute(CudaPrecision::kFp32);
+  auto stream_owner = make_cuda_compute();
   const cudaStream_t gemm_stream = cuda_stream(*stream_owner);
   const Index g = 8192;
   const double bf16_rate =
@@ -176,12 +175,13 @@ int run(int argc, char** argv) {
              "shape", "distmuon ms", "TFLOP/s", "torch ms", "torch/dm", "of bf16 GEMM");
   for (const Shape& sh : kShapes) {
     const Matrix host = random_host(sh.m, sh.n, 7);
-    for (const CudaPrecision p : kPrecisions) {
-      auto compute = make_cuda_compute(p);
+    for (const Precision p : kPrecisions) {
+      auto compute = make_cuda_compute();
       const cudaStream_t stream = cuda_stream(*compute);
       for (const NsAlgorithm algorithm : kAlgorithms) {
         NsOptions opts;  // distmuon's defaults: quintic, 5 steps, syrk
         opts.algorithm = algorithm;
+        opts.precision = p;  // each call's precision
         DeviceMatrix x = to_device(*compute, host.view());
         NsWorkspace ws;
         const double ms = median_ms(stream, 2, reps, [&] {

@@ -47,22 +47,15 @@ int blas_int(const char* op, Index v) {
   return static_cast<int>(v);
 }
 
-cublasComputeType_t compute_type(CudaPrecision p) {
-  switch (p) {
-    case CudaPrecision::kTf32:
-      return CUBLAS_COMPUTE_32F_FAST_TF32;
-    case CudaPrecision::kBf16:
-      return CUBLAS_COMPUTE_32F_FAST_16BF;
-    case CudaPrecision::kFp32:
-    case CudaPrecision::kBf16Operands:  // bf16 operands, fp32 accumulation
-      break;
-  }
-  return CUBLAS_COMPUTE_32F;
+// The compute type of an fp32-operand product (bf16 runs on bf16 copies instead: bf16_gemm).
+cublasComputeType_t compute_type(Precision p) {
+  return p == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
 class CudaCompute final : public Compute {
  public:
-  CudaCompute(int device, CudaPrecision precision) : device_(device), precision_(precision) {
+  CudaCompute(int device, std::optional<Precision> override)
+      : device_(device), override_(override) {
     check(cudaSetDevice(device_), "cudaSetDevice", fmt::format("device {}", device_));
     cuda::cublas();  // loads cuBLAS (or throws) before anything needs releasing
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", "");
@@ -97,9 +90,13 @@ class CudaCompute final : public Compute {
   CudaCompute& operator=(const CudaCompute&) = delete;
 
   std::string name() const override {
-    return fmt::format("cuda:{}-{}", device_, to_string(precision_));
+    return override_ ? fmt::format("cuda:{}-{}", device_, to_string(*override_))
+                     : fmt::format("cuda:{}", device_);
   }
   MemoryKind memory() const override { return MemoryKind::kDevice; }
+  // bf16 on tensor cores, as PyTorch's, Keller Jordan's and Megatron's Muon run NS on GPUs
+  // (docs/precision.md); the override when one is set.
+  Precision default_precision() const override { return override_.value_or(Precision::kBf16); }
   cudaStream_t stream() const { return stream_; }
 
   void synchronize() override {
@@ -134,15 +131,16 @@ class CudaCompute final : public Compute {
     return host.with_data(std::move(nccl));
   }
 
-  void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
-            MatrixView c) override {
+  void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
+               MatrixView c, Precision requested) override {
     const auto [m, n, k] = detail::check_gemm(ta, tb, a, b, c);
     if (m == 0 || n == 0) return;
     if (k == 0) {
       scale(c, beta);
       return;
     }
-    if (precision_ == CudaPrecision::kBf16Operands) {
+    const Precision precision = override_.value_or(requested);
+    if (precision == Precision::kBf16) {
       const void* a16 = bf16_copy(0, a, "gemm");
       const void* b16 = b.data == a.data && b.ld == a.ld && b.rows == a.rows && b.cols == a.cols
                             ? a16
@@ -150,27 +148,29 @@ class CudaCompute final : public Compute {
       bf16_gemm("gemm", ta, tb, m, n, k, alpha, a16, a.cols, b16, b.cols, beta, c);
       return;
     }
-    gemm_ex("gemm", ta, tb, m, n, k, alpha, a, b, beta, c);
+    gemm_ex("gemm", precision, ta, tb, m, n, k, alpha, a, b, beta, c);
   }
 
-  void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
+  void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
+               Precision requested) override {
     const auto [n, k] = detail::check_syrk(ta, a, c);
     if (n == 0) return;
     if (k == 0) {
       scale(c, beta);
       return;
     }
-    if (precision_ == CudaPrecision::kBf16Operands) {
+    const Precision precision = override_.value_or(requested);
+    if (precision == Precision::kBf16) {
       const void* a16 = bf16_copy(0, a, "syrk");  // one copy serves as both operands
       bf16_gemm("syrk", ta, ta == Trans::kYes ? Trans::kNo : Trans::kYes, n, n, k, alpha, a16,
                 a.cols, a16, a.cols, beta, c);
       return;
     }
-    if (precision_ != CudaPrecision::kFp32) {
+    if (precision != Precision::kFp32) {
       // cuBLAS's syrk has no tensor-core compute type: the full product at the chosen
       // precision writes both triangles directly.
-      gemm_ex("syrk", ta, ta == Trans::kYes ? Trans::kNo : Trans::kYes, n, n, k, alpha, a, a, beta,
-              c);
+      gemm_ex("syrk", precision, ta, ta == Trans::kYes ? Trans::kNo : Trans::kYes, n, n, k, alpha,
+              a, a, beta, c);
       return;
     }
     // Row-major a (n x k, or k x n when transposed) is column-major a^T: c = op(a) op(a)^T is
@@ -344,15 +344,15 @@ class CudaCompute final : public Compute {
           fmt::format("{}: {} (ld {}) to ld {}", op, shape_str(src), src.ld, dst.ld));
   }
 
-  void gemm_ex(const char* op, Trans ta, Trans tb, Index m, Index n, Index k, float alpha,
-               ConstMatrixView a, ConstMatrixView b, float beta, MatrixView c) {
+  void gemm_ex(const char* op, Precision precision, Trans ta, Trans tb, Index m, Index n, Index k,
+               float alpha, ConstMatrixView a, ConstMatrixView b, float beta, MatrixView c) {
     check(cuda::cublas().gemm_ex(blas_, cublas_op(tb), cublas_op(ta), blas_int(op, n),
                                  blas_int(op, m), blas_int(op, k), &alpha, b.data, CUDA_R_32F,
                                  blas_int(op, b.ld), a.data, CUDA_R_32F, blas_int(op, a.ld), &beta,
-                                 c.data, CUDA_R_32F, blas_int(op, c.ld), compute_type(precision_),
+                                 c.data, CUDA_R_32F, blas_int(op, c.ld), compute_type(precision),
                                  CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx",
-          fmt::format("{} ({}): op(a) {} x op(b) {} into c {}", op, to_string(precision_),
+          fmt::format("{} ({}): op(a) {} x op(b) {} into c {}", op, to_string(precision),
                       shape_str(m, k), shape_str(k, n), shape_str(m, n)));
   }
 
@@ -412,7 +412,7 @@ class CudaCompute final : public Compute {
   }
 
   int device_;
-  CudaPrecision precision_;
+  std::optional<Precision> override_;  // DISTMUON_CUDA_PRECISION: replaces each call's precision
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* results_ = nullptr;
@@ -423,7 +423,7 @@ class CudaCompute final : public Compute {
     void* data = nullptr;
     std::size_t bytes = 0;
   };
-  Scratch bf16_[2];  // kBf16Operands: the bf16 copies of a product's operands
+  Scratch bf16_[2];  // Precision::kBf16: the bf16 copies of a product's operands
   std::mutex comm_mutex_;
   std::map<const CommImpl*, std::weak_ptr<CommImpl>> comms_;
 };
@@ -445,8 +445,8 @@ int current_device() {
 
 }  // namespace
 
-std::unique_ptr<Compute> make_cuda_compute(CudaPrecision precision) {
-  return std::make_unique<CudaCompute>(current_device(), precision);
+std::unique_ptr<Compute> make_cuda_compute(std::optional<Precision> override) {
+  return std::make_unique<CudaCompute>(current_device(), override);
 }
 
 Compute& cuda_compute() {
@@ -455,7 +455,7 @@ Compute& cuda_compute() {
   const int device = current_device();
   std::lock_guard lock(mutex);
   auto& slot = instances[device];
-  if (!slot) slot = std::make_unique<CudaCompute>(device, cuda_precision_from_env());
+  if (!slot) slot = std::make_unique<CudaCompute>(device, cuda_precision_override());
   return *slot;
 }
 
