@@ -128,6 +128,7 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
   set_blas_threads(common.threads);
   ProgressLine progress(stdout, ctx.world.rank() == 0 && !common.json);
   ModelBenchConfig run = config;
+  run.ns.precision = common.ns.precision_on(compute);
   run.progress = [&](const std::string& what) { progress.update(what); };
   const ModelBenchReport report = run_model_bench(ctx.world, run, compute);
   progress.clear();

@@ -105,7 +105,9 @@ void add_bench_command(CLI::App& app, Context& ctx) {
     });
     Compute& compute = o->device.resolve(ctx.world);
     set_blas_threads(o->threads);
-    const TpBenchReport report = run_tp_bench(ctx.world, config, compute);
+    TpBenchConfig run = config;
+    run.ns.precision = o->ns.precision_on(compute);
+    const TpBenchReport report = run_tp_bench(ctx.world, run, compute);
     if (ctx.world.rank() != 0) return;
     if (o->json) {
       nlohmann::json j = to_json(report);

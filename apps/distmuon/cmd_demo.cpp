@@ -37,8 +37,9 @@ void add_demo_command(CLI::App& app, Context& ctx) {
   o->ns.add_to(*cmd);
   o->device.add_to(*cmd);
   cmd->callback([o, &ctx] {
-    const NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
+    NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
     Compute& compute = o->device.resolve(ctx.world);
+    opts.precision = o->ns.precision_on(compute);
     // The input and its working copy, NS's workspace, and polar_alignment's float64 copies of the
     // input and the result and its three s x s matrices (singular_values needs less).
     const double m = static_cast<double>(o->m), n = static_cast<double>(o->n);

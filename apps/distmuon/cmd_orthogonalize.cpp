@@ -82,8 +82,9 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
   o->device.add_to(*cmd);
   cmd->callback([o, &ctx] {
     const Communicator& world = ctx.world;
-    const NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
+    NsOptions opts = resolve_on_every_rank([&] { return o->ns.resolve(); });
     Compute& compute = o->device.resolve(world);
+    opts.precision = o->ns.precision_on(compute);
     const TpMode mode = parse_tp_mode(o->tp_mode);
     const int g = world.size(), dim = o->partition_dim;
 

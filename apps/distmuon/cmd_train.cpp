@@ -20,7 +20,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       "train", "Train the character-level model with Muon on weights sharded over the ranks");
   struct Opts {
     std::string config, data, tp_mode, profile, cost_model, plan, wisdom, log, checkpoint, resume,
-        plot, compare, ns_algorithm;
+        plot, compare, ns_algorithm, precision;
     std::uint64_t seed = 0;
     int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
     double progress = 1.0;
@@ -47,6 +47,11 @@ void add_train_command(CLI::App& app, Context& ctx) {
                   "duplicated's result); auto: tp-mode auto picks standard or gram per weight, "
                   "faster within Gram NS's error (docs/training.md); gram")
       ->check(CLI::IsMember({"auto", "standard", "gram"}));
+  cmd->add_option("--precision", o->precision,
+                  "Arithmetic of Newton-Schulz's products (default: the config's optimizer "
+                  "precision, auto: the device's default, fp32 on cpu, bf16 on cuda): fp32, tf32, "
+                  "bf16 (docs/precision.md)")
+      ->check(CLI::IsMember({"auto", "fp32", "tf32", "bf16"}));
   cmd->add_option("--profile", o->profile,
                   "Hardware profile for tp-mode auto: none, a built-in name (distmuon profiles) or "
                   "a JSON file (distmuon calibrate)")
@@ -111,6 +116,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       if (device->count() > 0) config.train.device = o->device.name;
       if (!o->tp_mode.empty()) config.optimizer["tp_mode"] = o->tp_mode;
       if (!o->ns_algorithm.empty()) config.optimizer["ns_algorithm"] = o->ns_algorithm;
+      if (!o->precision.empty()) config.optimizer["precision"] = o->precision;
       if (!o->profile.empty()) config.optimizer["profile"] = o->profile;
       if (!o->cost_model.empty()) config.optimizer["cost_model"] = o->cost_model;
       if (!o->plan.empty()) config.optimizer["plan"] = o->plan;

@@ -23,10 +23,14 @@ struct NsCliOptions {
   bool syrk = true;
   std::string algorithm = "standard";  // --ns-algorithm standard|gram (|auto: see add_to)
   int gram_restart = 0;
+  std::string precision = "auto";  // --precision fp32|tf32|bf16|auto (auto: the backend's default)
   // auto_help: also accept --ns-algorithm auto, described by this text (the caller handles it;
   // resolve() refuses it).
   void add_to(CLI::App& app, const std::string& auto_help = "");
+  // The options (at --precision, or fp32 for auto until precision_on resolves it).
   NsOptions resolve() const;
+  // --precision, or compute's Compute::default_precision() for auto.
+  Precision precision_on(const Compute& compute) const;
 };
 
 // --device: the compute backend a command runs on (compute_backend: cpu, opaque, cuda). Inputs
@@ -51,5 +55,6 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx);
 void add_planning_commands(CLI::App& app, Context& ctx);  // plan, profiles, topology
 void add_train_command(CLI::App& app, Context& ctx);
 void add_bench_command(CLI::App& app, Context& ctx);
+void add_precision_command(CLI::App& app, Context& ctx);
 
 }  // namespace distmuon::cli

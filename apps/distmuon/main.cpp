@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
     cli::add_planning_commands(app, ctx);
     cli::add_train_command(app, ctx);
     cli::add_bench_command(app, ctx);
+    cli::add_precision_command(app, ctx);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

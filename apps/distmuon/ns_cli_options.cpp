@@ -33,6 +33,16 @@ void NsCliOptions::add_to(CLI::App& app, const std::string& auto_help) {
          "rounding errors could have grown past kGramGrowthLimit)")
       ->check(at_least<int>(0))
       ->capture_default_str();
+  app.add_option("--precision", precision,
+                 "Arithmetic of Newton-Schulz's products: fp32, tf32 (10-bit mantissa operands), "
+                 "bf16 (7-bit), each accumulated in fp32, or auto (the device's default: fp32 on "
+                 "cpu and opaque, which emulate tf32 and bf16, bf16 on cuda; docs/precision.md)")
+      ->check(CLI::IsMember({"auto", "fp32", "tf32", "bf16"}))
+      ->capture_default_str();
+}
+
+Precision NsCliOptions::precision_on(const Compute& compute) const {
+  return precision == "auto" ? compute.default_precision() : parse_precision(precision);
 }
 
 NsOptions NsCliOptions::resolve() const {
@@ -52,6 +62,7 @@ NsOptions NsCliOptions::resolve() const {
   if (o.algorithm == NsAlgorithm::kAuto)
     throw Error("--ns-algorithm auto applies to tp-mode auto (bench --model, train) only");
   o.gram_restart = gram_restart;
+  if (precision != "auto") o.precision = parse_precision(precision);
   o.validate();
   return o;
 }

@@ -44,14 +44,13 @@ struct Shape {
 constexpr Shape kShapes[] = {{4096, 4096}, {4096, 14336}, {8192, 8192}};
 // What is timed: each precision of the products, fp32 with syrk on and off.
 struct Variant {
-  const char* precision;  // the products' precision (and the GEMM rate it is compared with)
-  CudaPrecision cuda;
+  Precision precision;  // the products' precision (and the GEMM rate it is compared with)
   bool syrk;
 };
-constexpr Variant kVariants[] = {{"fp32", CudaPrecision::kFp32, true},
-                                 {"fp32", CudaPrecision::kFp32, false},
-                                 {"tf32", CudaPrecision::kTf32, true},
-                                 {"bf16", CudaPrecision::kBf16Operands, true}};
+constexpr Variant kVariants[] = {{Precision::kFp32, true},
+                                 {Precision::kFp32, false},
+                                 {Precision::kTf32, true},
+                                 {Precision::kBf16, true}};
 constexpr NsAlgorithm kAlgorithms[] = {NsAlgorithm::kStandard, NsAlgorithm::kGram};
 
 // Median milliseconds of `reps` calls of fn on stream (after `warmup` calls).
@@ -167,7 +166,7 @@ int run(int argc, char** argv) {
   nlohmann::json out;
   out["device"] = prop.name;
   // The GEMM rates of this GPU, 8192^3 on random data, measured in this run.
-  auto stream_owner = make_cuda_compute(CudaPrecision::kFp32);
+  auto stream_owner = make_cuda_compute();
   const cudaStream_t gemm_stream = cuda_stream(*stream_owner);
   const Index g = 8192;
   const int gemm_reps = std::max(reps, 5);
@@ -192,13 +191,14 @@ int run(int argc, char** argv) {
   for (const Shape& sh : kShapes) {
     const Matrix host = random_host(sh.m, sh.n, 7);
     for (const Variant& v : kVariants) {
-      auto compute = make_cuda_compute(v.cuda);
+      auto compute = make_cuda_compute();
       const cudaStream_t stream = cuda_stream(*compute);
       for (const NsAlgorithm algorithm : kAlgorithms) {
         if (algorithm == NsAlgorithm::kGram && !v.syrk) continue;  // Gram's products are GEMMs
         NsOptions opts;  // distmuon's defaults: quintic, 5 steps
         opts.algorithm = algorithm;
         opts.use_syrk = v.syrk;
+        opts.precision = v.precision;  // each call's precision
         DeviceMatrix x = to_device(*compute, host.view());
         NsWorkspace ws;
         const double ms = median_ms(stream, 2, reps, [&] {
@@ -207,12 +207,12 @@ int run(int argc, char** argv) {
         NsOptions plain = opts;
         plain.use_syrk = false;
         const double tflops = ns_flops(sh.m, sh.n, plain) / (ms * 1e-3) / 1e12;
-        const double of_gemm = tflops / rate.at(v.precision);
+        const double of_gemm = tflops / rate.at(to_string(v.precision));
         fmt::print("{:<9} {:<5} {:<4} {:>11} {:>11.2f} {:>9.1f} {:>7.0f}%\n", to_string(algorithm),
-                   v.precision, v.syrk ? "on" : "off", fmt::format("{}x{}", sh.m, sh.n), ms, tflops,
-                   100.0 * of_gemm);
+                   to_string(v.precision), v.syrk ? "on" : "off", fmt::format("{}x{}", sh.m, sh.n),
+                   ms, tflops, 100.0 * of_gemm);
         out["results"].push_back({{"algorithm", to_string(algorithm)},
-                                  {"precision", v.precision},
+                                  {"precision", to_string(v.precision)},
                                   {"syrk", v.syrk},
                                   {"m", sh.m},
                                   {"n", sh.n},

@@ -18,6 +18,7 @@
 
 #include "distmuon/comm.h"
 #include "distmuon/matrix.h"
+#include "distmuon/precision.h"
 
 namespace distmuon {
 
@@ -83,11 +84,22 @@ class Compute {
   // once per group (collective over host's ranks, bootstrapped over host) and cached.
   virtual Communicator data_communicator(const Communicator& host) { return host; }
 
-  // c = alpha * op(a) * op(b) + beta * c.
-  virtual void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b,
-                    float beta, MatrixView c) = 0;
+  // c = alpha * op(a) * op(b) + beta * c, the operands rounded to `precision` (precision.h),
+  // accumulated and stored in fp32.
+  void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
+            MatrixView c, Precision precision = Precision::kFp32) {
+    do_gemm(ta, tb, alpha, a, b, beta, c, precision);
+  }
   // c = alpha * op(a) * op(a)^T + beta * c for a symmetric c; both triangles of c are written.
-  virtual void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) = 0;
+  void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
+            Precision precision = Precision::kFp32) {
+    do_syrk(ta, alpha, a, beta, c, precision);
+  }
+  // The precision Newton-Schulz runs at on this backend when the caller leaves it to the backend
+  // (MuonOptions::precision unset, the CLI's and Python's default): fp32 on the CPU backends,
+  // whose tf32 and bf16 are an emulation for tests (slower than fp32); bf16 on CUDA
+  // (docs/precision.md says why).
+  virtual Precision default_precision() const { return Precision::kFp32; }
   // Sum of squares of all elements, accumulated in double (or in float when in_double is false).
   virtual double sum_squares(ConstMatrixView a, bool in_double) = 0;
   // Batched: out[i] = sum_squares(as[i]) with one result transfer for the whole batch on a
@@ -136,6 +148,11 @@ class Compute {
   // The backend's allocation and release (allocate/release count around them).
   virtual float* do_allocate(std::size_t count) = 0;
   virtual void do_release(float* data, std::size_t count) noexcept = 0;
+  // The backend's products (gemm and syrk forward to them).
+  virtual void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b,
+                       float beta, MatrixView c, Precision precision) = 0;
+  virtual void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
+                       Precision precision) = 0;
 
  private:
   std::atomic<std::size_t> allocations_{0}, releases_{0}, live_bytes_{0}, peak_bytes_{0};

@@ -78,6 +78,10 @@ struct MuonOptions {
   // auto runs standard). gram and auto need cost_model refined when tp_mode is auto.
   NsAlgorithm ns_algorithm = NsAlgorithm::kStandard;
   int gram_restart = 0;  // gram: re-form the Gram matrix every N steps (0 = automatically)
+  // The arithmetic of Newton-Schulz's products (precision.h); JSON "precision": "fp32", "tf32",
+  // "bf16" or "auto" (unset: the backend's Compute::default_precision(), fp32 on the CPU, bf16 on
+  // CUDA; docs/precision.md).
+  std::optional<Precision> precision;
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;
   TpMode tp_mode = TpMode::kAuto;
@@ -91,8 +95,9 @@ struct MuonOptions {
 
   // Throws distmuon::Error naming the field and listing its valid values.
   void validate() const;
-  // The Newton-Schulz options these settings describe.
-  NsOptions ns_options() const;
+  // The Newton-Schulz options these settings describe, at `precision` or, when it is unset, at
+  // backend_default (the optimizer passes its backend's Compute::default_precision()).
+  NsOptions ns_options(Precision backend_default = Precision::kFp32) const;
 };
 
 void to_json(nlohmann::json& j, const MuonOptions& o);
@@ -202,8 +207,9 @@ class Muon {
   void set_weight_decays(double muon_wd, double adamw_wd);
   // Hyper-parameter schedules: new options for the next steps. Every field may change but those
   // that shape the plan and the collectives' structure (tp_mode, ns_algorithm, gram_restart,
-  // use_syrk, cost_model, profile, plan, wisdom): a change of one of those is refused. Validated
-  // first (nothing changes on a refusal). Rank-local; step() agrees the options over the world.
+  // use_syrk, precision, cost_model, profile, plan, wisdom): a change of one of those is refused.
+  // Validated first (nothing changes on a refusal). Rank-local; step() agrees the options over the
+  // world.
   void set_options(const MuonOptions& options);
 
   // In-memory state (rank-local), for callers that keep the state themselves (the Python

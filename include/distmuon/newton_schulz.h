@@ -127,6 +127,10 @@ struct NsOptions {
   GramSide side = GramSide::kAuto;  // kAuto: the smaller dimension
   NsAlgorithm algorithm = NsAlgorithm::kStandard;
   int gram_restart = 0;  // kGram: 0 automatic restarts; N > 0 every N steps (>= 0)
+  // The arithmetic of every product of the iteration (the Gram matrices, their squares, the
+  // updates; precision.h). Normalisation, sums and the polynomial's elementwise terms stay fp32.
+  // Gram NS restarts more often at tf32 and bf16 (gram_growth_limit).
+  Precision precision = Precision::kFp32;
 
   // Throws distmuon::Error with the valid values; includes the schedule check
   // (CoefficientSet::validate_schedule), remembered per thread for the last schedules accepted.
@@ -164,11 +168,24 @@ double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side = Gram
 // restarts) as executed.
 double ns_flops(Index m, Index n, const NsOptions& opts);
 // NsAlgorithm::kGram. An eigenvalue of R that rounding left near zero grows by about a_k^2 per
-// step (a negative one diverges), so an fp32 error of 1e-7 on R must not grow past ~1e-2:
-// automatic restarts keep the product of a_k^2 since R was formed below this limit. The built-in
-// quintic set at 5 steps (product 3.0e4) needs none; polar_express, cans and the 10-step
-// deepseekv4 restart (docs/gram-newton-schulz.md).
+// step (a negative one diverges), so an error of R must not grow past what the result can take:
+// automatic restarts keep the product of a_k^2 since R was formed at most the precision's limit.
+// fp32 (unit roundoff 6e-8): kGramGrowthLimit; the built-in quintic set at 5 steps (product
+// 3.0e4) needs none; polar_express, cans and the 10-step deepseekv4 restart. tf32 and bf16 round
+// each operand 2^13 and 2^16 times more coarsely; at the fp32 limit Gram NS in bf16 ends 52%
+// (quintic, 96x96) away from float64 and polar_express's result is not finite. Their limit, 12,
+// re-forms R once any step's a_k^2 would be compounded past it (simple, a^2 = 11.9: every 2 steps;
+// quintic: after each of its first 3 steps, a^2 = 14..17), and keeps Gram NS within
+// kGramReducedPrecisionRatio times standard NS's error at the same precision, measured against
+// float64 on square, tall, wide and tiny matrices for the built-in sets (docs/precision.md;
+// tests/ns/test_ns_precision.cpp). Limit 20 (quintic every 2 steps) let polar_express diverge in
+// bf16 on a 32x32 matrix.
 inline constexpr double kGramGrowthLimit = 5e4;
+inline constexpr double kGramGrowthLimitTf32 = 12;
+inline constexpr double kGramGrowthLimitBf16 = 12;
+inline constexpr double kGramReducedPrecisionRatio = 10;
+// The growth limit of automatic restarts at a precision.
+double gram_growth_limit(Precision precision);
 // Whether the Gram algorithm with opts re-forms R after step `step` (0-based) instead of
 // updating it (never after the last step).
 bool gram_restarts_after(const NsOptions& opts, int step);

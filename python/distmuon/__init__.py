@@ -42,16 +42,20 @@ def coefficient_sets():
 
 
 def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk=True,
-                  gram_restart=0, out=None, inplace=False, allow_copy=False):
+                  gram_restart=0, out=None, inplace=False, allow_copy=False, precision=None):
     """Newton-Schulz orthogonalisation of a float32 matrix, or of each matrix of a 3-D batch
     (x[i] on its own), as `distmuon orthogonalize`.
 
     x: a NumPy array or CPU torch.Tensor (float32, row-major). coefficients: a built-in set name
     (coefficient_sets()) or a list of (a, b, c) tuples (cycled). algorithm: "standard" or "gram".
+    precision: the arithmetic of NS's products, "fp32", "tf32" or "bf16" (operands rounded to that
+    format, fp32 accumulation; the CPU emulates tf32 and bf16), or None / "auto" for the
+    backend's default (fp32 on the CPU; docs/precision.md).
     The input is read where it lies; the result goes into `out` (a new array/tensor of x's kind
     when None), or into x itself with inplace=True. allow_copy converts another dtype or a
     non-row-major input once instead of refusing it. Returns the result (same kind as x).
     """
+    precision = _precision_name(precision, "newton_schulz")
     custom = []
     if not isinstance(coefficients, str):
         try:
@@ -87,10 +91,24 @@ def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk
             raise Error(f"newton_schulz: output {dst.shape} for an input {src.shape}")
         for i in range(src.shape[0]):  # each matrix of the batch on its own
             _core.newton_schulz(src[i], dst[i], coefficients, custom, steps, algorithm, syrk,
-                                gram_restart)
+                                gram_restart, precision)
         return result
-    _core.newton_schulz(src, dst, coefficients, custom, steps, algorithm, syrk, gram_restart)
+    _core.newton_schulz(src, dst, coefficients, custom, steps, algorithm, syrk, gram_restart,
+                        precision)
     return result
+
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def _precision_name(precision, where):
+    """precision= as the C++ core's name: "fp32", "tf32", "bf16", or "auto" for None."""
+    if precision is None or precision == "auto":
+        return "auto"
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, 'auto' or "
+                         f"None, got {precision!r:.60}")
+    return precision
 
 
 def communicator(obj=None):
@@ -141,12 +159,15 @@ class Muon:
 
     Options are MuonOptions' fields by their JSON names (lr, momentum, nesterov, weight_decay,
     weight_decay_method, coefficients, custom_coefficients, steps, use_syrk, ns_algorithm,
-    gram_restart, scale_mode, extra_scale_factor, tp_mode, cost_model, profile, plan ("estimate"
-    or "measure"), wisdom, adamw={...}); an option not given keeps MuonOptions' default.
+    gram_restart, precision ("fp32", "tf32", "bf16", or None / "auto": the backend's default),
+    scale_mode, extra_scale_factor, tp_mode, cost_model, profile, plan ("estimate" or
+    "measure"), wisdom, adamw={...}); an option not given keeps MuonOptions' default.
     comm: the world (see communicator()). step(), save() and load() are collective over it.
     """
 
     def __init__(self, comm=None, **options):
+        if "precision" in options:
+            options["precision"] = _precision_name(options["precision"], "Muon")
         self.world = communicator(comm)
         self._core = _core.MuonCore(_options_json(options), self.world)
         self._shards = []

@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 import torch
 
-from . import Communicator, Error, Muon as _CoreMuon, communicator
+from . import Communicator, Error, Muon as _CoreMuon, communicator, _precision_name
 from . import _dtensor
 from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the same helper)
 from ._torch_state import build_state_dict, load_group_state, check_state_dict
@@ -244,7 +244,8 @@ class Muon(torch.optim.Optimizer):
     communicator: the world of step() and the checkpoints. tp_mode "auto" (default) plans
     duplicated / distributed / owner per weight from the cost model. Other keyword options are
     distmuon.Muon's fixed ones (MuonOptions' JSON names: ns_algorithm, gram_restart, use_syrk,
-    cost_model, profile, plan, wisdom, weight_decay_method, extra_scale_factor).
+    precision, cost_model, profile, plan, wisdom, weight_decay_method, extra_scale_factor).
+    precision: "fp32", "tf32", "bf16" or None (the backend's default: fp32 on the CPU).
     """
 
     def __init__(self, params, lr=_TORCH_DEFAULTS["lr"],
@@ -273,6 +274,8 @@ class Muon(torch.optim.Optimizer):
                 raise ValueError(f"distmuon.torch.Muon: '{moved}' is a C++ option name; use "
                                  "the torch ones (lr, momentum, nesterov, ns_steps, "
                                  "ns_coefficients, adjust_lr_fn, adamw_*)")
+        if "precision" in options:  # checked here, not at the first step
+            options["precision"] = _precision_name(options["precision"], "distmuon.torch.Muon")
         if process_group is None and torch.distributed.is_available() and \
                 torch.distributed.is_initialized():
             process_group = "torch"

@@ -16,7 +16,8 @@ namespace {
 
 NsOptions ns_options(const std::string& coefficients,
                      const std::vector<std::array<double, 3>>& custom, int steps,
-                     const std::string& algorithm, bool use_syrk, int gram_restart) {
+                     const std::string& algorithm, bool use_syrk, int gram_restart,
+                     const std::string& precision, const Compute& compute) {
   NsOptions o;
   if (coefficients == "custom") {
     if (custom.empty())
@@ -32,6 +33,12 @@ NsOptions ns_options(const std::string& coefficients,
   o.use_syrk = use_syrk;
   o.algorithm = parse_ns_algorithm(algorithm);
   o.gram_restart = gram_restart;
+  // "auto": the backend's default (fp32 on the CPU, which emulates tf32 and bf16).
+  try {
+    o.precision = precision == "auto" ? compute.default_precision() : parse_precision(precision);
+  } catch (const Error& e) {
+    throw Error(fmt::format("newton_schulz: precision: {} (or auto)", e.what()));
+  }
   o.validate();
   return o;
 }
@@ -45,9 +52,10 @@ void init_ns(py::module_& m) {
       "newton_schulz",
       [](const py::array& x, const py::array& out, const std::string& coefficients,
          const std::vector<std::array<double, 3>>& custom, int steps, const std::string& algorithm,
-         bool use_syrk, int gram_restart) {
-        const NsOptions opts =
-            ns_options(coefficients, custom, steps, algorithm, use_syrk, gram_restart);
+         bool use_syrk, int gram_restart, const std::string& precision) {
+        Compute& compute = cpu_compute();
+        const NsOptions opts = ns_options(coefficients, custom, steps, algorithm, use_syrk,
+                                          gram_restart, precision, compute);
         const ConstMatrixView in = const_view(x, "newton_schulz input");
         const MatrixView dst = mutable_view(out, "newton_schulz output");
         if (dst.rows != in.rows || dst.cols != in.cols) {
@@ -56,10 +64,10 @@ void init_ns(py::module_& m) {
         }
         py::gil_scoped_release release;
         if (dst.data != in.data) copy(in, dst);
-        newton_schulz_tp(dst, 0, local_communicator(), TpMode::kDuplicated, opts, cpu_compute());
+        newton_schulz_tp(dst, 0, local_communicator(), TpMode::kDuplicated, opts, compute);
       },
       py::arg("x"), py::arg("out"), py::arg("coefficients"), py::arg("custom"), py::arg("steps"),
-      py::arg("algorithm"), py::arg("syrk"), py::arg("gram_restart"));
+      py::arg("algorithm"), py::arg("syrk"), py::arg("gram_restart"), py::arg("precision"));
   m.def("coefficient_sets", &coefficient_set_names);
   m.def("ns_flops", [](Index m_, Index n, int steps, bool use_syrk) {
     return ns_flops(m_, n, steps, use_syrk);

@@ -46,15 +46,28 @@ const char* to_string(NsAlgorithm algorithm) {
   return "?";
 }
 
+double gram_growth_limit(Precision precision) {
+  switch (precision) {
+    case Precision::kTf32:
+      return kGramGrowthLimitTf32;
+    case Precision::kBf16:
+      return kGramGrowthLimitBf16;
+    case Precision::kFp32:
+      break;
+  }
+  return kGramGrowthLimit;
+}
+
 bool gram_restarts_after(const NsOptions& opts, int step) {
   if (step < 0 || step + 1 >= opts.steps) return false;
   if (opts.gram_restart > 0) return (step + 1) % opts.gram_restart == 0;
   // Automatic: replay the growth of R's rounding errors since the last formation.
+  const double limit = gram_growth_limit(opts.precision);
   double growth = 1;
   for (int k = 0; k <= step; ++k) {
     const double a = opts.coefficients.at(k).a;
     growth *= a * a;
-    const bool restart = k + 1 < opts.steps && growth > kGramGrowthLimit;
+    const bool restart = k + 1 < opts.steps && growth > limit;
     if (k == step) return restart;
     if (restart) growth = 1;
   }
@@ -73,11 +86,12 @@ namespace detail {
 namespace {
 
 // out = Q X_0 (row side) or X_0 Q^T (column side).
-void apply_q(Compute& compute, bool rows, ConstMatrixView q, ConstMatrixView x0, MatrixView out) {
+void apply_q(Compute& compute, bool rows, Precision precision, ConstMatrixView q,
+             ConstMatrixView x0, MatrixView out) {
   if (rows) {
-    compute.gemm(Trans::kNo, Trans::kNo, 1.0f, q, x0, 0.0f, out);
+    compute.gemm(Trans::kNo, Trans::kNo, 1.0f, q, x0, 0.0f, out, precision);
   } else {
-    compute.gemm(Trans::kNo, Trans::kYes, 1.0f, x0, q, 0.0f, out);
+    compute.gemm(Trans::kNo, Trans::kYes, 1.0f, x0, q, 0.0f, out, precision);
   }
 }
 
@@ -102,13 +116,14 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
   MatrixView spare = w.next.view();  // where X = Q X_0 is formed
   MatrixView r = w.gram.view(), p = w.poly.view(), q = w.gram_q.view();
   MatrixView t = w.gram_t.view(), u = w.gram_u.view();
-  form_gram(compute, side, opts.use_syrk, x0, r, reduce_over);
+  const Precision precision = opts.precision;
+  form_gram(compute, side, opts.use_syrk, precision, x0, r, reduce_over);
   bool q_is_identity = true;
   for (int step = 0; step < opts.steps; ++step) {
     const NsCoefficients& k = opts.coefficients.at(step);
     // P = c R^2 + b R + a I.
     if (k.c != 0.0) {
-      symmetric_square(compute, opts.use_syrk, static_cast<float>(k.c), r, p);
+      symmetric_square(compute, opts.use_syrk, precision, static_cast<float>(k.c), r, p);
       compute.axpby(static_cast<float>(k.b), r, 1.0f, p);
     } else {
       compute.axpby(static_cast<float>(k.b), r, 0.0f, p);
@@ -122,23 +137,23 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
       p_now = q;
       q_is_identity = false;
     } else {
-      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, p, q, 0.0f, u);
+      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, p, q, 0.0f, u, precision);
       std::swap(q, u);
     }
     if (step + 1 == opts.steps) break;
     if (gram_restarts_after(opts, step)) {
-      apply_q(compute, rows, q, x0, spare);
+      apply_q(compute, rows, precision, q, x0, spare);
       std::swap(x0, spare);
-      form_gram(compute, side, opts.use_syrk, x0, r, reduce_over);
+      form_gram(compute, side, opts.use_syrk, precision, x0, r, reduce_over);
       q_is_identity = true;
       continue;
     }
     // R <- R P^2 (all commute; P^2 = P P^T since P is symmetric).
-    symmetric_square(compute, opts.use_syrk, 1.0f, p_now, t);
-    compute.gemm(Trans::kNo, Trans::kNo, 1.0f, r, t, 0.0f, u);
+    symmetric_square(compute, opts.use_syrk, precision, 1.0f, p_now, t);
+    compute.gemm(Trans::kNo, Trans::kNo, 1.0f, r, t, 0.0f, u, precision);
     std::swap(r, u);
   }
-  apply_q(compute, rows, q, x0, spare);
+  apply_q(compute, rows, precision, q, x0, spare);
   if (spare.data != x.data) compute.copy(spare, x);
 }
 

@@ -34,22 +34,23 @@ void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
   MatrixView a = w.gram.view();
   for (int step = 0; step < opts.steps; ++step) {
     const NsCoefficients& k = opts.coefficients.at(step);
-    detail::form_gram(compute, side, opts.use_syrk, cur, a, start->reduce_over);
+    detail::form_gram(compute, side, opts.use_syrk, opts.precision, cur, a, start->reduce_over);
     // B = c A A + b A + a I, so that the update a X + (b A + c A A) X is one product B X.
     MatrixView b = a;
     if (k.c != 0.0) {
       detail::ensure_shape(w.poly, compute, s, s);
       b = w.poly.view();
-      detail::symmetric_square(compute, opts.use_syrk, static_cast<float>(k.c), a, b);
+      detail::symmetric_square(compute, opts.use_syrk, opts.precision, static_cast<float>(k.c), a,
+                               b);
       compute.axpby(static_cast<float>(k.b), a, 1.0f, b);
     } else {
       compute.scale(b, static_cast<float>(k.b));
     }
     compute.add_diagonal(b, static_cast<float>(k.a));
     if (side == GramSide::kRows) {
-      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, b, cur, 0.0f, nxt);
+      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, b, cur, 0.0f, nxt, opts.precision);
     } else {
-      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, cur, b, 0.0f, nxt);
+      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, cur, b, 0.0f, nxt, opts.precision);
     }
     std::swap(cur, nxt);
   }

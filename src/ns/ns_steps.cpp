@@ -53,14 +53,14 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
   return start;
 }
 
-void form_gram(Compute& compute, GramSide side, bool use_syrk, ConstMatrixView x, MatrixView a,
-               const Communicator* group) {
+void form_gram(Compute& compute, GramSide side, bool use_syrk, Precision precision,
+               ConstMatrixView x, MatrixView a, const Communicator* group) {
   const bool rows = side == GramSide::kRows;
   const Trans t = rows ? Trans::kNo : Trans::kYes;
   if (use_syrk) {
-    compute.syrk(t, 1.0f, x, 0.0f, a);
+    compute.syrk(t, 1.0f, x, 0.0f, a, precision);
   } else {
-    compute.gemm(t, rows ? Trans::kYes : Trans::kNo, 1.0f, x, x, 0.0f, a);
+    compute.gemm(t, rows ? Trans::kYes : Trans::kNo, 1.0f, x, x, 0.0f, a, precision);
   }
   if (group != nullptr) {
     DISTMUON_ASSERT(a.contiguous(), "a Gram matrix is a contiguous workspace");
@@ -68,12 +68,12 @@ void form_gram(Compute& compute, GramSide side, bool use_syrk, ConstMatrixView x
   }
 }
 
-void symmetric_square(Compute& compute, bool use_syrk, float alpha, ConstMatrixView a,
-                      MatrixView out) {
+void symmetric_square(Compute& compute, bool use_syrk, Precision precision, float alpha,
+                      ConstMatrixView a, MatrixView out) {
   if (use_syrk) {
-    compute.syrk(Trans::kNo, alpha, a, 0.0f, out);  // a symmetric: a a^T = a a
+    compute.syrk(Trans::kNo, alpha, a, 0.0f, out, precision);  // a symmetric: a a^T = a a
   } else {
-    compute.gemm(Trans::kNo, Trans::kNo, alpha, a, a, 0.0f, out);
+    compute.gemm(Trans::kNo, Trans::kNo, alpha, a, a, 0.0f, out, precision);
   }
 }
 

@@ -49,13 +49,13 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
 void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
                        const Communicator* group, NsWorkspace* ws, NormCheck check);
 
-// a = x x^T (kRows) or x^T x (kCols), full symmetric, by syrk or gemm; summed over group's data
-// plane when group is not null.
-void form_gram(Compute& compute, GramSide side, bool use_syrk, ConstMatrixView x, MatrixView a,
-               const Communicator* group);
+// a = x x^T (kRows) or x^T x (kCols), full symmetric, by syrk or gemm at `precision`; summed over
+// group's data plane when group is not null.
+void form_gram(Compute& compute, GramSide side, bool use_syrk, Precision precision,
+               ConstMatrixView x, MatrixView a, const Communicator* group);
 
-// out = alpha a a^T for a symmetric s x s a (that is, alpha a^2), by syrk or gemm.
-void symmetric_square(Compute& compute, bool use_syrk, float alpha, ConstMatrixView a,
-                      MatrixView out);
+// out = alpha a a^T for a symmetric s x s a (that is, alpha a^2), by syrk or gemm at `precision`.
+void symmetric_square(Compute& compute, bool use_syrk, Precision precision, float alpha,
+                      ConstMatrixView a, MatrixView out);
 
 }  // namespace distmuon::detail

@@ -76,7 +76,7 @@ void owner_update(Muon::Impl& s, std::span<const std::size_t> owned,
 
 Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
     : options(std::move(o)),
-      ns(options.ns_options()),
+      ns(options.ns_options(c.default_precision())),
       world(std::move(w)),
       compute(&c),
       ns_gram(ns) {
@@ -85,7 +85,7 @@ Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
 }
 
 void Muon::Impl::use_options(MuonOptions o) {
-  NsOptions n = o.ns_options();
+  NsOptions n = o.ns_options(compute->default_precision());
   NsOptions g = n;
   g.algorithm = NsAlgorithm::kGram;
   std::string text = nlohmann::json(o).dump();
@@ -116,7 +116,9 @@ nlohmann::json Muon::Impl::config() const {
                     {"expert", s.expert},
                     {"qkv_split", s.qkv_split}});
   }
-  return {{"options", options}, {"params", list}};
+  // The precision NS runs at, resolved on this rank (options.precision auto: the backend's),
+  // agreed with the rest: it decides Gram NS's restarts, so the count of its collectives.
+  return {{"options", options}, {"params", list}, {"ns_precision", to_string(ns.precision)}};
 }
 
 void Muon::Impl::prepare() {
@@ -391,8 +393,8 @@ void change_options(Muon::Impl& s, F change) {
 void Muon::set_options(const MuonOptions& options) {
   const MuonOptions& cur = impl_->options;
   const nlohmann::json now = cur, next = options;
-  for (const char* fixed : {"tp_mode", "ns_algorithm", "gram_restart", "use_syrk", "cost_model",
-                            "profile", "plan", "wisdom"}) {
+  for (const char* fixed : {"tp_mode", "ns_algorithm", "gram_restart", "use_syrk", "precision",
+                            "cost_model", "profile", "plan", "wisdom"}) {
     if (now.at(fixed) != next.at(fixed)) {
       throw Error(fmt::format(
           "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,

@@ -109,7 +109,7 @@ void MuonOptions::validate() const {
   adamw.validate();
 }
 
-NsOptions MuonOptions::ns_options() const {
+NsOptions MuonOptions::ns_options(Precision backend_default) const {
   NsOptions o;
   if (coefficients == "custom") {
     if (custom_coefficients.empty()) {
@@ -124,6 +124,7 @@ NsOptions MuonOptions::ns_options() const {
   o.use_syrk = use_syrk;
   o.algorithm = ns_algorithm == NsAlgorithm::kAuto ? NsAlgorithm::kStandard : ns_algorithm;
   o.gram_restart = gram_restart;
+  o.precision = precision.value_or(backend_default);
   return o;
 }
 
@@ -140,6 +141,7 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"use_syrk", o.use_syrk},
                      {"ns_algorithm", to_string(o.ns_algorithm)},
                      {"gram_restart", o.gram_restart},
+                     {"precision", o.precision ? to_string(*o.precision) : "auto"},
                      {"scale_mode", to_string(o.scale_mode)},
                      {"extra_scale_factor", o.extra_scale_factor},
                      {"tp_mode", to_string(o.tp_mode)},
@@ -208,6 +210,18 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   if (j.contains("ns_algorithm"))
     o.ns_algorithm = parse_ns_algorithm(option<std::string>(j, "ns_algorithm"));
   if (j.contains("gram_restart")) o.gram_restart = option<int>(j, "gram_restart");
+  // Absent in options written before precision was an option: the backend's default.
+  o.precision.reset();
+  if (j.contains("precision")) {
+    const std::string p = option<std::string>(j, "precision");
+    if (p != "auto") {
+      try {
+        o.precision = parse_precision(p);
+      } catch (const Error& e) {
+        throw Error(fmt::format("MuonOptions: option 'precision': {} (or auto)", e.what()));
+      }
+    }
+  }
   o.scale_mode = parse_scale_mode(option<std::string>(j, "scale_mode"));
   o.extra_scale_factor = option<double>(j, "extra_scale_factor");
   o.tp_mode = parse_tp_mode(option<std::string>(j, "tp_mode"));

@@ -177,7 +177,7 @@ const Muon& Trainer::optimizer() const {
 std::vector<ShapeDecision> Trainer::decisions() const {
   const Impl& s = *impl_;
   const auto resolved = s.muon->auto_decisions();
-  const NsOptions ns = s.options.ns_options();
+  const NsOptions ns = s.options.ns_options(s.compute->default_precision());
   std::vector<ShapeDecision> out;
   for (const ParamInfo& p : s.muon->parameters()) {
     if (!p.muon) continue;

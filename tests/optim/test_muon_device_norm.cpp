@@ -38,12 +38,13 @@ class CountingOpaque final : public Compute {
   Communicator data_communicator(const Communicator& host) override {
     return inner_->data_communicator(host);
   }
-  void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
-            MatrixView c) override {
-    inner_->gemm(ta, tb, alpha, a, b, beta, c);
+  void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
+               MatrixView c, Precision precision) override {
+    inner_->gemm(ta, tb, alpha, a, b, beta, c, precision);
   }
-  void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
-    inner_->syrk(ta, alpha, a, beta, c);
+  void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
+               Precision precision) override {
+    inner_->syrk(ta, alpha, a, beta, c, precision);
   }
   double sum_squares(ConstMatrixView a, bool in_double) override {
     ++calls["sum_squares"];

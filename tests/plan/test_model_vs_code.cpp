@@ -28,15 +28,16 @@ class CountingCompute final : public Compute {
   void copy_to_host(ConstMatrixView src, MatrixView host) override {
     cpu_compute().copy_to_host(src, host);
   }
-  void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
-            MatrixView c) override {
+  void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
+               MatrixView c, Precision precision) override {
     flops += 2.0 * c.rows * c.cols * (ta == Trans::kNo ? a.cols : a.rows);
     (void)tb;
-    cpu_compute().gemm(ta, tb, alpha, a, b, beta, c);
+    cpu_compute().gemm(ta, tb, alpha, a, b, beta, c, precision);
   }
-  void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
+  void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
+               Precision precision) override {
     flops += 1.0 * c.rows * c.cols * (ta == Trans::kNo ? a.cols : a.rows);
-    cpu_compute().syrk(ta, alpha, a, beta, c);
+    cpu_compute().syrk(ta, alpha, a, beta, c, precision);
   }
   double sum_squares(ConstMatrixView a, bool in_double) override {
     return cpu_compute().sum_squares(a, in_double);

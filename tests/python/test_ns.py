@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import distmuon
+import distmuon.torch  # noqa: F401  (distmuon.torch.Muon)
 from distmuon import _core
 
 
@@ -152,3 +153,27 @@ def test_muon_refuses_a_non_finite_weight_and_keeps_the_others():
     with pytest.raises(distmuon.Error, match="weight 'hidden.w' has a non-finite value"):
         opt.step([g])
     assert np.array_equal(w, before, equal_nan=True)  # nothing written
+
+
+def test_precision_option():
+    """precision= reaches every product: tf32 and bf16 differ from fp32 by their rounding (the
+    CPU emulates them), within the bounds of tests/ns/test_ns_precision.cpp (standard NS against
+    fp32: tf32 1e-2, bf16 8e-2, since fp32 is within 1e-5 of float64); None and "auto" are the
+    backend's default (fp32 on the CPU); other values are refused with the valid ones."""
+    x = np.random.default_rng(3).standard_normal((24, 40)).astype(np.float32)
+    fp32 = distmuon.newton_schulz(x)
+    assert np.array_equal(distmuon.newton_schulz(x, precision="fp32"), fp32)
+    assert np.array_equal(distmuon.newton_schulz(x, precision="auto"), fp32)
+    for name, bound in (("tf32", 1e-2), ("bf16", 8e-2)):
+        got = distmuon.newton_schulz(x, precision=name)
+        err = np.linalg.norm(got - fp32) / np.linalg.norm(fp32)
+        assert 1e-5 < err < bound, (name, err)
+    for bad in ("fp16", 16, "BF16"):
+        with pytest.raises(ValueError, match="precision must be one of fp32, tf32, bf16"):
+            distmuon.newton_schulz(x, precision=bad)
+        with pytest.raises(ValueError, match="precision must be one of"):
+            distmuon.Muon(precision=bad)
+        with pytest.raises(ValueError, match="precision must be one of"):
+            distmuon.torch.Muon([torch.nn.Parameter(torch.zeros(4, 4))], precision=bad)
+    assert distmuon.Muon(precision="bf16").options["precision"] == "bf16"
+    assert distmuon.Muon().options["precision"] == "auto"

@@ -73,8 +73,13 @@ class CpuCompute final : public Compute {
   void copy_from_host(ConstMatrixView host, MatrixView dst) override { copy(host, dst); }
   void copy_to_host(ConstMatrixView src, MatrixView host) override { copy(src, host); }
 
-  void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
-            MatrixView c) override {
+  ~CpuCompute() override {
+    for (Scratch& s : scratch_)
+      release(s.data, s.count);
+  }
+
+  void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
+               MatrixView c, Precision precision) override {
     init_threads();
     warn_about_core_once();
     const auto [m, n, k] = detail::check_gemm(ta, tb, a, b, c);
@@ -83,13 +88,24 @@ class CpuCompute final : public Compute {
       scale(c, beta);
       return;
     }
+    std::unique_lock<std::mutex> lock;
+    if (precision != Precision::kFp32) {
+      // The emulation: sgemm (fp32 products and accumulation, fp32 output) on copies of the
+      // operands rounded as the GPU rounds them (precision.h). One copy when b is a.
+      lock = std::unique_lock(scratch_mutex_);
+      const bool same = a.data == b.data && a.rows == b.rows && a.cols == b.cols && a.ld == b.ld;
+      const ConstMatrixView ra = rounded(0, a, precision);
+      b = same ? ra : rounded(1, b, precision);
+      a = ra;
+    }
     cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), static_cast<blasint>(m),
                 static_cast<blasint>(n), static_cast<blasint>(k), alpha, a.data,
                 static_cast<blasint>(a.ld), b.data, static_cast<blasint>(b.ld), beta, c.data,
                 static_cast<blasint>(c.ld));
   }
 
-  void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
+  void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
+               Precision precision) override {
     init_threads();
     warn_about_core_once();
     const auto [n, k] = detail::check_syrk(ta, a, c);
@@ -97,6 +113,11 @@ class CpuCompute final : public Compute {
     if (k == 0) {
       scale(c, beta);
       return;
+    }
+    std::unique_lock<std::mutex> lock;
+    if (precision != Precision::kFp32) {
+      lock = std::unique_lock(scratch_mutex_);
+      a = rounded(0, a, precision);
     }
     cblas_ssyrk(CblasRowMajor, CblasUpper, cblas_trans(ta), static_cast<blasint>(n),
                 static_cast<blasint>(k), alpha, a.data, static_cast<blasint>(a.ld), beta, c.data,
@@ -241,6 +262,33 @@ class CpuCompute final : public Compute {
 
  private:
   static constexpr std::size_t kAlign = 64;
+
+  // A contiguous copy of a with every element rounded to `precision`, in scratch buffer `slot`
+  // (0 or 1): this backend's memory (allocate, so it is counted), kept and grown when a larger
+  // operand comes, so that repeated products of one shape allocate nothing. scratch_mutex_ held.
+  ConstMatrixView rounded(int slot, ConstMatrixView a, Precision precision) {
+    Scratch& s = scratch_[slot];
+    const auto count = static_cast<std::size_t>(a.rows * a.cols);
+    if (count > s.count) {
+      float* grown = allocate(count);  // throws when it cannot; the old buffer stays valid
+      release(s.data, s.count);
+      s = {grown, count};
+    }
+    for (Index i = 0; i < a.rows; ++i) {
+      const float* src = a.data + i * a.ld;
+      float* dst = s.data + i * a.cols;
+      for (Index j = 0; j < a.cols; ++j)
+        dst[j] = round_to(precision, src[j]);
+    }
+    return {s.data, a.rows, a.cols, a.cols};
+  }
+
+  struct Scratch {
+    float* data = nullptr;
+    std::size_t count = 0;
+  };
+  Scratch scratch_[2];  // the rounded operands of a tf32 or bf16 product
+  std::mutex scratch_mutex_;
 };
 
 }  // namespace

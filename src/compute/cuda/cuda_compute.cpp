@@ -47,22 +47,15 @@ int blas_int(const char* op, Index v) {
   return static_cast<int>(v);
 }
 
-cublasComputeType_t compute_type(CudaPrecision p) {
-  switch (p) {
-    case CudaPrecision::kTf32:
-      return CUBLAS_COMPUTE_32F_FAST_TF32;
-    case CudaPrecision::kBf16:
-      return CUBLAS_COMPUTE_32F_FAST_16BF;
-    case CudaPrecision::kFp32:
-    case CudaPrecision::kBf16Operands:  // bf16 operands, fp32 accumulation
-      break;
-  }
-  return CUBLAS_COMPUTE_32F;
+// The compute type of an fp32-operand product (bf16 runs on bf16 copies instead: bf16_gemm).
+cublasComputeType_t compute_type(Precision p) {
+  return p == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
 class CudaCompute final : public Compute {
  public:
-  CudaCompute(int device, CudaPrecision precision) : device_(device), precision_(precision) {
+  CudaCompute(int device, std::optional<Precision> override)
+      : device_(device), override_(override) {
     check(cudaSetDevice(device_), "cudaSetDevice", fmt::format("device {}", device_));
     cuda::cublas();  // loads cuBLAS (or throws) before anything needs releasing
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", "");
@@ -98,9 +91,13 @@ class CudaCompute final : public Compute {
   CudaCompute& operator=(const CudaCompute&) = delete;
 
   std::string name() const override {
-    return fmt::format("cuda:{}-{}", device_, to_string(precision_));
+    return override_ ? fmt::format("cuda:{}-{}", device_, to_string(*override_))
+                     : fmt::format("cuda:{}", device_);
   }
   MemoryKind memory() const override { return MemoryKind::kDevice; }
+  // bf16 on tensor cores, as PyTorch's, Keller Jordan's and Megatron's Muon run NS on GPUs
+  // (docs/precision.md); the override when one is set.
+  Precision default_precision() const override { return override_.value_or(Precision::kBf16); }
   cudaStream_t stream() const { return stream_; }
 
   void synchronize() override {
@@ -135,15 +132,16 @@ class CudaCompute final : public Compute {
     return host.with_data(std::move(nccl));
   }
 
-  void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
-            MatrixView c) override {
+  void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
+               MatrixView c, Precision requested) override {
     const auto [m, n, k] = detail::check_gemm(ta, tb, a, b, c);
     if (m == 0 || n == 0) return;
     if (k == 0) {
       scale(c, beta);
       return;
     }
-    if (precision_ == CudaPrecision::kBf16Operands) {
+    const Precision precision = override_.value_or(requested);
+    if (precision == Precision::kBf16) {
       const void* a16 = bf16_copy(0, a, "gemm");
       const void* b16 = b.data == a.data && b.ld == a.ld && b.rows == a.rows && b.cols == a.cols
                             ? a16
@@ -151,10 +149,11 @@ class CudaCompute final : public Compute {
       bf16_gemm("gemm", ta, tb, m, n, k, alpha, a16, a.cols, b16, b.cols, beta, c);
       return;
     }
-    gemm_ex("gemm", ta, tb, m, n, k, alpha, a, b, beta, c);
+    gemm_ex("gemm", precision, ta, tb, m, n, k, alpha, a, b, beta, c);
   }
 
-  void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
+  void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
+               Precision requested) override {
     const auto [n, k] = detail::check_syrk(ta, a, c);
     if (n == 0) return;
     if (k == 0) {
@@ -163,15 +162,16 @@ class CudaCompute final : public Compute {
     }
     // cuBLAS's syrk has no tensor-core compute type: at a reduced precision the blocks on and
     // above the diagonal are products of their own (upper_triangle_product).
-    if (precision_ == CudaPrecision::kBf16Operands) {
+    const Precision precision = override_.value_or(requested);
+    if (precision == Precision::kBf16) {
       const void* a16 = bf16_copy(0, a, "syrk");  // one copy serves as both operands
-      upper_triangle_product(ta, n, k, alpha, a16, CUDA_R_16BF, a.cols, beta, c,
+      upper_triangle_product(precision, ta, n, k, alpha, a16, CUDA_R_16BF, a.cols, beta, c,
                              CUBLAS_COMPUTE_32F);
       return;
     }
-    if (precision_ != CudaPrecision::kFp32) {
-      upper_triangle_product(ta, n, k, alpha, a.data, CUDA_R_32F, a.ld, beta, c,
-                             compute_type(precision_));
+    if (precision != Precision::kFp32) {
+      upper_triangle_product(precision, ta, n, k, alpha, a.data, CUDA_R_32F, a.ld, beta, c,
+                             compute_type(precision));
       return;
     }
     // Row-major a (n x k, or k x n when transposed) is column-major a^T: c = op(a) op(a)^T is
@@ -350,11 +350,11 @@ class CudaCompute final : public Compute {
   // (10/16 of a full product's work for t = 4, 36/64 for t = 8), and the lower triangle is
   // mirrored from the upper one. `a` holds op(a)'s operand of `type` (row-major, leading
   // dimension lda); t = 1 (a small or indivisible n) is one full product.
-  void upper_triangle_product(Trans ta, Index n, Index k, float alpha, const void* a,
-                              cudaDataType type, Index lda, float beta, MatrixView c,
+  void upper_triangle_product(Precision precision, Trans ta, Index n, Index k, float alpha,
+                              const void* a, cudaDataType type, Index lda, float beta, MatrixView c,
                               cublasComputeType_t ct) {
     const auto context = [&] {
-      return fmt::format("syrk at {}: op(a) {}, c {}", to_string(precision_), shape_str(n, k),
+      return fmt::format("syrk at {}: op(a) {}, c {}", to_string(precision), shape_str(n, k),
                          shape_str(n, n));
     };
     int t = 1;
@@ -397,15 +397,15 @@ class CudaCompute final : public Compute {
     if (t > 1) check(cuda::mirror_upper(stream_, dev(c)), "mirror_upper kernel", context());
   }
 
-  void gemm_ex(const char* op, Trans ta, Trans tb, Index m, Index n, Index k, float alpha,
-               ConstMatrixView a, ConstMatrixView b, float beta, MatrixView c) {
+  void gemm_ex(const char* op, Precision precision, Trans ta, Trans tb, Index m, Index n, Index k,
+               float alpha, ConstMatrixView a, ConstMatrixView b, float beta, MatrixView c) {
     check(cuda::cublas().gemm_ex(blas_, cublas_op(tb), cublas_op(ta), blas_int(op, n),
                                  blas_int(op, m), blas_int(op, k), &alpha, b.data, CUDA_R_32F,
                                  blas_int(op, b.ld), a.data, CUDA_R_32F, blas_int(op, a.ld), &beta,
-                                 c.data, CUDA_R_32F, blas_int(op, c.ld), compute_type(precision_),
+                                 c.data, CUDA_R_32F, blas_int(op, c.ld), compute_type(precision),
                                  CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx",
-          fmt::format("{} ({}): op(a) {} x op(b) {} into c {}", op, to_string(precision_),
+          fmt::format("{} ({}): op(a) {} x op(b) {} into c {}", op, to_string(precision),
                       shape_str(m, k), shape_str(k, n), shape_str(m, n)));
   }
 
@@ -465,7 +465,7 @@ class CudaCompute final : public Compute {
   }
 
   int device_;
-  CudaPrecision precision_;
+  std::optional<Precision> override_;  // DISTMUON_CUDA_PRECISION: replaces each call's precision
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* results_ = nullptr;
@@ -480,7 +480,7 @@ class CudaCompute final : public Compute {
     void* data = nullptr;
     std::size_t bytes = 0;
   };
-  Scratch bf16_[2];  // kBf16Operands: the bf16 copies of a product's operands
+  Scratch bf16_[2];  // Precision::kBf16: the bf16 copies of a product's operands
   std::mutex comm_mutex_;
   std::map<const CommImpl*, std::weak_ptr<CommImpl>> comms_;
 };
@@ -502,8 +502,8 @@ int current_device() {
 
 }  // namespace
 
-std::unique_ptr<Compute> make_cuda_compute(CudaPrecision precision) {
-  return std::make_unique<CudaCompute>(current_device(), precision);
+std::unique_ptr<Compute> make_cuda_compute(std::optional<Precision> override) {
+  return std::make_unique<CudaCompute>(current_device(), override);
 }
 
 Compute& cuda_compute() {
@@ -512,7 +512,7 @@ Compute& cuda_compute() {
   const int device = current_device();
   std::lock_guard lock(mutex);
   auto& slot = instances[device];
-  if (!slot) slot = std::make_unique<CudaCompute>(device, cuda_precision_from_env());
+  if (!slot) slot = std::make_unique<CudaCompute>(device, cuda_precision_override());
   return *slot;
 }
 

@@ -4,34 +4,32 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "distmuon/compute.h"
 
 namespace distmuon {
 
-// The arithmetic of gemm and syrk. Elementwise operations and reductions are fp32 (reductions
-// in double where Compute asks for it) in every mode.
-enum class CudaPrecision {
-  kFp32,  // IEEE fp32 (CUBLAS_COMPUTE_32F): the default
-  kTf32,  // TF32 tensor cores, fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_TF32)
-  kBf16,  // bf16 tensor cores, fp32 accumulation, fp32 in memory (CUBLAS_COMPUTE_32F_FAST_16BF)
-  // The same arithmetic on bf16 copies of the operands (rounded by a kernel before each
-  // product, into scratch the backend keeps), so that cuBLAS runs its native bf16 GEMM.
-  kBf16Operands,
-};
-// "fp32", "tf32", "bf16", "bf16-operands"; throws distmuon::Error listing them.
-CudaPrecision parse_cuda_precision(std::string_view name);
-const char* to_string(CudaPrecision precision);
-// DISTMUON_CUDA_PRECISION (fp32 when unset); throws on an unknown value.
-CudaPrecision cuda_precision_from_env();
+// The precision of gemm and syrk is each call's (Compute::gemm's Precision, precision.h):
+// fp32 runs CUBLAS_COMPUTE_32F (syrk: cublasSsyrk), tf32 CUBLAS_COMPUTE_32F_FAST_TF32, bf16
+// cuBLAS's native bf16 GEMM on bf16 copies of the operands (rounded by a kernel into scratch the
+// backend keeps), fp32 accumulation and output. Elementwise operations and reductions are fp32
+// (reductions in double where Compute asks for it) at every precision.
+//
+// DISTMUON_CUDA_PRECISION (fp32, tf32 or bf16; unset or empty: none) is an override for
+// experiments: when set, the process-wide backend runs every product at that precision whatever
+// the caller asked. Throws distmuon::Error on an unknown value.
+std::optional<Precision> cuda_precision_override();
 
 // The number of CUDA devices (0 when there is none or no driver).
 int cuda_device_count();
 // A new CUDA backend on the current device with its own stream, cuBLAS handle and statistics.
-// Throws distmuon::Error when there is no CUDA device.
-std::unique_ptr<Compute> make_cuda_compute(CudaPrecision precision = CudaPrecision::kFp32);
-// The process-wide CUDA backend of the current device, at cuda_precision_from_env() (compute.h's
+// With `override`, every product runs at that precision whatever the caller asks (as
+// DISTMUON_CUDA_PRECISION does for the process-wide backend). Throws distmuon::Error when there is
+// no CUDA device.
+std::unique_ptr<Compute> make_cuda_compute(std::optional<Precision> override = std::nullopt);
+// The process-wide CUDA backend of the current device, with cuda_precision_override() (compute.h's
 // compute_backend("cuda")). Throws distmuon::Error when there is no CUDA device.
 Compute& cuda_compute();
 // The stream all of a CUDA backend's work is queued on (compute must be a CUDA backend).

@@ -86,12 +86,14 @@ class OpaqueCompute final : public Compute {
     return host.with_data(std::make_shared<OpaqueDataComm>(host.impl_ptr(), this));
   }
 
-  void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
-            MatrixView c) override {
-    cpu().gemm(ta, tb, alpha, mine("gemm", a), mine("gemm", b), beta, mine("gemm", c));
+  // Every precision as the CPU backend emulates it (its rounded copies are its own scratch).
+  void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
+               MatrixView c, Precision precision) override {
+    cpu().gemm(ta, tb, alpha, mine("gemm", a), mine("gemm", b), beta, mine("gemm", c), precision);
   }
-  void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c) override {
-    cpu().syrk(ta, alpha, mine("syrk", a), beta, mine("syrk", c));
+  void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
+               Precision precision) override {
+    cpu().syrk(ta, alpha, mine("syrk", a), beta, mine("syrk", c), precision);
   }
   double sum_squares(ConstMatrixView a, bool in_double) override {
     return cpu().sum_squares(mine("sum_squares", a), in_double);
