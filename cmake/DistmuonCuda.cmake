@@ -3,11 +3,15 @@
 # cuBLAS) and NCCL (nccl.h, libnccl) are found, by default in /usr/local/cuda (CUDAToolkit_ROOT
 # or a CUDA compiler on PATH name another), and off otherwise; ON fails when any is missing; OFF
 # builds without them. libdistmuon links the static CUDA runtime only: cuBLAS and NCCL are
-# opened at run time by the first use of the cuda backend (docs/gpu.md, "Loading"). The kernels are compiled for the H200 (sm_90) only
-# (DISTMUON_CUDA_ARCHITECTURES to change it). Prints whether CUDA is on and why.
+# opened at run time by the first use of the cuda backend (docs/gpu.md, "Loading"). The kernels
+# are compiled to machine code for sm_80 (A100, and A10/L40S/RTX 30-40 by binary compatibility),
+# sm_90 (H100/H200) and sm_100 (B200), plus compute_100 PTX that the driver compiles for newer
+# GPUs (DISTMUON_CUDA_ARCHITECTURES, CMake's CUDA_ARCHITECTURES syntax, to change it). Prints
+# whether CUDA is on and why, and what the kernels are built for.
 set(DISTMUON_ENABLE_CUDA AUTO CACHE STRING "Build the CUDA backend and the NCCL communicator (AUTO, ON, OFF)")
 set_property(CACHE DISTMUON_ENABLE_CUDA PROPERTY STRINGS AUTO ON OFF)
-set(DISTMUON_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures of the kernels (90: H100/H200)")
+set(DISTMUON_CUDA_ARCHITECTURES "80-real;90-real;100-real;100-virtual" CACHE STRING
+    "CUDA architectures of the kernels (N-real: sm_N machine code, N-virtual: compute_N PTX)")
 
 string(TOUPPER "${DISTMUON_ENABLE_CUDA}" distmuon_cuda_request)
 if(NOT distmuon_cuda_request MATCHES "^(AUTO|ON|OFF|TRUE|FALSE|YES|NO|1|0)$")
@@ -102,7 +106,51 @@ if(DISTMUON_HAVE_CUDA)
     set(CMAKE_CUDA_COMPILER_LAUNCHER ${CMAKE_CXX_COMPILER_LAUNCHER})
   endif()
   enable_language(CUDA)
-  message(STATUS "distmuon: CUDA backend on (sm_${DISTMUON_CUDA_ARCHITECTURES}): ${distmuon_cuda_why}")
+  # What the kernels hold, as test_cuda_fatbin checks it in the built library: machine code
+  # (ELF) for each N-real or plain N, PTX for each N-virtual or plain N.
+  set(DISTMUON_CUDA_ELF "")
+  set(DISTMUON_CUDA_PTX "")
+  foreach(arch IN LISTS DISTMUON_CUDA_ARCHITECTURES)
+    if(arch MATCHES "^(all|all-major|native)$")
+      # CMake picks them (test_cuda_fatbin is then not defined: no list to check against).
+      set(DISTMUON_CUDA_ELF "")
+      set(DISTMUON_CUDA_PTX "")
+      set(distmuon_cuda_arch_unlisted ON)
+      break()
+    endif()
+    if(NOT arch MATCHES "^([0-9]+[af]?)(-real|-virtual)?$")
+      message(FATAL_ERROR "DISTMUON_CUDA_ARCHITECTURES: '${arch}' is not N, N-real, N-virtual, "
+                          "all, all-major or native")
+    endif()
+    if(NOT CMAKE_MATCH_2 STREQUAL "-virtual")
+      list(APPEND DISTMUON_CUDA_ELF sm_${CMAKE_MATCH_1})
+    endif()
+    if(NOT CMAKE_MATCH_2 STREQUAL "-real")
+      list(APPEND DISTMUON_CUDA_PTX compute_${CMAKE_MATCH_1})
+    endif()
+  endforeach()
+  if(distmuon_cuda_arch_unlisted)
+    set(DISTMUON_CUDA_ELF "what CMake's '${DISTMUON_CUDA_ARCHITECTURES}' selects")
+  endif()
+  string(REPLACE ";" ", " distmuon_elf "${DISTMUON_CUDA_ELF}")
+  string(REPLACE ";" ", " distmuon_ptx "${DISTMUON_CUDA_PTX}")
+  if(NOT distmuon_ptx)
+    set(distmuon_ptx "none")
+  endif()
+  if(distmuon_cuda_arch_unlisted)
+    set(distmuon_ptx "what it selects")
+    set(DISTMUON_CUDA_ELF "")
+  endif()
+  message(STATUS "distmuon: CUDA backend on: ${distmuon_cuda_why}")
+  message(STATUS "distmuon: CUDA kernels: machine code for ${distmuon_elf}; PTX for ${distmuon_ptx} "
+                 "(DISTMUON_CUDA_ARCHITECTURES=${DISTMUON_CUDA_ARCHITECTURES})")
+  # cuobjdump lists what the built library holds (test_cuda_fatbin): from the toolkit, else from
+  # the nvidia-cuda-cuobjdump wheel of the Python environment (python/requirements-cuda.txt).
+  set(distmuon_bin_hints ${CUDAToolkit_BIN_DIR})
+  foreach(dir IN LISTS distmuon_cuda_hints)
+    list(APPEND distmuon_bin_hints ${dir}/bin)
+  endforeach()
+  find_program(DISTMUON_CUOBJDUMP cuobjdump HINTS ${distmuon_bin_hints})
 else()
   message(STATUS "distmuon: CUDA backend off: ${distmuon_cuda_why}")
 endif()

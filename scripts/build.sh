@@ -5,6 +5,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/install-deps.sh"
 # ccache (when installed): paths relative to the checkout, so any clone of it shares the cache.
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+# Only distmuon's own configure lines are shown: whether CUDA is on and what its kernels are
+# built for (machine code and PTX per architecture), where the Python module goes.
 cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DPython3_EXECUTABLE="${DISTMUON_VENV:-$root/.venv}/bin/python" >/dev/null
+  -DPython3_EXECUTABLE="${DISTMUON_VENV:-$root/.venv}/bin/python" | { grep '^-- distmuon' || true; }
 cmake --build "$root/build" --parallel "$(nproc)"

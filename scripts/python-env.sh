@@ -6,10 +6,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${DISTMUON_VENV:-$root/.venv}"
 req="$root/python/requirements.txt"
-# With a CUDA compiler whose toolkit lacks cuBLAS or NCCL, their wheels too (the CUDA backend's
-# build needs their headers; python/requirements-cuda.txt).
+# With a CUDA compiler whose toolkit lacks cuBLAS, NCCL or cuobjdump, their wheels too (the CUDA
+# backend's build needs their headers, test_cuda_fatbin cuobjdump; python/requirements-cuda.txt).
 cuda="${CUDAToolkit_ROOT:-/usr/local/cuda}"
-if [ -x "$cuda/bin/nvcc" ] && { [ ! -e "$cuda/include/cublas_v2.h" ] || [ ! -e "$cuda/include/nccl.h" ]; }; then
+if [ -x "$cuda/bin/nvcc" ] && { [ ! -e "$cuda/include/cublas_v2.h" ] || [ ! -e "$cuda/include/nccl.h" ] ||
+  [ ! -x "$cuda/bin/cuobjdump" ]; }; then
   merged="$(mktemp)"
   trap 'rm -f "$merged"' EXIT
   cat "$req" "$root/python/requirements-cuda.txt" > "$merged"

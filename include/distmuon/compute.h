@@ -59,6 +59,21 @@ struct MemoryStats {
   std::size_t peak_bytes = 0;   // the largest live_bytes seen
 };
 
+// Times intervals of a backend's queued work where it runs (Compute::stream_timer): on a device
+// backend an operation returns once queued, so the host clock would time its enqueue only.
+class StreamTimer {
+ public:
+  virtual ~StreamTimer() = default;
+  // Mark an interval's start and end on the backend's stream, after the work queued so far.
+  virtual void start() = 0;
+  virtual void stop() = 0;
+  // The sum of the intervals marked since the last seconds() or clear(), in seconds; waits for
+  // their work to complete. Throws distmuon::Error when the device reports a failure.
+  virtual double seconds() = 0;
+  // Forgets the intervals marked so far without reading them.
+  virtual void clear() noexcept = 0;
+};
+
 class Compute {
  public:
   virtual ~Compute() = default;
@@ -74,6 +89,10 @@ class Compute {
   // Waits for every operation queued on the backend's stream (a no-op on the CPU). Results read
   // through copy_to_host are already complete.
   virtual void synchronize() {}
+  // A timer of intervals on this backend's stream (CUDA events on cuda, the host clock inside
+  // the backend on opaque), or nullptr where every operation has completed when it returns
+  // (cpu): the host clock then times it. Muon's step statistics time the data plane with it.
+  virtual std::unique_ptr<StreamTimer> stream_timer() { return nullptr; }
   // Host <-> backend copies (same shapes, any leading dimensions): `host` is ordinary host memory
   // (a Matrix, a NumPy array), the other side is this backend's memory.
   virtual void copy_from_host(ConstMatrixView host, MatrixView dst) = 0;

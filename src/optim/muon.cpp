@@ -79,6 +79,7 @@ Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
       ns(options.ns_options(c.default_precision())),
       world(std::move(w)),
       compute(&c),
+      comm_timer(c.stream_timer()),
       ns_gram(ns) {
   ns_gram.algorithm = NsAlgorithm::kGram;
   options_text = nlohmann::json(options).dump();
@@ -166,7 +167,7 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
     auto [it, fresh] = s.timed.try_emplace(c.impl_ptr().get(), c);
     if (fresh) {
       const Communicator planes = c.has_data_plane() ? c : s.compute->data_communicator(c);
-      it->second = detail::timed_communicator(planes, s.comm_seconds);
+      it->second = detail::timed_communicator(planes, s.comm_seconds, s.comm_timer.get());
     }
     return it->second;
   };
@@ -343,6 +344,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   Impl& s = *impl_;
   const auto start = std::chrono::steady_clock::now();
   *s.comm_seconds = 0.0;
+  if (s.comm_timer) s.comm_timer->clear();  // a failed step's intervals are not this step's
   s.prepare();
   s.validate_gradients(grads, failure, active);
   s.plan();
@@ -363,6 +365,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   }
   if (!owned.empty()) owner_update(s, owned, grads);
   s.check_updated_weights();  // device backends: one wait per step, not one per weight
+  if (s.comm_timer) *s.comm_seconds += s.comm_timer->seconds();
   s.last = {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
             *s.comm_seconds};
 }

@@ -45,6 +45,9 @@ struct Muon::Impl {
   std::int64_t step = 0;
   bool prepared = false;  // configuration checked across the world since the last registration
   std::shared_ptr<double> comm_seconds = std::make_shared<double>(0.0);
+  // A device backend's timer of its data plane's collectives (Compute::stream_timer; nullptr on
+  // the CPU): read into comm_seconds at the end of each step, once the step's work completed.
+  std::unique_ptr<StreamTimer> comm_timer;
   // The caller's groups with the backend's data plane attached, both planes timed.
   std::map<const CommImpl*, Communicator> timed;
   MuonStepStats last;

@@ -115,12 +115,15 @@ void plan_auto_modes_by_measuring(Muon::Impl& s, std::span<const std::size_t> to
   MuonTarget target(s, todo, at);
   MeasurePlanOptions options;
   options.wisdom = s.options.wisdom;
-  // The timed runs' collectives are not the step's: keep them out of its statistics.
+  // The timed runs' collectives are not the step's: keep them out of its statistics (the
+  // device intervals marked before them are read first, those of the runs dropped).
+  if (s.comm_timer) *s.comm_seconds += s.comm_timer->seconds();
   const double comm = *s.comm_seconds;
   const MeasuredPlan plan =
       plan_by_measuring(s.world, keys, at, target,
                         AutoModeResolver(s.options.profile, s.options.cost_model), options);
   *s.comm_seconds = comm;
+  if (s.comm_timer) s.comm_timer->clear();
   s.plan_timed_runs += plan.timed_runs;
   for (std::size_t j = 0; j < todo.size(); ++j) {
     ParamState& p = s.params[todo[j]];

@@ -1,5 +1,6 @@
-// A communicator decorator that adds the wall time of every collective to a shared counter, so
-// the optimizer can split a step into computation and communication.
+// A communicator decorator that adds the time of every collective to a shared counter, so the
+// optimizer can split a step into computation and communication: host wall time, or intervals
+// on a device backend's stream for its data plane (timed_comm.h).
 #include "optim/timed_comm.h"
 
 #include <chrono>
@@ -9,8 +10,8 @@ namespace {
 
 class TimedComm final : public CommImpl {
  public:
-  TimedComm(std::shared_ptr<CommImpl> inner, std::shared_ptr<double> seconds)
-      : inner_(std::move(inner)), seconds_(std::move(seconds)) {}
+  TimedComm(std::shared_ptr<CommImpl> inner, std::shared_ptr<double> seconds, StreamTimer* device)
+      : inner_(std::move(inner)), seconds_(std::move(seconds)), device_(device) {}
   std::string backend() const override { return inner_->backend(); }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -35,30 +36,43 @@ class TimedComm final : public CommImpl {
     });
   }
   void barrier() override {
-    timed([&] { inner_->barrier(); });
+    host_timed([&] { inner_->barrier(); });  // waits on the host, whatever the plane
   }
   std::shared_ptr<CommImpl> split(int color, int key) override {
-    return std::make_shared<TimedComm>(inner_->split(color, key), seconds_);
+    return std::make_shared<TimedComm>(inner_->split(color, key), seconds_, device_);
   }
   void abort(int code) override { inner_->abort(code); }
 
  private:
   template <typename F>
   void timed(F&& f) {
+    if (device_ == nullptr) {
+      host_timed(f);
+      return;
+    }
+    device_->start();
+    f();
+    device_->stop();
+  }
+  template <typename F>
+  void host_timed(F&& f) {
     const auto start = std::chrono::steady_clock::now();
     f();
     *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   std::shared_ptr<CommImpl> inner_;
   std::shared_ptr<double> seconds_;
+  StreamTimer* device_;  // the data plane of a device backend: intervals on its stream
 };
 
 }  // namespace
 
-Communicator timed_communicator(const Communicator& inner, std::shared_ptr<double> seconds) {
-  Communicator timed(std::make_shared<TimedComm>(inner.impl_ptr(), seconds));
+Communicator timed_communicator(const Communicator& inner, std::shared_ptr<double> seconds,
+                                StreamTimer* device) {
+  Communicator timed(std::make_shared<TimedComm>(inner.impl_ptr(), seconds, nullptr));
   if (!inner.has_data_plane()) return timed;
-  return timed.with_data(std::make_shared<TimedComm>(inner.data().impl_ptr(), std::move(seconds)));
+  return timed.with_data(
+      std::make_shared<TimedComm>(inner.data().impl_ptr(), std::move(seconds), device));
 }
 
 }  // namespace distmuon::detail

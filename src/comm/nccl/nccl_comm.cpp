@@ -105,6 +105,7 @@ class NcclComm final : public CommImpl {
   }
   ~NcclComm() override {
     if (comm_ != nullptr) {
+      cudaSetDevice(device_);  // errors ignored: at process exit the runtime may be gone
       cudaStreamSynchronize(stream_);
       nccl().comm_destroy(comm_);
     }
@@ -117,25 +118,30 @@ class NcclComm final : public CommImpl {
   int size() const override { return size_; }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
+    make_current("all_gather");
     check(nccl().all_gather(send, recv, count, nccl_type(t), comm(), stream_), "ncclAllGather",
           counted(count, t));
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
+    make_current("all_reduce");
     check(nccl().all_reduce(buf, buf, count, nccl_type(t), nccl_op(op), comm(), stream_),
           "ncclAllReduce", counted(count, t));
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                       ReduceOp op) override {
+    make_current("reduce_scatter");
     check(nccl().reduce_scatter(send, recv, count, nccl_type(t), nccl_op(op), comm(), stream_),
           "ncclReduceScatter", counted(count, t));
   }
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    make_current("broadcast");
     check(nccl().broadcast(buf, buf, count, nccl_type(t), root, comm(), stream_), "ncclBroadcast",
           fmt::format("{}, root {}", counted(count, t), root));
   }
   void all_to_all_v(const void* send, const std::size_t* send_counts,
                     const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
                     const std::size_t* recv_displs, DType t) override {
+    make_current("all_to_all_v");
     const std::size_t elem = dtype_size(t);
     const auto* s = static_cast<const char*>(send);
     auto* r = static_cast<char*>(recv);
@@ -161,6 +167,7 @@ class NcclComm final : public CommImpl {
   }
   // Everything queued so far has completed on this rank, then every rank meets on the host.
   void barrier() override {
+    make_current("barrier");
     if (const auto rc = cudaStreamSynchronize(stream_); rc != cudaSuccess) {
       throw Error(fmt::format("nccl barrier: cudaStreamSynchronize failed on rank {}: {}", rank_,
                               cudaGetErrorString(rc)));
@@ -220,12 +227,20 @@ class NcclComm final : public CommImpl {
           fmt::format("nccl: ncclGetUniqueId failed on rank 0{}",
                       rank_ == 0 ? fmt::format(": {}", nccl().get_error_string(id_rc)) : ""));
     }
-    if (const auto rc = cudaSetDevice(device_); rc != cudaSuccess) {
-      throw Error(fmt::format("nccl: cudaSetDevice({}) failed on rank {}: {}", device_, rank_,
-                              cudaGetErrorString(rc)));
-    }
+    make_current("ncclCommInitRank");
     check(nccl().comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank",
           fmt::format("{} ranks, device {}", size_, device_));
+  }
+  // The communicator's device, current on the calling thread (any thread may call).
+  void make_current(const char* op) const {
+    int current = -1;
+    cudaError_t rc = cudaGetDevice(&current);
+    if (rc == cudaSuccess && current == device_) return;
+    if (rc == cudaSuccess) rc = cudaSetDevice(device_);
+    if (rc != cudaSuccess) {
+      throw Error(fmt::format("nccl: {}: making device {} current failed on rank {} of {}: {}", op,
+                              device_, rank_, size_, cudaGetErrorString(rc)));
+    }
   }
   std::string counted(std::size_t count, DType t) const {
     return fmt::format("{} x {}", count, dtype_name(t));

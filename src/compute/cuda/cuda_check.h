@@ -26,4 +26,14 @@ inline void check(cublasStatus_t rc, std::string_view call, std::string_view con
   }
 }
 
+// Makes `device` the calling thread's current device (nothing when it already is): a backend
+// and its communicator may be called from any thread, and CUDA's current device is per thread.
+inline void make_current(int device, std::string_view context) {
+  int current = -1;
+  check(cudaGetDevice(&current), "cudaGetDevice", context);
+  if (current != device) {
+    check(cudaSetDevice(device), "cudaSetDevice", fmt::format("device {}: {}", device, context));
+  }
+}
+
 }  // namespace distmuon::cuda

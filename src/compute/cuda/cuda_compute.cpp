@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -18,6 +19,7 @@
 #include "compute/cuda/cuda_check.h"
 #include "compute/cuda/cuda_kernels.h"
 #include "compute/cuda/cuda_libraries.h"
+#include "compute/cuda/cuda_stream_timer.h"
 #include "compute/shape_checks.h"
 #include "core/host.h"
 #include "distmuon/error.h"
@@ -65,25 +67,22 @@ class CudaCompute final : public Compute {
       check(rc, "cublasCreate", fmt::format("device {}", device_));
     }
     check(cuda::cublas().set_stream(blas_, stream_), "cublasSetStream", "");
-    // Freed memory stays in the stream-ordered pool instead of going back to the driver at
-    // every synchronisation, so that a workspace released and allocated again costs nothing.
-    cudaMemPool_t pool = nullptr;
-    check(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool", "");
-    std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
-          "cudaMemPoolSetAttribute", "release threshold");
+    make_pool();
   }
   ~CudaCompute() override {
     // Errors are ignored: at process exit the CUDA runtime may already be gone.
+    cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
-    if (results_ != nullptr) cudaFree(results_);
     if (host_results_ != nullptr) cudaFreeHost(host_results_);
-    if (norm_slot_ != nullptr) cudaFree(norm_slot_);
-    if (block_pointers_ != nullptr) cudaFree(block_pointers_);
-    for (auto& buf : bf16_) {
-      if (buf.data != nullptr) cudaFreeAsync(buf.data, stream_);
-    }
+    release_scratch(results_);
+    release_scratch(norm_slot_);
+    release_scratch(block_pointers_);
+    for (auto& buf : bf16_)
+      release_scratch(buf);
     cudaStreamSynchronize(stream_);
+    // Memory still allocated from the pool (a DeviceMatrix outliving its backend) keeps it
+    // until released (cudaMemPoolDestroy defers).
+    cudaMemPoolDestroy(pool_);
     cuda::cublas().destroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -101,16 +100,22 @@ class CudaCompute final : public Compute {
   cudaStream_t stream() const { return stream_; }
 
   void synchronize() override {
+    make_current("synchronize");
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", name());
+    check_released();
   }
 
+  std::unique_ptr<StreamTimer> stream_timer() override;
+
   void copy_from_host(ConstMatrixView host, MatrixView dst) override {
+    make_current("copy_from_host");
     check_memory("copy_from_host", "the host side", host, false);
     check_memory("copy_from_host", "the destination", dst, true);
     copy_2d("copy_from_host", host, dst, cudaMemcpyHostToDevice);
     synchronize();  // the caller may free or change host memory on return
   }
   void copy_to_host(ConstMatrixView src, MatrixView host) override {
+    make_current("copy_to_host");
     check_memory("copy_to_host", "the source", src, true);
     check_memory("copy_to_host", "the host side", host, false);
     copy_2d("copy_to_host", src, host, cudaMemcpyDeviceToHost);
@@ -135,6 +140,7 @@ class CudaCompute final : public Compute {
   void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
                MatrixView c, Precision requested) override {
     const auto [m, n, k] = detail::check_gemm(ta, tb, a, b, c);
+    make_current("gemm");
     if (m == 0 || n == 0) return;
     if (k == 0) {
       scale(c, beta);
@@ -155,6 +161,7 @@ class CudaCompute final : public Compute {
   void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
                Precision requested) override {
     const auto [n, k] = detail::check_syrk(ta, a, c);
+    make_current("syrk");
     if (n == 0) return;
     if (k == 0) {
       scale(c, beta);
@@ -197,6 +204,7 @@ class CudaCompute final : public Compute {
                    std::span<double> out) override {
     DISTMUON_ASSERT(as.size() == out.size(), "one result per matrix");
     if (as.empty()) return;
+    make_current("sum_squares");
     auto* slots = static_cast<double*>(results(as.size() * sizeof(double), 0));
     for (std::size_t i = 0; i < as.size(); ++i) {
       check(cuda::sum_squares(stream_, dev(as[i]), in_double, slots + i), "sum_squares kernel",
@@ -211,17 +219,15 @@ class CudaCompute final : public Compute {
   // plane (NCCL on this stream), then the scale computed from it by a kernel. No host wait.
   std::optional<double> normalize(MatrixView x, double eps, bool in_double,
                                   const Communicator* group) override {
-    if (norm_slot_ == nullptr) {
-      check(cudaMalloc(reinterpret_cast<void**>(&norm_slot_), sizeof(double)), "cudaMalloc",
-            "the normalisation slot");
-    }
-    check(cudaMemsetAsync(norm_slot_, 0, sizeof(double), stream_), "cudaMemsetAsync",
+    make_current("normalize");
+    auto* slot =
+        static_cast<double*>(scratch(norm_slot_, sizeof(double), "the normalisation slot"));
+    check(cudaMemsetAsync(slot, 0, sizeof(double), stream_), "cudaMemsetAsync",
           "the normalisation slot");
-    check(cuda::sum_squares(stream_, dev(ConstMatrixView(x)), in_double, norm_slot_),
+    check(cuda::sum_squares(stream_, dev(ConstMatrixView(x)), in_double, slot),
           "sum_squares kernel", shape_str(x));
-    if (group != nullptr) group->data().all_reduce(std::span<double>(norm_slot_, 1));
-    check(cuda::scale_by_norm(stream_, dev(x), norm_slot_, eps), "scale_by_norm kernel",
-          shape_str(x));
+    if (group != nullptr) group->data().all_reduce(std::span<double>(slot, 1));
+    check(cuda::scale_by_norm(stream_, dev(x), slot, eps), "scale_by_norm kernel", shape_str(x));
     return std::nullopt;
   }
 
@@ -235,6 +241,7 @@ class CudaCompute final : public Compute {
                        std::span<std::optional<MatrixIndex>> out) override {
     DISTMUON_ASSERT(as.size() == out.size(), "one result per matrix");
     if (as.empty()) return;
+    make_current("find_non_finite");
     using U = unsigned long long;
     auto* slots = static_cast<U*>(results(as.size() * sizeof(U), 0xff));  // all ones: none
     for (std::size_t i = 0; i < as.size(); ++i) {
@@ -254,9 +261,11 @@ class CudaCompute final : public Compute {
   }
 
   void scale(MatrixView a, float alpha) override {
+    make_current("scale");
     check(cuda::scale(stream_, dev(a), alpha), "scale kernel", shape_str(a.rows, a.cols));
   }
   void axpby(float alpha, ConstMatrixView x, float beta, MatrixView y) override {
+    make_current("axpby");
     if (x.rows != y.rows || x.cols != y.cols) {
       throw Error(
           fmt::format("axpby: shape mismatch {} vs {}", shape_str(x), shape_str(y.rows, y.cols)));
@@ -264,6 +273,7 @@ class CudaCompute final : public Compute {
     check(cuda::axpby(stream_, alpha, dev(x), beta, dev(y)), "axpby kernel", shape_str(x));
   }
   void add_diagonal(MatrixView a, float alpha) override {
+    make_current("add_diagonal");
     if (a.rows != a.cols) {
       throw Error(fmt::format("add_diagonal: matrix {} is not square", shape_str(a.rows, a.cols)));
     }
@@ -271,11 +281,13 @@ class CudaCompute final : public Compute {
           shape_str(a.rows, a.cols));
   }
   void fill(MatrixView a, float value) override {
+    make_current("fill");
     check(cuda::fill(stream_, dev(a), value), "fill kernel", shape_str(a.rows, a.cols));
   }
   void copy(ConstMatrixView src, MatrixView dst) override {
     check_same("copy", "destination", dst, src);
     if (src.data == dst.data) return;
+    make_current("copy");
     copy_2d("copy", src, dst, cudaMemcpyDeviceToDevice);
   }
 
@@ -284,6 +296,7 @@ class CudaCompute final : public Compute {
     check_same("muon_momentum", "weight", w, g);
     check_same("muon_momentum", "momentum", buf, g);
     check_same("muon_momentum", "update", u, g);
+    make_current("muon_momentum");
     check(cuda::muon_momentum(stream_, {k.momentum, k.l2, k.nesterov}, dev(g), dev(w), dev(buf),
                               dev(u)),
           "muon_momentum kernel", shape_str(g));
@@ -293,6 +306,7 @@ class CudaCompute final : public Compute {
     check_same("adamw", "first moment", m, g);
     check_same("adamw", "second moment", v, g);
     check_same("adamw", "parameter", p, g);
+    make_current("adamw");
     check(cuda::adamw(stream_, {k.beta1, k.beta2, k.bias1, k.bias2_sqrt, k.decay, k.lr, k.eps},
                       dev(g), dev(m), dev(v), dev(p)),
           "adamw kernel", shape_str(g));
@@ -300,9 +314,10 @@ class CudaCompute final : public Compute {
 
  protected:
   float* do_allocate(std::size_t count) override {
+    make_current("allocate");
     const std::size_t bytes = count * sizeof(float);
     void* p = nullptr;
-    check(cudaMallocAsync(&p, bytes, stream_), "cudaMallocAsync",
+    check(cudaMallocFromPoolAsync(&p, bytes, pool_, stream_), "cudaMallocFromPoolAsync",
           fmt::format("{} floats ({} bytes) on {}", count, bytes, name()));
     const auto rc = cudaMemsetAsync(p, 0, bytes, stream_);
     if (rc != cudaSuccess) {
@@ -312,8 +327,14 @@ class CudaCompute final : public Compute {
     return static_cast<float*>(p);
   }
   void do_release(float* data, std::size_t) noexcept override {
-    // Stream-ordered: the memory is reused only by work queued after this point.
-    cudaFreeAsync(data, stream_);
+    // Stream-ordered: the memory is reused only by work queued after this point. A failure
+    // cannot throw here: it is kept and thrown by the next synchronize().
+    cudaError_t rc = cudaSetDevice(device_);
+    if (rc == cudaSuccess) rc = cudaFreeAsync(data, stream_);
+    if (rc != cudaSuccess) {
+      cudaError_t none = cudaSuccess;
+      release_error_.compare_exchange_strong(none, rc);
+    }
   }
 
  private:
@@ -367,14 +388,11 @@ class CudaCompute final : public Compute {
     const std::int64_t elem = type == CUDA_R_16BF ? 2 : 4;
     const Index bs = n / t;
     const int count = t * (t + 1) / 2;
-    if (block_pointers_ == nullptr) {
-      check(cudaMalloc(reinterpret_cast<void**>(&block_pointers_),
-                       3 * kMaxTriangleBlocks * sizeof(void*)),
-            "cudaMalloc", "the block pointers of a batched syrk");
-    }
-    const void** row_block = const_cast<const void**>(block_pointers_);
+    auto** pointers = static_cast<void**>(scratch(
+        block_pointers_, 3 * kMaxTriangleBlocks * sizeof(void*), "the block pointers of a syrk"));
+    const void** row_block = const_cast<const void**>(pointers);
     const void** col_block = row_block + kMaxTriangleBlocks;
-    void** c_block = block_pointers_ + 2 * kMaxTriangleBlocks;
+    void** c_block = pointers + 2 * kMaxTriangleBlocks;
     // op(a)'s row block i starts i bs rows down a (not transposed) or i bs columns right
     // (transposed: op(a) = a^T).
     const std::int64_t a_step = (ta == Trans::kNo ? bs * lda : bs) * elem;
@@ -413,17 +431,10 @@ class CudaCompute final : public Compute {
   // scratch is stream-ordered like everything else: a product queued later reuses it safely.
   const void* bf16_copy(int slot, ConstMatrixView a, const char* op) {
     const auto bytes = static_cast<std::size_t>(a.rows * a.cols) * 2;
-    auto& buf = bf16_[slot];
-    if (bytes > buf.bytes) {
-      if (buf.data != nullptr) cudaFreeAsync(buf.data, stream_);
-      buf = {};
-      check(cudaMallocAsync(&buf.data, bytes, stream_), "cudaMallocAsync",
-            fmt::format("{}: bf16 copy of {}", op, shape_str(a)));
-      buf.bytes = bytes;
-    }
-    check(cuda::to_bf16(stream_, dev(a), buf.data), "to_bf16 kernel",
+    void* buf = scratch(bf16_[slot], bytes, "the bf16 operand copy");
+    check(cuda::to_bf16(stream_, dev(a), buf), "to_bf16 kernel",
           fmt::format("{}: {}", op, shape_str(a)));
-    return buf.data;
+    return buf;
   }
   // c = alpha op(a) op(b) + beta c on contiguous bf16 copies (leading dimensions lda, ldb: the
   // original column counts), fp32 c and accumulation.
@@ -440,50 +451,107 @@ class CudaCompute final : public Compute {
   }
 
   // The device slots of a batched reduction (grown when needed, set to `byte`).
+  // The device slots of a batched reduction (scratch grown when needed, set to `byte`), and
+  // their pinned host twin (grown with them; host memory, so not in memory_stats()).
   void* results(std::size_t bytes, int byte) {
-    if (bytes > results_bytes_) {
-      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", "growing the result slots");
-      if (results_ != nullptr) cudaFree(results_);
-      if (host_results_ != nullptr) cudaFreeHost(host_results_);
-      results_ = nullptr;
-      host_results_ = nullptr;
-      results_bytes_ = 0;
+    if (bytes > results_.bytes) {
       const std::size_t grow = std::max<std::size_t>(bytes, 4096);
-      check(cudaMalloc(&results_, grow), "cudaMalloc", fmt::format("{} result bytes", grow));
+      // The old pinned slots may still be the target of a queued copy.
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", "growing the result slots");
+      release_scratch(results_);  // both or neither: a failure below leaves them to regrow
+      if (host_results_ != nullptr) {
+        check(cudaFreeHost(host_results_), "cudaFreeHost", "the old pinned result slots");
+        host_results_ = nullptr;
+      }
       check(cudaMallocHost(&host_results_, grow), "cudaMallocHost",
-            fmt::format("{} result bytes", grow));
-      results_bytes_ = grow;
+            fmt::format("{} pinned result bytes", grow));
+      scratch(results_, grow, "the result slots");
     }
-    check(cudaMemsetAsync(results_, byte, bytes, stream_), "cudaMemsetAsync", "result slots");
-    return results_;
+    check(cudaMemsetAsync(results_.data, byte, bytes, stream_), "cudaMemsetAsync", "result slots");
+    return results_.data;
   }
   // One transfer of the batch's results to the pinned host slots, then a synchronisation.
   void fetch_results(std::size_t bytes, const char* op) {
-    check(cudaMemcpyAsync(host_results_, results_, bytes, cudaMemcpyDeviceToHost, stream_),
+    check(cudaMemcpyAsync(host_results_, results_.data, bytes, cudaMemcpyDeviceToHost, stream_),
           "cudaMemcpyAsync", fmt::format("{} results", op));
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", op);
+    check_released();
+  }
+
+  struct Scratch {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  // A scratch buffer of at least `bytes` in this backend's memory, through allocate() (so that
+  // memory_stats() counts it) and kept across calls: it grows, never shrinks, so steady-state
+  // calls allocate nothing. Stream-ordered like everything else: work queued later reuses it.
+  void* scratch(Scratch& s, std::size_t bytes, const char* what) {
+    if (bytes <= s.bytes) return s.data;
+    const std::size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
+    float* grown = nullptr;
+    try {
+      grown = allocate(floats);
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}", what, e.what()));
+    }
+    release_scratch(s);
+    s = {grown, floats * sizeof(float)};
+    return grown;
+  }
+  void release_scratch(Scratch& s) noexcept {
+    release(static_cast<float*>(s.data), s.bytes / sizeof(float));
+    s = {};
+  }
+
+  void make_current(const char* op) const { cuda::make_current(device_, op); }
+  // Throws the first release failure do_release kept (it cannot throw itself).
+  void check_released() {
+    const cudaError_t rc = release_error_.exchange(cudaSuccess);
+    check(rc, "cudaFreeAsync", fmt::format("an earlier release on {}", name()));
+  }
+  // The backend's own stream-ordered pool: freed memory stays in it instead of going back to the
+  // driver at every synchronisation, so a workspace released and allocated again costs nothing.
+  // The process's default pool (PyTorch's, other libraries') is left as it is.
+  void make_pool() {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    cudaError_t rc = cudaMemPoolCreate(&pool_, &props);
+    if (rc == cudaSuccess) {
+      std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+      rc = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep);
+      if (rc != cudaSuccess) cudaMemPoolDestroy(pool_);
+    }
+    if (rc != cudaSuccess) {  // the constructor throws: nothing else releases these
+      cuda::cublas().destroy(blas_);
+      cudaStreamDestroy(stream_);
+      check(rc, "cudaMemPoolCreate", fmt::format("the memory pool of device {}", device_));
+    }
   }
 
   int device_;
   std::optional<Precision> override_;  // DISTMUON_CUDA_PRECISION: replaces each call's precision
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  void* results_ = nullptr;
-  void* host_results_ = nullptr;
-  std::size_t results_bytes_ = 0;
-  double* norm_slot_ = nullptr;  // normalize's sum of squares (device memory, made on first use)
+  cudaMemPool_t pool_ = nullptr;  // every allocation of this backend (make_pool)
+  std::atomic<cudaError_t> release_error_{cudaSuccess};
+  Scratch results_;               // the batched reductions' device slots
+  void* host_results_ = nullptr;  // their pinned host twin, results_.bytes long
+  Scratch norm_slot_;             // normalize's sum of squares (one double, made on first use)
   // upper_triangle_product: blocks of at least this many rows, at most 8 x 8 of them.
   static constexpr Index kMinTriangleBlock = 1024;
   static constexpr int kMaxTriangleBlocks = 36;
-  void** block_pointers_ = nullptr;  // its batched GEMM's pointer arrays (device, first use)
-  struct Scratch {
-    void* data = nullptr;
-    std::size_t bytes = 0;
-  };
-  Scratch bf16_[2];  // Precision::kBf16: the bf16 copies of a product's operands
+  Scratch block_pointers_;  // its batched GEMM's pointer arrays (made on first use)
+  Scratch bf16_[2];         // Precision::kBf16: the bf16 copies of a product's operands
   std::mutex comm_mutex_;
   std::map<const CommImpl*, std::weak_ptr<CommImpl>> comms_;
 };
+
+std::unique_ptr<StreamTimer> CudaCompute::stream_timer() {
+  return make_cuda_stream_timer(device_, stream_);
+}
 
 int current_device() {
   const int count = cuda_device_count();

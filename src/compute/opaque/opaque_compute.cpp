@@ -9,12 +9,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
@@ -62,14 +64,11 @@ class OpaqueCompute final : public Compute {
                               std::strerror(errno)));
     }
     base_ = reinterpret_cast<std::uintptr_t>(p);
-    // normalize's slot: one double of this backend's memory, outside the counted allocations.
-    slot_ = reinterpret_cast<double*>(do_allocate(sizeof(double) / sizeof(float)));
-    if (slot_ == nullptr) {
-      munmap(p, kReserve);
-      throw Error("opaque backend: allocating the normalisation slot failed");
-    }
   }
-  ~OpaqueCompute() override { munmap(reinterpret_cast<void*>(base_), kReserve); }
+  ~OpaqueCompute() override {
+    release(reinterpret_cast<float*>(slot_), kSlotFloats);
+    munmap(reinterpret_cast<void*>(base_), kReserve);
+  }
 
   std::string name() const override { return "opaque"; }
   MemoryKind memory() const override { return MemoryKind::kDevice; }
@@ -85,6 +84,9 @@ class OpaqueCompute final : public Compute {
   Communicator data_communicator(const Communicator& host) override {
     return host.with_data(std::make_shared<OpaqueDataComm>(host.impl_ptr(), this));
   }
+  // Its operations complete before they return, so the host clock inside the backend times them;
+  // the intervals are kept and summed later, as a device backend's events are.
+  std::unique_ptr<StreamTimer> stream_timer() override;
 
   // Every precision as the CPU backend emulates it (its rounded copies are its own scratch).
   void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
@@ -103,6 +105,8 @@ class OpaqueCompute final : public Compute {
   // the backend's storage, as a device's kernels would; nothing comes back to the caller.
   std::optional<double> normalize(MatrixView x, double eps, bool in_double,
                                   const Communicator* group) override {
+    // The slot: one double of this backend's memory, counted, made on first use and kept.
+    if (slot_ == nullptr) slot_ = reinterpret_cast<double*>(allocate(kSlotFloats));
     double& sum = *static_cast<double*>(storage(slot_, sizeof(double), "normalize"));
     sum = cpu().sum_squares(mine("normalize", ConstMatrixView(x)), in_double);
     if (group != nullptr) group->data().all_reduce(std::span<double>(slot_, 1));
@@ -189,6 +193,7 @@ class OpaqueCompute final : public Compute {
  private:
   static constexpr std::size_t kReserve = std::size_t{1} << 36;  // 64 GiB of addresses
   static constexpr std::size_t kAlign = 64;
+  static constexpr std::size_t kSlotFloats = sizeof(double) / sizeof(float);
   struct Block {
     std::size_t bytes = 0, span = 0;
     std::unique_ptr<float[]> real;
@@ -258,6 +263,23 @@ void OpaqueDataComm::all_to_all_v(const void* send, const std::size_t* send_coun
                        send_counts, send_displs,
                        at(owner_, recv, extent(recv_counts, recv_displs, n), t, "all_to_all_v"),
                        recv_counts, recv_displs, t);
+}
+
+class OpaqueStreamTimer final : public StreamTimer {
+ public:
+  void start() override { start_ = Clock::now(); }
+  void stop() override { pending_ += std::chrono::duration<double>(Clock::now() - start_).count(); }
+  double seconds() override { return std::exchange(pending_, 0.0); }
+  void clear() noexcept override { pending_ = 0.0; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start_{};
+  double pending_ = 0.0;
+};
+
+std::unique_ptr<StreamTimer> OpaqueCompute::stream_timer() {
+  return std::make_unique<OpaqueStreamTimer>();
 }
 
 }  // namespace
