@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -221,6 +222,12 @@ Compute& cpu_compute();
 // modulo the node's GPU count). Throws distmuon::Error naming the built
 // backends when `name` is unknown, not built, or has no device.
 Compute& compute_backend(std::string_view name);
+// The CUDA backend of CUDA device `device` running on `stream`, a cudaStream_t given as an integer
+// that the caller owns and keeps alive (PyTorch's current stream; 0 is the legacy default
+// stream): its work is ordered with the caller's on that stream, with no host synchronisation.
+// One per (device, stream), kept for the process, at DISTMUON_CUDA_PRECISION. Throws
+// distmuon::Error in a build without CUDA or when device is not a CUDA device.
+Compute& cuda_compute_on_stream(int device, std::uintptr_t stream);
 // The backends this build has ("cpu", "opaque", and "cuda" when built with CUDA).
 std::vector<std::string> compute_backend_names();
 // A new opaque test backend (its own memory and statistics): its memory is a range of host

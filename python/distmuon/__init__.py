@@ -27,7 +27,8 @@ from . import _core  # noqa: E402  (after the data folder is known)
 from ._types import wrap_module as _wrap_module  # noqa: E402
 
 _wrap_module(_core)  # argument type errors in plain words, not pybind11's overload listings
-from ._arrays import as_array, _is_torch
+from ._arrays import as_array, _is_torch, backend_for, core_matrix, cuda_ordered, \
+    is_low_precision
 from ._core import CollectiveError, Communicator, Error, ProcessGroups
 
 __all__ = [
@@ -42,18 +43,23 @@ def coefficient_sets():
 
 
 def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk=True,
-                  gram_restart=0, out=None, inplace=False, allow_copy=False, precision=None):
-    """Newton-Schulz orthogonalisation of a float32 matrix, or of each matrix of a 3-D batch
-    (x[i] on its own), as `distmuon orthogonalize`.
+                  gram_restart=0, out=None, inplace=False, allow_copy=False, device=None,
+                  precision=None):
+    """Newton-Schulz orthogonalisation of a matrix, or of each matrix of a 3-D batch (x[i] on
+    its own), as `distmuon orthogonalize`.
 
-    x: a NumPy array or CPU torch.Tensor (float32, row-major). coefficients: a built-in set name
-    (coefficient_sets()) or a list of (a, b, c) tuples (cycled). algorithm: "standard" or "gram".
+    x: a NumPy array or torch.Tensor (CPU or CUDA), float32 row-major; a bfloat16 / float16
+    tensor is computed on through a float32 working copy on its device. coefficients: a built-in
+    set name (coefficient_sets()) or a list of (a, b, c) tuples (cycled). algorithm: "standard"
+    or "gram". The input is read where it lies; the result goes into `out` (a new array/tensor of
+    x's kind, device and dtype when None), or into x itself with inplace=True. allow_copy
+    converts another dtype or a non-row-major input once instead of refusing it. device: None
+    (the tensors' device), "cpu", "opaque" (CPU tensors through the device path, for tests) or
+    "cuda" / "cuda:N"; a CUDA tensor is computed on where it lies, on PyTorch's current stream.
     precision: the arithmetic of NS's products, "fp32", "tf32" or "bf16" (operands rounded to that
     format, fp32 accumulation; the CPU emulates tf32 and bf16), or None / "auto" for the
-    backend's default (fp32 on the CPU; docs/precision.md).
-    The input is read where it lies; the result goes into `out` (a new array/tensor of x's kind
-    when None), or into x itself with inplace=True. allow_copy converts another dtype or a
-    non-row-major input once instead of refusing it. Returns the result (same kind as x).
+    backend's default (fp32 on the CPU, bf16 on CUDA; docs/precision.md).
+    Returns the result (same kind as x).
     """
     precision = _precision_name(precision, "newton_schulz")
     custom = []
@@ -64,6 +70,10 @@ def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk
             raise TypeError(f"newton_schulz: coefficients takes a set name or a list of (a, b, c) "
                             f"tuples, got {type(coefficients).__name__} {coefficients!r:.60}")
         coefficients = "custom"
+    backend, kind, index = backend_for([x] if out is None else [x, out], device, "newton_schulz")
+    args = (coefficients, custom, steps, algorithm, syrk, gram_restart, precision)
+    if kind == "cuda" or is_low_precision(x) or (out is not None and is_low_precision(out)):
+        return _newton_schulz_torch(x, out, inplace, allow_copy, backend, index, args)
     src = as_array(x, "newton_schulz input", allow_copy=allow_copy)
     if inplace:
         if out is not None:
@@ -90,12 +100,51 @@ def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk
         if src.ndim != 3 or dst.ndim != 3 or src.shape[0] != dst.shape[0]:
             raise Error(f"newton_schulz: output {dst.shape} for an input {src.shape}")
         for i in range(src.shape[0]):  # each matrix of the batch on its own
-            _core.newton_schulz(src[i], dst[i], coefficients, custom, steps, algorithm, syrk,
-                                gram_restart, precision)
+            _core.newton_schulz(src[i], dst[i], backend, *args)
         return result
-    _core.newton_schulz(src, dst, coefficients, custom, steps, algorithm, syrk, gram_restart,
-                        precision)
+    _core.newton_schulz(src, dst, backend, *args)
     return result
+
+
+def _newton_schulz_torch(x, out, inplace, allow_copy, backend, index, args):
+    """newton_schulz on torch tensors that are CUDA or of low precision: float32 working copies
+    (made on the tensors' device) where x or out is not float32 row-major."""
+    import torch
+
+    if not _is_torch(x) or (out is not None and not _is_torch(out)):
+        raise Error("newton_schulz: a CUDA or low-precision tensor with a non-tensor input/out")
+    if inplace and out is not None:
+        raise ValueError("newton_schulz: give out or inplace, not both")
+    if x.dim() not in (2, 3):
+        raise Error(f"newton_schulz input: expected a 2-D array or a 3-D batch, got {x.dim()} "
+                    "dimension(s)")
+    src = x.detach()
+    if src.dtype != torch.float32:
+        if not (is_low_precision(src) or allow_copy):
+            raise Error(f"newton_schulz input: expected a float32, bfloat16 or float16 tensor, "
+                        f"got {src.dtype}")
+        src = src.to(torch.float32).contiguous()  # the working copy, on x's device
+    elif allow_copy and not src.is_contiguous():
+        src = src.contiguous()
+    target = x if inplace else out
+    if target is None:
+        dst = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    elif target.dtype == torch.float32 and (not inplace or src.data_ptr() == x.data_ptr()):
+        dst = target.detach()
+    else:
+        dst = torch.empty(target.shape, dtype=torch.float32, device=target.device)
+    if src.dim() != dst.dim() or (src.dim() == 3 and src.shape[0] != dst.shape[0]):
+        raise Error(f"newton_schulz: output {tuple(dst.shape)} for an input {tuple(src.shape)}")
+    pairs = [(src, dst)] if src.dim() == 2 else list(zip(src.unbind(0), dst.unbind(0)))
+    with cuda_ordered(index):
+        for s, d in pairs:
+            _core.newton_schulz(core_matrix(s, "newton_schulz input"),
+                                core_matrix(d, "newton_schulz output"), backend, *args)
+    if target is None:
+        return dst if x.dtype == torch.float32 else dst.to(x.dtype)
+    if dst.data_ptr() != target.data_ptr():
+        target.detach().copy_(dst)  # back into the caller's dtype
+    return target
 
 
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -165,11 +214,15 @@ class Muon:
     comm: the world (see communicator()). step(), save() and load() are collective over it.
     """
 
-    def __init__(self, comm=None, **options):
+    def __init__(self, comm=None, device=None, **options):
         if "precision" in options:
             options["precision"] = _precision_name(options["precision"], "Muon")
         self.world = communicator(comm)
-        self._core = _core.MuonCore(_options_json(options), self.world)
+        # The backend of every parameter and gradient: "cpu" (None), "opaque" (CPU tensors
+        # staged through the device path) or "cuda" / "cuda:N" (CUDA tensors where they lie, on
+        # PyTorch's current stream of that device at construction).
+        self.backend, self.device, self._cuda = _muon_backend(device)
+        self._core = _core.MuonCore(_options_json(options), self.world, self.backend)
         self._shards = []
         # One Communicator per group object: parameters passed the same group share it (owner
         # mode buckets weights by their groups), and an mpi4py group is duplicated once.
@@ -192,11 +245,19 @@ class Muon:
         shards as torch.chunk cuts them; the shard holds its padding, zero). A group is a
         Communicator or anything communicator() accepts (converted once per object). A 1-D shard
         is registered as a k x 1 column. Returns its index."""
-        arr = as_array(shard, f"Muon parameter '{name}'")
-        if arr.ndim == 1:
-            arr = arr.reshape(-1, 1)
-        rows = arr.shape[0] if rows is None else rows
-        cols = arr.shape[1] if cols is None and arr.ndim == 2 else cols
+        what = f"Muon parameter '{name}'"
+        self._check_device(shard, what)
+        if self._cuda is not None:
+            arr = shard.reshape(-1, 1) if shard.dim() == 1 else shard
+            rows = arr.shape[0] if rows is None else rows
+            cols = arr.shape[1] if cols is None and arr.dim() == 2 else cols
+            arr = core_matrix(arr.detach(), what)
+        else:
+            arr = as_array(shard, what)
+            if arr.ndim == 1:
+                arr = arr.reshape(-1, 1)
+            rows = arr.shape[0] if rows is None else rows
+            cols = arr.shape[1] if cols is None and arr.ndim == 2 else cols
         i = self._core.add_parameter(
             arr, name, rows, cols, role, use_muon, tp_dim,
             self._group(tp_group), self._group(gtp_group), pad, expert, expert_rank,
@@ -215,11 +276,35 @@ class Muon:
                     raise TypeError(f"Muon.step: grads takes a list of arrays, got "
                                     f"{type(grads).__name__}")
                 for i, g in enumerate(grads):
-                    a = as_array(g, f"gradient {i}")
-                    arrays.append(a.reshape(-1, 1) if a.ndim == 1 else a)
+                    arrays.append(self._matrix(g, f"gradient {i}"))
             except Exception as e:  # any refusal, whatever its type, is agreed on
                 failure = f"{type(e).__name__}: {e}"
-        self._core.step([] if failure else arrays, failure)
+        with cuda_ordered(*self._cuda or (None,)):
+            self._core.step([] if failure else arrays, failure)
+
+    def _check_device(self, t, what):
+        """Raises Error unless t is on this optimizer's device (host memory for cpu / opaque)."""
+        where = "cpu" if not (_is_torch(t) and t.device.type != "cpu") else str(t.device)
+        if self._cuda is None and where != "cpu":
+            raise Error(f"{what}: a tensor on {where} for an optimizer on device "
+                        f"{self.device!r} (CUDA tensors need device=\"cuda\")")
+        if self._cuda is not None and where != f"cuda:{self._cuda[0]}":
+            raise Error(f"{what}: a tensor on {where} for an optimizer on cuda:{self._cuda[0]}")
+
+    def _matrix(self, g, what):
+        """A gradient (or 1-D: a column) as the core takes it on this optimizer's device."""
+        if g is None:
+            return None
+        self._check_device(g, what)
+        if self._cuda is not None:
+            return core_matrix((g.reshape(-1, 1) if g.dim() == 1 else g).detach(), what)
+        a = as_array(g, what)
+        return a.reshape(-1, 1) if a.ndim == 1 else a
+
+    def memory_stats(self):
+        """The backend's memory: allocations, releases, live / peak bytes, and the uploads and
+        downloads (count, bytes) of staged parameters and gradients (device "opaque")."""
+        return self.backend.memory_stats()
 
     def set_learning_rates(self, lr, adamw_lr=None):
         """New learning rates for the next steps (adamw_lr None: unchanged)."""
@@ -277,12 +362,12 @@ class Muon:
             if len(dst) != len(saved["state"]):
                 raise Error(f"Muon.load_state_dict: '{info['name']}' has {len(dst)} state "
                             f"tensor(s), the state {len(saved['state'])}")
-            for d, s in zip(dst, saved["state"]):
+            for k, (d, s) in enumerate(zip(dst, saved["state"])):
                 s = np.asarray(as_array(s, f"state of '{info['name']}'"))
                 if s.shape != d.shape:
                     raise Error(f"Muon.load_state_dict: state of '{info['name']}' is "
                                 f"{s.shape}, its shard {d.shape}")
-                d[...] = s
+                self._core.write_state(i, k, np.ascontiguousarray(s))
         self._core.step_count = int(state["step"])
 
     def save(self, path):
@@ -292,6 +377,18 @@ class Muon:
     def load(self, path):
         """Loads a checkpoint written by save() here or by the C++ Muon::save. Collective."""
         self._core.load(os.fspath(path))
+
+
+def _muon_backend(device):
+    """(backend, device name, (CUDA index, stream) or None) of an optimizer."""
+    name = "cpu" if device is None else str(device)
+    if name.split(":")[0] == "cuda":
+        backend, _, index = backend_for([], name, "Muon")
+        import torch
+
+        return backend, f"cuda:{index}", (index, torch.cuda.current_stream(index).cuda_stream)
+    backend, kind, _ = backend_for([], name, "Muon")
+    return backend, kind, None
 
 
 @dataclass
@@ -345,12 +442,13 @@ def profiles():
     return json.loads(_core.profiles())
 
 
-def calibrate(comm=None, name="calibrated", sizes=(), max_bytes=0, out=None):
+def calibrate(comm=None, name="calibrated", sizes=(), max_bytes=0, out=None, device="cpu"):
     """Measures this machine (GEMM rates, elementwise passes, collectives over comm) into a
     profile dict that plan(profile=...) and Muon(profile=...) accept once written to a file.
     out=PATH: rank 0 writes it atomically, as `distmuon calibrate --out`; a path that cannot be
     written is refused on every rank before the measurements. Collective over comm. Returns
-    (profile, report text)."""
+    (profile, report text). device: the backend measured ("cpu", "opaque" or "cuda")."""
+    backend = backend_for([], device, "calibrate")[0]
     text, report = _core.calibrate(communicator(comm), name, list(sizes), int(max_bytes),
-                                   None if out is None else os.fspath(out))
+                                   None if out is None else os.fspath(out), backend)
     return json.loads(text), report

@@ -1,7 +1,10 @@
 """A distmuon communicator over a torch.distributed process group (gloo on CPU tensors).
 
 The C++ core calls these methods with NumPy arrays over its own buffers; torch.from_numpy shares
-their memory, so nothing is copied on the way in or out. gloo has no reduce_scatter on CPU: it is
+their memory, so nothing is copied on the way in or out. A group without a CPU backend (NCCL
+only: init_process_group("nccl")) gets each buffer staged through a CUDA tensor on the current
+device instead (the control plane's small buffers; distmuon's data plane on CUDA is its own NCCL
+communicator, bootstrapped through this one, docs/gpu.md). gloo has no reduce_scatter on CPU: it is
 an all_reduce of a copy, of which this rank keeps its slice.
 """
 
@@ -48,6 +51,20 @@ class TorchCollectives:
         self.group = group
         self.ranks = _group_ranks(group)
         self._rank = dist.get_rank(group) if group is not None else dist.get_rank()
+        backend = str(dist.get_backend(group))
+        self._stage = None  # the CUDA device host buffers travel through (NCCL-only groups)
+        if not any(b in backend for b in ("gloo", "mpi", "ucc")) and torch.cuda.is_available():
+            self._stage = torch.device("cuda", torch.cuda.current_device())
+
+    def _t(self, buf):
+        """A tensor over a NumPy buffer: itself, or a CUDA copy for an NCCL-only group."""
+        t = torch.from_numpy(buf)
+        return t if self._stage is None else t.to(self._stage)
+
+    def _back(self, buf, t):
+        """A staged result back into the NumPy buffer (waits for the collective)."""
+        if self._stage is not None:
+            torch.from_numpy(buf).copy_(t.cpu())
 
     def rank(self):
         return self._rank
@@ -56,25 +73,32 @@ class TorchCollectives:
         return len(self.ranks)
 
     def all_gather(self, send, recv):
-        out = torch.from_numpy(recv).view(self.size(), send.shape[0])
-        dist.all_gather(list(out.unbind(0)), torch.from_numpy(send), group=self.group)
+        r = self._t(recv)
+        dist.all_gather(list(r.view(self.size(), send.shape[0]).unbind(0)), self._t(send),
+                        group=self.group)
+        self._back(recv, r)
 
     def all_reduce(self, buf, op):
-        dist.all_reduce(torch.from_numpy(buf), op=_OPS[op], group=self.group)
+        t = self._t(buf)
+        dist.all_reduce(t, op=_OPS[op], group=self.group)
+        self._back(buf, t)
 
     def reduce_scatter(self, send, recv, op):
-        tmp = torch.from_numpy(send).clone()
+        tmp = self._t(send).clone()
         dist.all_reduce(tmp, op=_OPS[op], group=self.group)
         n = recv.shape[0]
-        torch.from_numpy(recv).copy_(tmp[self._rank * n:(self._rank + 1) * n])
+        torch.from_numpy(recv).copy_(tmp[self._rank * n:(self._rank + 1) * n].cpu())
 
     def broadcast(self, buf, root):
-        dist.broadcast(torch.from_numpy(buf), src=self.ranks[root], group=self.group)
+        t = self._t(buf)
+        dist.broadcast(t, src=self.ranks[root], group=self.group)
+        self._back(buf, t)
 
     def all_to_all_v(self, send, send_counts, recv, recv_counts):
-        dist.all_to_all_single(torch.from_numpy(recv), torch.from_numpy(send),
-                               output_split_sizes=list(recv_counts),
+        r = self._t(recv)
+        dist.all_to_all_single(r, self._t(send), output_split_sizes=list(recv_counts),
                                input_split_sizes=list(send_counts), group=self.group)
+        self._back(recv, r)
 
     def barrier(self):
         dist.barrier(group=self.group)
@@ -85,8 +109,9 @@ class TorchCollectives:
         if self.size() != dist.get_world_size():
             raise RuntimeError("torch.distributed: only the world communicator can be split "
                                f"(this group has {self.size()} of {dist.get_world_size()} ranks)")
-        mine = torch.tensor([color, key], dtype=torch.int64)
-        every = [torch.empty(2, dtype=torch.int64) for _ in range(self.size())]
+        dev = self._stage or torch.device("cpu")
+        mine = torch.tensor([color, key], dtype=torch.int64, device=dev)
+        every = [torch.empty(2, dtype=torch.int64, device=dev) for _ in range(self.size())]
         dist.all_gather(every, mine, group=self.group)
         members = {}
         for r, t in enumerate(every):

@@ -32,7 +32,8 @@ def param_state(entry, core):
             st[name] = _dtensor.wrap_state(entry.dt, entry.p, torch.from_numpy(mats[0].copy()))
             continue
         full = np.stack(mats) if len(mats) > 1 else mats[0].copy()
-        st[name] = torch.from_numpy(np.ascontiguousarray(full).reshape(entry.logical_shape))
+        st[name] = torch.from_numpy(np.ascontiguousarray(full).reshape(entry.logical_shape)).to(
+            entry.p.device)  # a CUDA parameter's state on its device
     return st
 
 
@@ -41,16 +42,16 @@ def set_param_state(entry, core, st):
     per_matrix = [core.state_tensors(i) for i in entry.indices]
     for k, name in enumerate(_state_names(entry)):
         if entry.dt is not None:  # DTensor: its local state, padded as registered
-            per_matrix[0][k][...] = _dtensor.unwrap_state(entry.dt, entry.p, st[name],
-                                                          _WHAT).numpy()
+            core._core.write_state(entry.indices[0], k, np.ascontiguousarray(
+                _dtensor.unwrap_state(entry.dt, entry.p, st[name], _WHAT).numpy()))
             continue
-        src = st[name].detach().to(torch.float32).contiguous().numpy()
+        src = st[name].detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
         if len(per_matrix) > 1:
             parts = [src[s] for s in range(src.shape[0])]
         else:
             parts = [src.reshape(per_matrix[0][k].shape)]
-        for dst, part in zip(per_matrix, parts):
-            dst[k][...] = part
+        for i, part in zip(entry.indices, parts):  # through the core: any backend's memory
+            core._core.write_state(i, k, np.ascontiguousarray(part))
 
 
 def check_param_state(entry, st, where):

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from . import Communicator, Error, Muon as _CoreMuon, communicator, _precision_name
+from ._arrays import core_matrix, cuda_ordered
 from . import _dtensor
 from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the same helper)
 from ._torch_state import build_state_dict, load_group_state, check_state_dict
@@ -112,8 +113,9 @@ def _matrix_shape(p):
 
 
 def _as_matrices(t):
-    """2-D NumPy views of a contiguous float32 tensor t: one per 3-D slice, else one."""
-    a = t.detach().numpy()
+    """2-D views of a contiguous float32 tensor t (NumPy for a CPU tensor, the tensor's own for a
+    CUDA one): one per 3-D slice, else one."""
+    a = t.detach() if t.device.type == "cuda" else t.detach().numpy()
     if t.dim() == 3:
         return [a[e] for e in range(a.shape[0])]
     if t.dim() >= 4:
@@ -146,15 +148,15 @@ def _to_local(p, layout):
     if _dtensor.is_dtensor(p):  # FSDP2 / TP: layout and updated tensor from the placements
         dt = _dtensor.entry(p, layout, Layout)
         return _Param(p, dt.layout, [dt.work.numpy()], None, dt)
-    if p.device.type != "cpu":
-        raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU parameters")
+    if p.device.type not in ("cpu", "cuda"):
+        raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU and CUDA parameters")
     if p.dtype == torch.float32:
         if not p.is_contiguous():
             raise Error(f"a strided {tuple(p.shape)} float32 parameter; distmuon updates "
-                        "contiguous CPU parameters in place")
+                        "contiguous parameters in place")
         return _Param(p, layout, _as_matrices(p.data), None)
-    if p.dtype in _LOW_PRECISION:
-        work = torch.empty(p.shape, dtype=torch.float32)
+    if p.dtype in _LOW_PRECISION:  # the float32 working copy, on the parameter's device
+        work = torch.empty(p.shape, dtype=torch.float32, device=p.device)
         return _Param(p, layout, _as_matrices(work), work)
     raise Error(f"a parameter of {p.dtype}; distmuon.torch updates float32, bfloat16 and "
                 "float16 parameters")
@@ -172,16 +174,48 @@ def _read_grad(entry):
             raise Error(why)
         return [a]
     if g.dtype is torch.float32 and p.dtype is torch.float32 and g.layout is torch.strided and \
-            g.device.type == "cpu" and g.shape == p.shape and g.is_contiguous():
+            g.device == p.device and g.shape == p.shape and g.is_contiguous():
         return _as_matrices(g)  # the common case: read where it lies
     if g.shape != p.shape:
         raise Error(f"{tuple(g.shape)}, the parameter {tuple(p.shape)}")
-    if g.device.type != "cpu" or g.is_sparse or g.dtype != p.dtype:
+    if g.device != p.device or g.is_sparse or g.dtype != p.dtype:
         raise Error(f"{g.dtype}{' sparse' if g.is_sparse else ''} on {g.device}; expected a "
-                    f"dense CPU tensor of the parameter's dtype ({p.dtype})")
+                    f"dense tensor of the parameter's dtype ({p.dtype}) on its device "
+                    f"({p.device})")
     if g.dtype != torch.float32 or not g.is_contiguous():
         g = g.to(torch.float32).contiguous()  # low precision or strided: one converted copy
     return _as_matrices(g)
+
+
+def _finite(m):
+    """Every element of a NumPy matrix or CUDA tensor finite (a CUDA tensor: one host read)."""
+    return bool(torch.isfinite(m).all()) if isinstance(m, torch.Tensor) else \
+        bool(np.isfinite(m).all())
+
+
+def _group_device(entries, device, gi):
+    """The device of a param group's core: `device` (the optimizer's, None: from the
+    parameters) against its parameters' devices; raises Error on a mix."""
+    places = sorted({str(e.p.device if e.dt is None else e.dt.local.device) for e in entries})
+    if len(places) > 1:
+        raise Error(f"parameters on mixed devices ({', '.join(places)}); every parameter of a "
+                    "param group is on one device")
+    place = places[0] if places else "cpu"
+    if device is None:
+        return "cpu" if place == "cpu" else place
+    name = str(device)
+    if name in ("cpu", "opaque"):
+        if place != "cpu":
+            raise Error(f"device {name!r} with parameters on {place} (device {name!r} takes CPU "
+                        "parameters)")
+        return name
+    if name.split(":")[0] == "cuda":
+        if place == "cpu" and entries:
+            raise Error(f"device {name!r} with CPU parameters (move the model with .cuda())")
+        if ":" in name and place != "cpu" and name != place:
+            raise Error(f"device {name!r} with parameters on {place}")
+        return place if place != "cpu" else name
+    raise Error(f"unknown device {device!r} (valid: cpu, opaque, cuda, cuda:N)")
 
 
 def _coefficients(value):
@@ -254,7 +288,7 @@ class Muon(torch.optim.Optimizer):
                  ns_coefficients=TORCH_NS_COEFFICIENTS, eps=_TORCH_DEFAULTS["eps"],
                  ns_steps=_TORCH_DEFAULTS["ns_steps"], adjust_lr_fn=None, *,
                  adamw_lr=1e-3, adamw_weight_decay=0.0, adamw_betas=(0.9, 0.95),
-                 adamw_eps=1e-8, process_group=None, tp_mode="auto", **options):
+                 adamw_eps=1e-8, process_group=None, tp_mode="auto", device=None, **options):
         if isinstance(lr, torch.Tensor):
             if lr.numel() != 1:
                 raise ValueError("Tensor lr must be 1-element")
@@ -283,6 +317,7 @@ class Muon(torch.optim.Optimizer):
         self._group_comms = {} if process_group is None else {
             id(process_group): (process_group, self._world)}
         self._options = dict(options, tp_mode=tp_mode)
+        self._device = device
         self._cores = []   # per param group: (core, [_Param])
         self._pushed = []  # per param group: the options last given to its core (JSON text)
         self._pushed_keys = []  # per param group: _group_key of the group when last pushed
@@ -340,6 +375,10 @@ class Muon(torch.optim.Optimizer):
                     entries.append(_to_local(p, layout))
                 except Error as e:
                     raise Error(f"parameter {k}: {e}") from None
+            device = _group_device(entries, self._device, gi)
+            if device != "cpu" and any(e.dt is not None for e in entries):
+                raise Error(f"DTensor parameters on device {device!r}: distmuon.torch runs "
+                            "DTensor parameters on the CPU")
         except Exception as e:  # any refusal, whatever its type: agreed below
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
@@ -348,7 +387,7 @@ class Muon(torch.optim.Optimizer):
         # Then the C++ checks of each shard against its layout (rank-local), agreed.
         core = None
         try:
-            core = _CoreMuon(self._world, **dict(self._options, **opts))
+            core = _CoreMuon(self._world, device=device, **dict(self._options, **opts))
             for k, (e, (tp, gtp)) in enumerate(zip(entries, groups)):
                 lo = e.layout
                 base = lo.name or f"group{gi}.param{k}"
@@ -387,7 +426,7 @@ class Muon(torch.optim.Optimizer):
             except Error as err:
                 return None, None, (f"DTensor parameter {k} of group {gi} {err}" if e.dt else
                                     f"the gradient of parameter {k} of group {gi} is {err}")
-            if mats is not None and finite and not all(np.isfinite(m).all() for m in mats):
+            if mats is not None and finite and not all(_finite(m) for m in mats):
                 return None, None, f"the gradient of parameter {k} of group {gi} has a " \
                                    "non-finite value"
             grads.extend(mats if mats is not None else [None] * len(e.indices))
@@ -424,18 +463,28 @@ class Muon(torch.optim.Optimizer):
             checked.append((grads, active))
         for gi, ((core, entries), (grads, active)) in enumerate(zip(self._cores, checked)):
             why = failure if gi == 0 else ""
-            if not why:
-                for e in entries:  # low-precision parameters: their float32 copy
-                    if e.work is not None:
-                        e.work.copy_(e.p.detach())
-            core._core.step([] if why or grads is None else grads, why,
-                            [] if why or active is None else active)
-            for e in entries:
-                if e.work is not None:
-                    e.p.detach().copy_(e.work)
-                elif e.dt is not None and e.indices and active[e.indices[0]]:
-                    _dtensor.write_back([e.dt])  # DTensor: a staged update into its local tensor
+            with cuda_ordered(*core._cuda or (None,)):  # CUDA: PyTorch's stream, then the core's
+                if not why:
+                    for e in entries:  # low-precision parameters: their float32 copy
+                        if e.work is not None:
+                            e.work.copy_(e.p.detach())
+                    if core._cuda is not None and grads is not None:
+                        grads = [core_matrix(g, f"gradient {i}") if g is not None else None
+                                 for i, g in enumerate(grads)]
+                core._core.step([] if why or grads is None else grads, why,
+                                [] if why or active is None else active)
+                self._write_back(entries, active)
         return loss
+
+    @staticmethod
+    def _write_back(entries, active):
+        """After a group's step: low-precision parameters from their float32 copy, DTensors
+        from their staged update."""
+        for e in entries:
+            if e.work is not None:
+                e.p.detach().copy_(e.work)
+            elif e.dt is not None and e.indices and active[e.indices[0]]:
+                _dtensor.write_back([e.dt])  # DTensor: a staged update into its local tensor
 
     def plan(self):
         """Per matrix of every group: name, muon, rows, cols, tp/gtp sizes, mode, algorithm

@@ -1,7 +1,7 @@
 // distmuon._core: the C++ library for Python (docs/python.md). One file per concept: arrays
-// (zero-copy views), ns, comm (+ the mpi4py and torch.distributed backends), muon, plan.
-// distmuon::Error arrives as distmuon.Error (a RuntimeError) with the same message,
-// CollectiveError as distmuon.CollectiveError (a subclass).
+// (zero-copy views), device (backends and their memory), ns, comm (+ the mpi4py and
+// torch.distributed backends), muon, plan. distmuon::Error arrives as distmuon.Error (a
+// RuntimeError) with the same message, CollectiveError as distmuon.CollectiveError (a subclass).
 #include <pybind11/pybind11.h>
 
 #include "arrays.h"
@@ -9,6 +9,7 @@
 #include "distmuon/error.h"
 
 namespace distmuon::python {
+void init_device(py::module_& m);
 void init_ns(py::module_& m);
 void init_muon(py::module_& m);
 void init_plan(py::module_& m);
@@ -32,6 +33,7 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   init_arrays(m);
+  init_device(m);
   init_ns(m);
   init_comm(m);
   init_comm_collectives(m);

@@ -3,12 +3,14 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
 #include "arrays.h"
 #include "comm.h"
+#include "device.h"
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
 
@@ -49,20 +51,24 @@ ParamRole parse_role(const std::string& role) {
                           to_string(ParamRole::kOutputHead), to_string(ParamRole::kOther)));
 }
 
-// The optimizer and the arrays whose memory it updates (kept alive here).
+// The optimizer on a backend (device.h) and the caller's matrices it updates (kept alive here):
+// views of them where the backend addresses them, else staged copies uploaded before each step
+// and the parameters downloaded after it.
 class PyMuon {
  public:
-  PyMuon(const std::string& options, Communicator world)
-      : muon_(options_from(options), std::move(world), cpu_compute()) {}
+  PyMuon(const std::string& options, Communicator world, Backend backend)
+      : backend_(backend), muon_(options_from(options), std::move(world), *backend.compute) {}
 
   std::size_t add_parameter(const py::array& shard, const std::string& name, Index rows, Index cols,
                             const std::string& role, bool use_muon, std::optional<int> tp_dim,
                             std::optional<Communicator> tp_group,
                             std::optional<Communicator> gtp_group, Index pad, bool expert,
                             int expert_rank, std::vector<Index> qkv_split, Index tp_pad) {
+    auto param = std::make_unique<BackendMatrix>(backend_, shard,
+                                                 fmt::format("Muon parameter '{}'", name), true);
     ParamSpec spec;
     spec.name = name;
-    spec.local = mutable_view(shard, fmt::format("Muon parameter '{}'", name));
+    spec.local = param->view();
     spec.rows = rows;
     spec.cols = cols;
     spec.role = parse_role(role);
@@ -80,7 +86,9 @@ class PyMuon {
     spec.expert_rank = expert_rank;
     spec.qkv_split = std::move(qkv_split);
     const std::size_t i = muon_.add_parameter(std::move(spec));
-    shards_.push_back(shard);
+    param->upload();
+    params_.push_back(std::move(param));
+    grad_store_.emplace_back();
     names_.push_back(name);
     return i;
   }
@@ -92,28 +100,43 @@ class PyMuon {
   void step(const std::vector<py::object>& grads, const std::string& failure,
             const std::vector<std::uint8_t>& active) {
     std::vector<ConstMatrixView> views;
+    std::vector<BackendMatrix> staged;
     std::string reason = failure;
     if (reason.empty()) {
       try {
         for (std::size_t i = 0; i < grads.size(); ++i) {
           if (grads[i].is_none()) {
-            if (i < active.size() && active[i] == 0) {
-              views.emplace_back();
-              continue;
-            }
+            if (i < active.size() && active[i] == 0) continue;  // an empty view below
             throw Error(fmt::format("no gradient for active parameter {}", i));
           }
-          views.push_back(const_view(grads[i].cast<py::array>(),
-                                     i < names_.size() ? fmt::format("gradient of '{}'", names_[i])
-                                                       : fmt::format("gradient {}", i)));
+          staged.emplace_back(backend_, grads[i],
+                              i < names_.size() ? fmt::format("gradient of '{}'", names_[i])
+                                                : fmt::format("gradient {}", i),
+                              false, i < grad_store_.size() ? &grad_store_[i] : nullptr);
         }
       } catch (const std::exception& e) {  // a refused view or a non-array: agreed in the step
         reason = e.what();
       }
     }
-    if (!reason.empty()) views.clear();
     py::gil_scoped_release release;
+    if (!reason.empty()) {
+      staged.clear();
+    } else {
+      for (auto& p : params_)
+        p->upload();  // the caller may have changed its parameters since the last step
+    }
+    std::size_t k = 0;
+    for (std::size_t i = 0; reason.empty() && i < grads.size(); ++i) {
+      if (i < active.size() && active[i] == 0 && grads[i].is_none()) {
+        views.emplace_back();
+        continue;
+      }
+      staged[k].upload();
+      views.push_back(staged[k++].view());
+    }
     muon_.step(views, reason, active);
+    for (auto& p : params_)
+      p->download();
   }
 
   // New options for the next steps: the current ones patched by a JSON object (the fields that
@@ -124,12 +147,18 @@ class PyMuon {
 
   // Seconds of each of `count` steps run back to back in C++ on the same gradients (the
   // overhead benchmark's C++ side: no Python between or inside the steps).
-  std::vector<double> time_steps(const std::vector<py::array>& grads, int count) {
+  std::vector<double> time_steps(const std::vector<py::object>& grads, int count) {
+    std::vector<BackendMatrix> staged;
     std::vector<ConstMatrixView> views;
-    for (std::size_t i = 0; i < grads.size(); ++i)
-      views.push_back(const_view(grads[i], fmt::format("gradient {}", i)));
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      staged.emplace_back(backend_, grads[i], fmt::format("gradient {}", i), false);
+    }
     std::vector<double> out;
     py::gil_scoped_release release;
+    for (auto& g : staged) {
+      g.upload();
+      views.push_back(g.view());
+    }
     for (int k = 0; k < count; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
       muon_.step(views);
@@ -138,19 +167,54 @@ class PyMuon {
     return out;
   }
 
-  // Parameter i's state tensors as arrays over the optimizer's memory (no copy).
+  // Parameter i's state tensors: arrays over the optimizer's memory (no copy) on a host backend,
+  // downloaded copies on a device backend (write_state changes them).
   std::vector<py::array> state_tensors(std::size_t i, py::handle self) {
     std::vector<py::array> out;
-    for (MatrixView v : muon_.state_tensors(i))
-      out.push_back(wrap(v, self));
+    for (MatrixView v : muon_.state_tensors(i)) {
+      if (backend_.host()) {
+        out.push_back(wrap(v, self));
+        continue;
+      }
+      py::array_t<float> copy({v.rows, v.cols});
+      const MatrixView host{copy.mutable_data(), v.rows, v.cols, v.cols};
+      {
+        py::gil_scoped_release release;
+        backend_.compute->copy_to_host(v, host);
+      }
+      out.push_back(std::move(copy));
+    }
     return out;
+  }
+
+  // State tensor k of parameter i = value (a float32 array of its shape), on any backend.
+  void write_state(std::size_t i, std::size_t k, const py::array& value) {
+    const auto tensors = muon_.state_tensors(i);
+    if (k >= tensors.size()) {
+      throw Error(fmt::format("Muon: parameter {} has {} state tensor(s), not {}", i,
+                              tensors.size(), k + 1));
+    }
+    const MatrixView dst = tensors[k];
+    const ConstMatrixView src = const_view(value, fmt::format("state {} of parameter {}", k, i));
+    if (src.rows != dst.rows || src.cols != dst.cols) {
+      throw Error(fmt::format("Muon: state {} of parameter {} is {}, given {}", k, i,
+                              shape_str(dst.rows, dst.cols), shape_str(src)));
+    }
+    py::gil_scoped_release release;
+    if (backend_.host()) {
+      backend_.compute->copy(src, dst);
+    } else {
+      backend_.compute->copy_from_host(src, dst);
+    }
   }
 
   Muon& muon() { return muon_; }
 
  private:
+  Backend backend_;
   Muon muon_;
-  std::vector<py::array> shards_;
+  std::vector<std::unique_ptr<BackendMatrix>> params_;
+  std::vector<DeviceMatrix> grad_store_;  // staged gradients: one buffer per parameter, kept
   std::vector<std::string> names_;
 };
 
@@ -172,7 +236,8 @@ py::dict param_info(const ParamInfo& p) {
 
 void init_muon(py::module_& m) {
   py::class_<PyMuon>(m, "MuonCore")
-      .def(py::init<const std::string&, Communicator>(), py::arg("options"), py::arg("world"))
+      .def(py::init<const std::string&, Communicator, Backend>(), py::arg("options"),
+           py::arg("world"), py::arg("backend"))
       .def("add_parameter", &PyMuon::add_parameter, py::arg("shard"), py::arg("name"),
            py::arg("rows"), py::arg("cols"), py::arg("role"), py::arg("use_muon"),
            py::arg("tp_dim"), py::arg("tp_group"), py::arg("gtp_group"), py::arg("pad"),
@@ -187,6 +252,7 @@ void init_muon(py::module_& m) {
           },
           py::arg("patch"))
       .def("time_steps", &PyMuon::time_steps, py::arg("grads"), py::arg("count"))
+      .def("write_state", &PyMuon::write_state, py::arg("index"), py::arg("k"), py::arg("value"))
       .def("save",
            [](PyMuon& s, const std::string& dir) {
              py::gil_scoped_release release;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "arrays.h"
+#include "device.h"
 #include "distmuon/error.h"
 #include "distmuon/newton_schulz.h"
 #include "distmuon/tp.h"
@@ -46,28 +47,39 @@ NsOptions ns_options(const std::string& coefficients,
 }  // namespace
 
 void init_ns(py::module_& m) {
-  // out = NS(x); out may be x itself (in place). Both are the caller's arrays: no copy but the
-  // one of x into out when they differ.
+  // out = NS(x) on `backend`; out may be x itself (in place). Both are the caller's matrices
+  // (device.h): computed on where they lie (cpu: NumPy arrays; cuda: CUDA tensors, queued on the
+  // backend's stream), or staged through the backend's memory (opaque: uploaded, downloaded).
   m.def(
       "newton_schulz",
-      [](const py::array& x, const py::array& out, const std::string& coefficients,
-         const std::vector<std::array<double, 3>>& custom, int steps, const std::string& algorithm,
-         bool use_syrk, int gram_restart, const std::string& precision) {
-        Compute& compute = cpu_compute();
+      [](const py::object& x, const py::object& out, Backend backend,
+         const std::string& coefficients, const std::vector<std::array<double, 3>>& custom,
+         int steps, const std::string& algorithm, bool use_syrk, int gram_restart,
+         const std::string& precision) {
         const NsOptions opts = ns_options(coefficients, custom, steps, algorithm, use_syrk,
-                                          gram_restart, precision, compute);
-        const ConstMatrixView in = const_view(x, "newton_schulz input");
-        const MatrixView dst = mutable_view(out, "newton_schulz output");
-        if (dst.rows != in.rows || dst.cols != in.cols) {
-          throw Error(fmt::format("newton_schulz: output {} for an input {}", shape_str(dst),
-                                  shape_str(in)));
+                                          gram_restart, precision, *backend.compute);
+        BackendMatrix in(backend, x, "newton_schulz input", false);
+        BackendMatrix dst(backend, out, "newton_schulz output", true);
+        const MatrixView src = in.caller(), to = dst.caller();
+        if (to.rows != src.rows || to.cols != src.cols) {
+          throw Error(fmt::format("newton_schulz: output {} for an input {}", shape_str(to),
+                                  shape_str(src)));
         }
         py::gil_scoped_release release;
-        if (dst.data != in.data) copy(in, dst);
-        newton_schulz_tp(dst, 0, local_communicator(), TpMode::kDuplicated, opts, compute);
+        Compute& compute = *backend.compute;
+        if (to.data == src.data) {
+          dst.upload();
+        } else if (dst.staged()) {
+          dst.upload(src);  // the input straight into the output's copy
+        } else {
+          compute.copy(in.view(), dst.view());
+        }
+        newton_schulz_tp(dst.view(), 0, local_communicator(), TpMode::kDuplicated, opts, compute);
+        dst.download();
       },
-      py::arg("x"), py::arg("out"), py::arg("coefficients"), py::arg("custom"), py::arg("steps"),
-      py::arg("algorithm"), py::arg("syrk"), py::arg("gram_restart"), py::arg("precision"));
+      py::arg("x"), py::arg("out"), py::arg("backend"), py::arg("coefficients"), py::arg("custom"),
+      py::arg("steps"), py::arg("algorithm"), py::arg("syrk"), py::arg("gram_restart"),
+      py::arg("precision"));
   m.def("coefficient_sets", &coefficient_set_names);
   m.def("ns_flops", [](Index m_, Index n, int steps, bool use_syrk) {
     return ns_flops(m_, n, steps, use_syrk);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "comm.h"
+#include "device.h"
 #include "distmuon/calibrate.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
@@ -66,7 +67,7 @@ void init_plan(py::module_& m) {
   m.def(
       "calibrate",
       [](const Communicator& group, const std::string& name, std::vector<Index> sizes,
-         std::size_t max_bytes, const std::optional<std::string>& out) {
+         std::size_t max_bytes, const std::optional<std::string>& out, Backend backend) {
         CalibrateOptions o;
         o.name = name;
         if (!sizes.empty()) o.sizes = std::move(sizes);
@@ -98,13 +99,14 @@ void init_plan(py::module_& m) {
             check_output_file(path, "calibrate: out");
           });
         }
-        const CalibrationReport r = calibrate(group, o, cpu_compute());
+        const CalibrationReport r = calibrate(group, o, *backend.compute);
         if (out) {
           on_root("calibrate: writing the profile", [&] { save_profile(r.profile, *out); });
         }
         return std::make_pair(nlohmann::json(r.profile).dump(), format_calibration(r));
       },
-      py::arg("group"), py::arg("name"), py::arg("sizes"), py::arg("max_bytes"), py::arg("out"));
+      py::arg("group"), py::arg("name"), py::arg("sizes"), py::arg("max_bytes"), py::arg("out"),
+      py::arg("backend"));
 }
 
 }  // namespace distmuon::python

@@ -1,6 +1,8 @@
 // The compute backends by name (the CLI's --device, the Python bindings).
 #include <fmt/format.h>
 
+#include <cstdint>
+
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
 
@@ -8,6 +10,18 @@ namespace distmuon {
 
 #ifdef DISTMUON_HAVE_CUDA
 Compute& cuda_compute_of_this_rank();  // src/compute/cuda
+#else
+namespace {
+Error no_cuda() {
+  return Error(
+      "device cuda: this build of distmuon has no CUDA backend (configure with "
+      "-DDISTMUON_ENABLE_CUDA=ON on a machine with the CUDA toolkit, cuBLAS and NCCL)");
+}
+}  // namespace
+
+Compute& cuda_compute_on_stream(int, std::uintptr_t) {
+  throw no_cuda();
+}
 #endif
 
 std::vector<std::string> compute_backend_names() {
@@ -27,11 +41,7 @@ Compute& compute_backend(std::string_view name) {
 #ifdef DISTMUON_HAVE_CUDA
   if (name == "cuda") return cuda_compute_of_this_rank();
 #else
-  if (name == "cuda") {
-    throw Error(
-        "device cuda: this build of distmuon has no CUDA backend (configure with "
-        "-DDISTMUON_ENABLE_CUDA=ON on a machine with the CUDA toolkit, cuBLAS and NCCL)");
-  }
+  if (name == "cuda") throw no_cuda();
 #endif
   throw Error(fmt::format("unknown device '{}' (valid: {})", name,
                           fmt::join(compute_backend_names(), ", ")));

@@ -13,6 +13,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "comm/nccl/nccl_comm.h"
@@ -56,14 +58,21 @@ cublasComputeType_t compute_type(Precision p) {
 
 class CudaCompute final : public Compute {
  public:
-  CudaCompute(int device, std::optional<Precision> override)
-      : device_(device), override_(override) {
+  // external: the stream to run on, owned by the caller (PyTorch's current stream, possibly the
+  // legacy default stream 0); none: a stream of the backend's own.
+  CudaCompute(int device, std::optional<Precision> override,
+              std::optional<cudaStream_t> external = std::nullopt)
+      : device_(device), override_(override), owns_stream_(!external) {
     check(cudaSetDevice(device_), "cudaSetDevice", fmt::format("device {}", device_));
     cuda::cublas();  // loads cuBLAS (or throws) before anything needs releasing
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", "");
+    if (external) {
+      stream_ = *external;
+    } else {
+      check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", "");
+    }
     const auto rc = cuda::cublas().create(&blas_);
     if (rc != CUBLAS_STATUS_SUCCESS) {
-      cudaStreamDestroy(stream_);
+      if (owns_stream_) cudaStreamDestroy(stream_);
       check(rc, "cublasCreate", fmt::format("device {}", device_));
     }
     check(cuda::cublas().set_stream(blas_, stream_), "cublasSetStream", "");
@@ -84,7 +93,7 @@ class CudaCompute final : public Compute {
     // until released (cudaMemPoolDestroy defers).
     cudaMemPoolDestroy(pool_);
     cuda::cublas().destroy(blas_);
-    cudaStreamDestroy(stream_);
+    if (owns_stream_) cudaStreamDestroy(stream_);
   }
   CudaCompute(const CudaCompute&) = delete;
   CudaCompute& operator=(const CudaCompute&) = delete;
@@ -533,6 +542,7 @@ class CudaCompute final : public Compute {
 
   int device_;
   std::optional<Precision> override_;  // DISTMUON_CUDA_PRECISION: replaces each call's precision
+  bool owns_stream_ = true;            // false: the caller's stream (make_cuda_compute_on_stream)
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   cudaMemPool_t pool_ = nullptr;  // every allocation of this backend (make_pool)
@@ -601,6 +611,28 @@ Compute& cuda_compute_of_this_rank() {
   }
   check(cudaSetDevice(device), "cudaSetDevice", fmt::format("device {}", device));
   return cuda_compute();
+}
+
+std::unique_ptr<Compute> make_cuda_compute_on_stream(int device, cudaStream_t stream,
+                                                     std::optional<Precision> override) {
+  const int count = cuda_device_count();
+  if (device < 0 || device >= count) {
+    throw Error(fmt::format("device cuda:{}: not a CUDA device of this process ({} device(s))",
+                            device, count));
+  }
+  return std::make_unique<CudaCompute>(device, override, stream);
+}
+
+Compute& cuda_compute_on_stream(int device, std::uintptr_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, std::uintptr_t>, std::unique_ptr<Compute>> instances;
+  std::lock_guard lock(mutex);
+  auto& slot = instances[{device, stream}];
+  if (!slot) {
+    slot = make_cuda_compute_on_stream(device, reinterpret_cast<cudaStream_t>(stream),
+                                       cuda_precision_override());
+  }
+  return *slot;
 }
 
 cudaStream_t cuda_stream(Compute& compute) {

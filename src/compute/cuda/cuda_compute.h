@@ -3,6 +3,7 @@
 // stream per backend). Built with DISTMUON_ENABLE_CUDA; docs/gpu.md describes it.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -29,6 +30,15 @@ int cuda_device_count();
 // DISTMUON_CUDA_PRECISION does for the process-wide backend). Throws distmuon::Error when there is
 // no CUDA device.
 std::unique_ptr<Compute> make_cuda_compute(std::optional<Precision> override = std::nullopt);
+// A new CUDA backend of `device` on `stream`, a stream the caller owns and keeps alive (the
+// legacy default stream 0 included): everything the backend does (kernels, cuBLAS, its
+// stream-ordered allocations, NCCL) is queued on it, ordered with the caller's own work there.
+// Throws distmuon::Error when device is not a CUDA device of this process.
+std::unique_ptr<Compute> make_cuda_compute_on_stream(
+    int device, cudaStream_t stream, std::optional<Precision> override = std::nullopt);
+// The process-wide one per (device, stream), with cuda_precision_override() (compute.h's
+// cuda_compute_on_stream: the Python bindings' backend for PyTorch's current stream).
+Compute& cuda_compute_on_stream(int device, std::uintptr_t stream);
 // The process-wide CUDA backend of the current device, with cuda_precision_override() (compute.h's
 // compute_backend("cuda")). Throws distmuon::Error when there is no CUDA device.
 Compute& cuda_compute();
