@@ -24,7 +24,8 @@ import torch
 QUINTIC = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
            (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
 STEPS = 5
-GRAM_GROWTH_LIMIT = 5e4  # distmuon's kGramGrowthLimit
+# distmuon's automatic Gram restart rule: the growth limit per precision (docs/precision.md).
+GRAM_GROWTH_LIMIT = {"fp32": 5e4, "tf32": 12.0, "bf16": 12.0}
 SHAPES = [(4096, 4096), (4096, 14336), (8192, 8192)]
 
 
@@ -32,7 +33,7 @@ def coefficients(step):
     return QUINTIC[step % len(QUINTIC)]  # the quintic set cycles past its table
 
 
-def gram_restarts_after(step):
+def gram_restarts_after(step, limit):
     """distmuon's automatic rule (gram_restarts_after with gram_restart = 0)."""
     if step < 0 or step + 1 >= STEPS:
         return False
@@ -40,7 +41,7 @@ def gram_restarts_after(step):
     for k in range(step + 1):
         a = coefficients(k)[0]
         growth *= a * a
-        restart = k + 1 < STEPS and growth > GRAM_GROWTH_LIMIT
+        restart = k + 1 < STEPS and growth > limit
         if k == step:
             return restart
         if restart:
@@ -54,7 +55,7 @@ def normalise(g, dtype):
     return x / norm.to(dtype)
 
 
-def standard_ns(g, dtype):
+def standard_ns(g, dtype, precision=None):
     tall = g.shape[0] > g.shape[1]
     x = normalise(g.T if tall else g, dtype)
     for step in range(STEPS):
@@ -66,7 +67,7 @@ def standard_ns(g, dtype):
     return x.T if tall else x
 
 
-def gram_ns(g, dtype):
+def gram_ns(g, dtype, precision):
     tall = g.shape[0] > g.shape[1]
     x0 = normalise(g.T if tall else g, dtype)
     r = x0 @ x0.T
@@ -78,7 +79,7 @@ def gram_ns(g, dtype):
         q = p if q is None else p @ q
         if step + 1 == STEPS:
             break
-        if gram_restarts_after(step):
+        if gram_restarts_after(step, GRAM_GROWTH_LIMIT[precision]):
             x0 = q @ x0
             r = x0 @ x0.T
             q = None
@@ -88,22 +89,22 @@ def gram_ns(g, dtype):
     return x.T if tall else x
 
 
-def time_ms(fn, g, dtype, warmup, reps):
+def time_ms(fn, g, dtype, precision, warmup, reps):
     for _ in range(warmup):
-        fn(g, dtype)
+        fn(g, dtype, precision)
     times = []
     for _ in range(reps):
         if g.is_cuda:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
-            fn(g, dtype)
+            fn(g, dtype, precision)
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t = time.perf_counter()
-            fn(g, dtype)
+            fn(g, dtype, precision)
             times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
@@ -131,7 +132,7 @@ def main():
             torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             for algorithm, fn in (("standard", standard_ns), ("gram", gram_ns)):
-                ms = time_ms(fn, g, dtype, args.warmup, args.reps)
+                ms = time_ms(fn, g, dtype, precision, args.warmup, args.reps)
                 results.append({"algorithm": algorithm, "precision": precision, "m": m, "n": n,
                                 "ms": ms})
                 print(f"torch {algorithm:8s} {precision:4s} {m:5d}x{n:<5d} {ms:9.3f} ms",

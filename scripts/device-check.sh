@@ -211,7 +211,7 @@ build_ok=1
     -DBLAS_LIBRARIES="$blas_dir/libopenblas.so" -DLAPACK_LIBRARIES="$blas_dir/libopenblas.so" \
     -DDISTMUON_LAPACKE_LIBRARY="$lib/liblapacke.so" &&
     timeout "$(cap 200)" cmake --build "$build" --parallel "$jobs" --target \
-      test_cuda_libraries test_cuda_compute test_cuda_ns bench_cuda_ns
+      test_cuda_libraries test_cuda_compute test_cuda_ns test_cuda_accounting bench_cuda_ns
 } >"$out/build.txt" 2>&1 || build_ok=0
 grep -E "^-- distmuon:" "$out/build.txt" | sed 's/^/  /' | tee -a "$summary"
 if [[ "$build_ok" != 1 ]]; then
