@@ -41,10 +41,12 @@ def test_newton_schulz_opaque_equals_cpu(shape, algorithm):
     assert np.array_equal(got, want)
     matrices = shape[0] if len(shape) == 3 else 1
     # One upload (the input into the output's copy) and one download per matrix, nothing
-    # else: the work ran on the backend's memory. Every allocation was released.
+    # else: the work ran on the backend's memory. Every allocation was released but the
+    # backend's kept scratch (its normalisation slot, made on first use: one double).
     assert d["uploads"] == matrices and d["downloads"] == matrices
     assert d["upload_bytes"] == x.nbytes and d["download_bytes"] == x.nbytes
-    assert d["allocations"] > 0 and d["allocations"] == d["releases"] and d["live_bytes"] == 0
+    assert d["allocations"] > 0 and d["allocations"] - d["releases"] in (0, 1)
+    assert d["live_bytes"] <= 8
 
 
 def test_newton_schulz_opaque_in_place_and_out():
@@ -91,7 +93,7 @@ def test_device_errors():
     # The backend refuses a host array for a CUDA backend and a non-array whatever the backend.
     with pytest.raises(distmuon.Error, match="expected a NumPy array or a CUDA tensor"):
         distmuon._core.newton_schulz([[1.0]], x.numpy(), distmuon._core.backend("opaque"),
-                                     "quintic", [], 5, "standard", True, 0)
+                                     "quintic", [], 5, "standard", True, 0, "auto")
 
 
 # --- distmuon.Muon, sharded over the world ----------------------------------------------------
