@@ -55,6 +55,10 @@ struct AutoKey {
   int gram_formations = 1;
   auto operator<=>(const AutoKey&) const = default;
 };
+// Whether key lets auto pick algorithm a (its algorithm is a, or kAuto).
+inline bool auto_key_allows(const AutoKey& key, NsAlgorithm a) {
+  return key.algorithm == NsAlgorithm::kAuto || key.algorithm == a;
+}
 
 // The key of a weight of this layout (ranks ignored) orthogonalised with ns: the group distributed
 // mode reduces over and the one gathered first (distributes_over_gtp), the partition dim of the

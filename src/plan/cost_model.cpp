@@ -131,18 +131,15 @@ void add_ns(ModeCost& c, Index rows, Index cols, GramSide side, const AutoKey& k
   }
 }
 
-bool allows(const AutoKey& key, NsAlgorithm a) {
-  return key.algorithm == NsAlgorithm::kAuto || key.algorithm == a;
-}
-
 // Fewer seconds (profile) or fewer FLOPs (none; a crossing group gives duplicated) among the
 // candidates: duplicated and distributed, with the standard algorithm and, when the estimate
 // prices it and the key allows it, the Gram algorithm. Ties: duplicated, then standard.
 void choose(CostEstimate& e, const AutoKey& key) {
   std::vector<NsAlgorithm> algorithms;
-  if (!e.prices_gram || allows(key, NsAlgorithm::kStandard))
+  if (!e.prices_gram || auto_key_allows(key, NsAlgorithm::kStandard))
     algorithms.push_back(NsAlgorithm::kStandard);
-  if (e.prices_gram && allows(key, NsAlgorithm::kGram)) algorithms.push_back(NsAlgorithm::kGram);
+  if (e.prices_gram && auto_key_allows(key, NsAlgorithm::kGram))
+    algorithms.push_back(NsAlgorithm::kGram);
   const bool only_duplicated = !e.has_profile && e.crosses_domain;
   bool first = true;
   for (TpMode mode : {TpMode::kDuplicated, TpMode::kDistributed}) {

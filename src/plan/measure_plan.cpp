@@ -80,10 +80,6 @@ std::string inputs_text(std::span<const AutoKey> keys,
   return j.dump();
 }
 
-bool allows(const AutoKey& key, NsAlgorithm a) {
-  return key.algorithm == NsAlgorithm::kAuto || key.algorithm == a;
-}
-
 // The per-weight candidates of a key the model ranks best: within options.within of the best
 // estimate, at most options.top, best first.
 std::vector<AutoChoice> weight_candidates(const AutoKey& key, const CostEstimate& e,
@@ -92,7 +88,8 @@ std::vector<AutoChoice> weight_candidates(const AutoKey& key, const CostEstimate
   for (TpMode mode : {TpMode::kDuplicated, TpMode::kDistributed}) {
     for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
       const bool priced = a == NsAlgorithm::kStandard || e.prices_gram;
-      if (priced && (allows(key, a) || !e.prices_gram)) all.push_back({e.cost(mode, a), {mode, a}});
+      if (priced && (auto_key_allows(key, a) || !e.prices_gram))
+        all.push_back({e.cost(mode, a), {mode, a}});
     }
   }
   std::stable_sort(all.begin(), all.end(),
@@ -120,7 +117,8 @@ std::vector<std::vector<NsAlgorithm>> owner_candidates(std::span<const AutoKey> 
   const OwnerBucketEstimate mix = estimate_owner_bucket(keys, estimates, profile);
   runs.push_back({mix.cost(), mix.algorithms});
   for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
-    if (!std::all_of(keys.begin(), keys.end(), [&](const AutoKey& k) { return allows(k, a); }))
+    if (!std::all_of(keys.begin(), keys.end(),
+                     [&](const AutoKey& k) { return auto_key_allows(k, a); }))
       continue;
     const std::vector<NsAlgorithm> all(keys.size(), a);
     if (all == mix.algorithms) continue;
