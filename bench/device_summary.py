@@ -69,6 +69,9 @@ def main():
               f"{worst:.2e} (bound {step['tolerance']:.0e}); one step {step['ms_distmuon']:.2f} ms "
               f"vs {step['ms_torch']:.2f} ms (PyTorch/distmuon "
               f"{step['ms_torch'] / step['ms_distmuon']:.2f})")
+        if "distmuon_from_fp32" in step:
+            print(f"  from the fp32 update: distmuon at most {max(step['distmuon_from_fp32']):.2e}, "
+                  f"torch at most {max(step['torch_from_fp32']):.2e}")
         if not step["ok"]:
             missed.append("the Python Muon step is outside its bound of PyTorch's")
     failures = [f for f in args.failures.split(";") if f]

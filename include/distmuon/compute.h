@@ -142,6 +142,10 @@ class Compute {
   virtual void axpby(float alpha, ConstMatrixView x, float beta, MatrixView y) = 0;
   // a(i, i) += alpha for a square a.
   virtual void add_diagonal(MatrixView a, float alpha) = 0;
+  // Every element of a rounded to `precision`'s operand format, kept in fp32 (round_to in
+  // precision.h); nothing for fp32. Newton-Schulz rounds its Gram matrix so, so that both of
+  // its uses in the polynomial see the same matrix (docs/precision.md).
+  virtual void round(MatrixView a, Precision precision) = 0;
 
   // Elementwise operations on matrices in the backend's memory; shapes must match (any leading
   // dimensions), else distmuon::Error.

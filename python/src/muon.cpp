@@ -59,9 +59,9 @@ class PyMuon {
   PyMuon(const std::string& options, Communicator world, Backend backend)
       : backend_(backend), muon_(options_from(options), std::move(world), *backend.compute) {}
 
-  std::size_t add_parameter(const py::array& shard, const std::string& name, Index rows, Index cols,
-                            const std::string& role, bool use_muon, std::optional<int> tp_dim,
-                            std::optional<Communicator> tp_group,
+  std::size_t add_parameter(const py::object& shard, const std::string& name, Index rows,
+                            Index cols, const std::string& role, bool use_muon,
+                            std::optional<int> tp_dim, std::optional<Communicator> tp_group,
                             std::optional<Communicator> gtp_group, Index pad, bool expert,
                             int expert_rank, std::vector<Index> qkv_split, Index tp_pad) {
     auto param = std::make_unique<BackendMatrix>(backend_, shard,

@@ -123,6 +123,7 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
     const NsCoefficients& k = opts.coefficients.at(step);
     // P = c R^2 + b R + a I.
     if (k.c != 0.0) {
+      compute.round(r, precision);  // both terms see one R, as in standard NS (newton_schulz.cpp)
       symmetric_square(compute, opts.use_syrk, precision, static_cast<float>(k.c), r, p);
       compute.axpby(static_cast<float>(k.b), r, 1.0f, p);
     } else {

@@ -38,6 +38,10 @@ void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
     // B = c A A + b A + a I, so that the update a X + (b A + c A A) X is one product B X.
     MatrixView b = a;
     if (k.c != 0.0) {
+      // At a reduced precision A is rounded first, so that b A and c A A see the same matrix:
+      // the polynomial is flat near its fixed point, so a consistently rounded A barely moves B,
+      // while A rounded in one term only does (half the error in bf16; docs/precision.md).
+      compute.round(a, opts.precision);
       detail::ensure_shape(w.poly, compute, s, s);
       b = w.poly.view();
       detail::symmetric_square(compute, opts.use_syrk, opts.precision, static_cast<float>(k.c), a,

@@ -4,6 +4,7 @@
 # OPTIONAL_FILES (the Python module) that is built and holds device code at all (one that does not
 # link the CUDA backend has none; both cases are reported). Fails when cuobjdump is missing: the check must run
 # wherever CUDA is built.
+cmake_minimum_required(VERSION 3.25)  # policies of the project (IN_LIST)
 if(NOT CUOBJDUMP OR NOT EXISTS "${CUOBJDUMP}")
   message(FATAL_ERROR "test_cuda_fatbin: cuobjdump was not found (DISTMUON_CUOBJDUMP='${CUOBJDUMP}'): "
                       "it comes with a full CUDA toolkit, or from the nvidia-cuda-cuobjdump wheel "

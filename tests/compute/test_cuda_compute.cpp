@@ -224,6 +224,10 @@ TEST(CudaCompute, ElementwiseOperationsAreBitEqualToCpu) {
   EXPECT_EQ(both([](Compute& c, MatrixView a, ConstMatrixView b) { c.axpby(0.3f, b, 0.0f, a); }),
             0.0);
   EXPECT_EQ(both([](Compute& c, MatrixView a, ConstMatrixView) { c.fill(a, 2.5f); }), 0.0);
+  for (const Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
+    EXPECT_EQ(both([p](Compute& c, MatrixView a, ConstMatrixView) { c.round(a, p); }), 0.0)
+        << to_string(p);
+  }
   EXPECT_EQ(both([](Compute& c, MatrixView a, ConstMatrixView b) { c.copy(b, a); }), 0.0);
   EXPECT_EQ(both([](Compute& c, MatrixView a, ConstMatrixView) {
               c.add_diagonal(a.block(0, 0, 23, 23), 0.125f);

@@ -6,13 +6,13 @@
 // and why. A precision's unit roundoff u (half its spacing at 1) is 2^-24 (fp32), 2^-11 (tf32),
 // 2^-8 (bf16); every product accumulates in fp32, so the operands' rounding dominates. NS maps the
 // singular values into its band whatever the perturbation, so the error does not compound step
-// after step: measured (distmuon precision, docs/precision.md) standard NS ends 2-7 u away.
+// after step: measured (distmuon precision, docs/precision.md) standard NS ends 1-8 u away.
 //  - standard: fp32 1e-5 (the fp32 tests' bound, tests/ns), tf32 1e-2 and bf16 8e-2 (about 20 u:
-//    the largest measured was 3.3e-3 and 2.8e-2, simple on a tall matrix).
+//    the largest measured was 3.5e-3 and 1.6e-2, cubic5 on the tiny matrix).
 //  - gram: fp32 2e-4 (its fp32 bound, docs/gram-newton-schulz.md), tf32 2e-2, bf16 1.6e-1 (twice
-//    standard's: the largest measured was 6.5e-3 and 5.3e-2); and at most
-//    kGramReducedPrecisionRatio (10) times standard NS's own error on the same input and
-//    precision (the documented bound; measured at most 8.2).
+//    standard's: the largest measured was 3.6e-3 and 2.9e-2, simple on the square matrix); and
+//    at most kGramReducedPrecisionRatio (10) times standard NS's own error on the same input and
+//    precision (the documented bound; measured at most 5.1, deepseekv4 in tf32 on 5x8).
 // cans is left out of the numerics: its large coefficients amplify bf16 rounding on small square
 // matrices (standard NS itself ends 1.7e2 away on a 16x16 input; docs/precision.md).
 #include <fmt/format.h>
@@ -91,6 +91,37 @@ TEST(Precision, RoundingMatchesTheGpuConversions) {
   EXPECT_TRUE(std::isnan(round_to(Precision::kBf16, std::numeric_limits<float>::quiet_NaN())));
   EXPECT_EQ(round_to(Precision::kTf32, std::numeric_limits<float>::infinity()),
             std::numeric_limits<float>::infinity());
+}
+
+// Compute::round is round_to on every element of a strided view (ties, infinities and NaN
+// included), the elements outside the view untouched, on the cpu and opaque backends.
+TEST(Precision, RoundIsRoundToOnEveryElement) {
+  Matrix full = test::random_matrix(6, 9, 3);
+  const float one = 1.0f;
+  full(0, 0) = one + std::ldexp(1.0f, -8);      // a bf16 tie: to even (1)
+  full(0, 1) = one + 3 * std::ldexp(1.0f, -8);  // a bf16 tie: up
+  full(0, 2) = -(one + std::ldexp(1.0f, -11));  // a tf32 tie: away from 0
+  full(1, 0) = std::numeric_limits<float>::infinity();
+  full(1, 1) = std::numeric_limits<float>::quiet_NaN();
+  full(1, 2) = std::numeric_limits<float>::max();  // past bf16's largest: Inf
+  auto opaque = make_opaque_compute();
+  for (const Precision p : kPrecisions) {
+    Matrix got = full;
+    const MatrixView inner = got.view().block(0, 0, 6, 7);  // ld 9: two columns left alone
+    cpu_compute().round(inner, p);
+    DeviceMatrix d = to_device(*opaque, full.view());
+    opaque->round(d.view(), p);
+    const Matrix from_opaque = to_host(*opaque, d.view());
+    for (Index i = 0; i < 6; ++i) {
+      for (Index j = 0; j < 9; ++j) {
+        const float want = j < 7 ? round_to(p, full(i, j)) : full(i, j);
+        const auto bits = [](float v) { return std::bit_cast<std::uint32_t>(v); };
+        EXPECT_EQ(bits(got(i, j)), bits(want)) << to_string(p) << " at " << i << "," << j;
+        EXPECT_EQ(bits(from_opaque(i, j)), bits(round_to(p, full(i, j))))
+            << "opaque " << to_string(p) << " at " << i << "," << j;
+      }
+    }
+  }
 }
 
 // The emulation is sgemm on rounded copies: bit-equal to that, on the cpu and opaque backends,

@@ -48,6 +48,10 @@ class CountingCompute final : public Compute {
     ++calls["axpby"];
     cpu_compute().axpby(alpha, x, beta, y);
   }
+  void round(MatrixView a, Precision precision) override {
+    ++calls["round"];
+    cpu_compute().round(a, precision);
+  }
   void add_diagonal(MatrixView a, float alpha) override {
     ++calls["add_diagonal"];
     cpu_compute().add_diagonal(a, alpha);

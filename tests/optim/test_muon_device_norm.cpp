@@ -65,6 +65,7 @@ class CountingOpaque final : public Compute {
     inner_->axpby(alpha, x, beta, y);
   }
   void add_diagonal(MatrixView a, float alpha) override { inner_->add_diagonal(a, alpha); }
+  void round(MatrixView a, Precision precision) override { inner_->round(a, precision); }
   void fill(MatrixView a, float value) override { inner_->fill(a, value); }
   void copy(ConstMatrixView src, MatrixView dst) override { inner_->copy(src, dst); }
   std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {

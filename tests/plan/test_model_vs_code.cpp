@@ -47,6 +47,7 @@ class CountingCompute final : public Compute {
     cpu_compute().axpby(alpha, x, beta, y);
   }
   void add_diagonal(MatrixView a, float alpha) override { cpu_compute().add_diagonal(a, alpha); }
+  void round(MatrixView a, Precision precision) override { cpu_compute().round(a, precision); }
   void fill(MatrixView a, float value) override { cpu_compute().fill(a, value); }
   void copy(ConstMatrixView src, MatrixView dst) override { cpu_compute().copy(src, dst); }
   std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {

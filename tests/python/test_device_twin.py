@@ -153,6 +153,12 @@ def test_muon_refuses_a_tensor_of_another_device():
     opt = distmuon.Muon(None, device="opaque")
     with pytest.raises(distmuon.Error, match="a tensor on meta for an optimizer on device 'opaque'"):
         opt.add_parameter(torch.empty(4, 4, device="meta"), "w")
+    # The core takes a CUDA tensor's description as a shard (the CUDA path's type) and refuses it
+    # for a backend that is not CUDA with the backend's own error, not a binding TypeError.
+    tensor = distmuon._core.DeviceTensor(0, 4, 4, 4, 0)
+    with pytest.raises(distmuon.Error, match="a tensor on cuda:0 for the opaque backend"):
+        opt._core.add_parameter(tensor, "w", 4, 4, "hidden", True, None, None, None, 0, False, 0,
+                                [], 0)
 
 
 # --- distmuon.torch.Muon ----------------------------------------------------------------------

@@ -183,6 +183,15 @@ class CpuCompute final : public Compute {
       a(i, i) += alpha;
   }
 
+  void round(MatrixView a, Precision precision) override {
+    if (precision == Precision::kFp32) return;
+    for (Index i = 0; i < a.rows; ++i) {
+      float* row = a.data + i * a.ld;
+      for (Index j = 0; j < a.cols; ++j)
+        row[j] = round_to(precision, row[j]);
+    }
+  }
+
   void fill(MatrixView a, float value) override {
     for (Index i = 0; i < a.rows; ++i)
       std::fill_n(a.data + i * a.ld, a.cols, value);

@@ -289,6 +289,12 @@ class CudaCompute final : public Compute {
     check(cuda::add_diagonal(stream_, dev(a), alpha), "add_diagonal kernel",
           shape_str(a.rows, a.cols));
   }
+  void round(MatrixView a, Precision precision) override {
+    make_current("round");
+    if (precision == Precision::kFp32) return;
+    check(cuda::round(stream_, dev(a), precision == Precision::kBf16), "round kernel",
+          fmt::format("{} at {}", shape_str(a.rows, a.cols), to_string(precision)));
+  }
   void fill(MatrixView a, float value) override {
     make_current("fill");
     check(cuda::fill(stream_, dev(a), value), "fill kernel", shape_str(a.rows, a.cols));

@@ -94,6 +94,20 @@ struct FillOp {
   __device__ void operator()(std::int64_t t) const { a.data[offset(t, a.cols, a.ld)] = value; }
 };
 
+// round_to (precision.h) on the bits, as the CPU backends do it: bf16 round to nearest even,
+// tf32 round to nearest with ties away from zero; infinities and NaN kept.
+struct RoundOp {
+  Dev a;
+  bool bf16;
+  __device__ void operator()(std::int64_t t) const {
+    float& x = a.data[offset(t, a.cols, a.ld)];
+    const unsigned bits = __float_as_uint(x);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return;
+    x = __uint_as_float(bf16 ? (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u
+                             : (bits + 0x1000u) & 0xffffe000u);
+  }
+};
+
 struct MomentumOp {
   MomentumArgs k;
   ConstDev g, w;
@@ -224,6 +238,9 @@ cudaError_t axpby(cudaStream_t s, float alpha, ConstDev x, float beta, Dev y) {
 }
 cudaError_t add_diagonal(cudaStream_t s, Dev a, float alpha) {
   return launch(s, a.rows, DiagonalOp{a, alpha});
+}
+cudaError_t round(cudaStream_t s, Dev a, bool bf16) {
+  return launch(s, a.rows * a.cols, RoundOp{a, bf16});
 }
 cudaError_t fill(cudaStream_t s, Dev a, float value) {
   return launch(s, a.rows * a.cols, FillOp{a, value});

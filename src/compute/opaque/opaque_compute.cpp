@@ -125,6 +125,9 @@ class OpaqueCompute final : public Compute {
   void add_diagonal(MatrixView a, float alpha) override {
     cpu().add_diagonal(mine("add_diagonal", a), alpha);
   }
+  void round(MatrixView a, Precision precision) override {
+    cpu().round(mine("round", a), precision);
+  }
   void fill(MatrixView a, float value) override { cpu().fill(mine("fill", a), value); }
   void copy(ConstMatrixView src, MatrixView dst) override {
     cpu().copy(mine("copy", src), mine("copy", dst));
