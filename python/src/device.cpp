@@ -36,6 +36,14 @@ bool is_cuda(const Compute& c) {
   return c.name().rfind("cuda:", 0) == 0;
 }
 
+// Whether c is a CUDA backend of `device`: named "cuda:N", or "cuda:N-<precision>" with an
+// override (cuda_compute.cpp).
+bool is_cuda_of(const Compute& c, int device) {
+  const std::string prefix = fmt::format("cuda:{}", device);
+  const std::string name = c.name();
+  return name == prefix || name.rfind(prefix + "-", 0) == 0;
+}
+
 Backend make_backend(const std::string& name, int cuda_device, std::uintptr_t stream) {
   if (name == "cuda" && cuda_device >= 0) return {&cuda_compute_on_stream(cuda_device, stream)};
   if (name == "cuda") throw Error("backend cuda: give the CUDA device of the tensors");
@@ -73,7 +81,7 @@ BackendMatrix::BackendMatrix(Backend backend, py::handle matrix, const std::stri
   Compute& c = *compute_;
   if (py::isinstance<DeviceTensor>(matrix)) {
     const auto t = matrix.cast<DeviceTensor>();
-    if (!is_cuda(c) || c.name().rfind(fmt::format("cuda:{}-", t.device), 0) != 0) {
+    if (!is_cuda_of(c, t.device)) {
       throw Error(fmt::format(
           "{}: a tensor on cuda:{} for the {} backend (the tensors of a call and its backend "
           "are on one device)",
