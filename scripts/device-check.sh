@@ -106,7 +106,11 @@ finish() {
   exit $?
 }
 
-note "distmuon device check $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), mode $mode"
+# The commit, and whether the tree differs from it (a copied tree may keep an older .git).
+commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+[[ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]] &&
+  commit="$commit with local changes"
+note "distmuon device check $commit, mode $mode"
 export PATH="/usr/local/cuda/bin:$PATH"
 
 step "0. preflight"
