@@ -54,55 +54,10 @@ std::vector<double> with_singular_values(Index m, Index n, const std::vector<dou
   return x;
 }
 
-// The standard iteration in float64 (the same steps newton_schulz_inplace runs, Gram on rows of
-// the wide orientation), for the fp32 floor.
-std::vector<double> standard_f64(std::vector<double> x, Index m, Index n, const NsOptions& o) {
-  const bool tall = m > n;
-  const Index s = tall ? n : m, l = tall ? m : n;
-  // Work on the wide orientation w (s x l).
-  std::vector<double> w(static_cast<std::size_t>(s * l));
-  for (Index i = 0; i < m; ++i)
-    for (Index j = 0; j < n; ++j)
-      w[static_cast<std::size_t>(tall ? j * l + i : i * l + j)] =
-          x[static_cast<std::size_t>(i * n + j)];
-  double norm = 0;
-  for (double v : w)
-    norm += v * v;
-  norm = std::max(std::sqrt(norm), o.eps);
-  for (double& v : w)
-    v /= norm;
-  std::vector<double> a(static_cast<std::size_t>(s * s)), b(a.size()), next(w.size());
-  for (int step = 0; step < o.steps; ++step) {
-    const NsCoefficients& k = o.coefficients.at(step);
-    for (Index i = 0; i < s; ++i)
-      for (Index j = 0; j < s; ++j) {
-        double sum = 0;
-        for (Index t = 0; t < l; ++t)
-          sum += w[static_cast<std::size_t>(i * l + t)] * w[static_cast<std::size_t>(j * l + t)];
-        a[static_cast<std::size_t>(i * s + j)] = sum;
-      }
-    for (Index i = 0; i < s; ++i)
-      for (Index j = 0; j < s; ++j) {
-        double sq = 0;
-        for (Index t = 0; t < s; ++t)
-          sq += a[static_cast<std::size_t>(i * s + t)] * a[static_cast<std::size_t>(t * s + j)];
-        b[static_cast<std::size_t>(i * s + j)] =
-            k.b * a[static_cast<std::size_t>(i * s + j)] + k.c * sq + (i == j ? k.a : 0.0);
-      }
-    for (Index i = 0; i < s; ++i)
-      for (Index j = 0; j < l; ++j) {
-        double sum = 0;
-        for (Index t = 0; t < s; ++t)
-          sum += b[static_cast<std::size_t>(i * s + t)] * w[static_cast<std::size_t>(t * l + j)];
-        next[static_cast<std::size_t>(i * l + j)] = sum;
-      }
-    std::swap(w, next);
-  }
-  for (Index i = 0; i < m; ++i)
-    for (Index j = 0; j < n; ++j)
-      x[static_cast<std::size_t>(i * n + j)] =
-          w[static_cast<std::size_t>(tall ? j * l + i : i * l + j)];
-  return x;
+// The standard iteration in float64 (newton_schulz.h's reference), for the fp32 floor.
+std::vector<double> standard_f64(const std::vector<double>& x, Index m, Index n,
+                                 const NsOptions& o) {
+  return reference_newton_schulz<double>(x, m, n, o.coefficients, o.steps, o.eps);
 }
 
 double rel_diff(const Matrix& a, const Matrix& b) {

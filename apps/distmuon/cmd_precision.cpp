@@ -23,56 +23,13 @@
 namespace distmuon::cli {
 namespace {
 
-// Standard Newton-Schulz in float64 on a row-major m x n matrix (iterated on the wide
-// orientation, the Gram matrix of the rows), straight from the definition.
+// Standard Newton-Schulz in float64 (newton_schulz.h's reference) on g.
 std::vector<double> ns_f64(ConstMatrixView g, const NsOptions& o) {
-  const bool tall = g.rows > g.cols;
-  const Index s = tall ? g.cols : g.rows, l = tall ? g.rows : g.cols;
-  std::vector<double> x(static_cast<std::size_t>(s * l));
-  double ss = 0;
-  for (Index i = 0; i < g.rows; ++i)
-    for (Index j = 0; j < g.cols; ++j) {
-      const double v = g(i, j);
-      x[static_cast<std::size_t>(tall ? j * l + i : i * l + j)] = v;
-      ss += v * v;
-    }
-  const double scale = 1.0 / std::max(std::sqrt(ss), o.eps);
-  for (double& v : x)
-    v *= scale;
-  std::vector<double> a(static_cast<std::size_t>(s * s)), b(a.size()), next(x.size());
-  for (int step = 0; step < o.steps; ++step) {
-    const NsCoefficients& k = o.coefficients.at(step);
-    for (Index i = 0; i < s; ++i)
-      for (Index j = 0; j < s; ++j) {
-        double sum = 0;
-        for (Index t = 0; t < l; ++t)
-          sum += x[static_cast<std::size_t>(i * l + t)] * x[static_cast<std::size_t>(j * l + t)];
-        a[static_cast<std::size_t>(i * s + j)] = sum;
-      }
-    // B = a I + b A + c A^2.
-    for (Index i = 0; i < s; ++i)
-      for (Index j = 0; j < s; ++j) {
-        double sq = 0;
-        for (Index t = 0; t < s; ++t)
-          sq += a[static_cast<std::size_t>(i * s + t)] * a[static_cast<std::size_t>(t * s + j)];
-        b[static_cast<std::size_t>(i * s + j)] =
-            k.b * a[static_cast<std::size_t>(i * s + j)] + k.c * sq + (i == j ? k.a : 0.0);
-      }
-    for (Index i = 0; i < s; ++i)
-      for (Index j = 0; j < l; ++j) {
-        double sum = 0;
-        for (Index t = 0; t < s; ++t)
-          sum += b[static_cast<std::size_t>(i * s + t)] * x[static_cast<std::size_t>(t * l + j)];
-        next[static_cast<std::size_t>(i * l + j)] = sum;
-      }
-    std::swap(x, next);
-  }
-  std::vector<double> out(x.size());
+  std::vector<double> values(static_cast<std::size_t>(g.rows * g.cols));
   for (Index i = 0; i < g.rows; ++i)
     for (Index j = 0; j < g.cols; ++j)
-      out[static_cast<std::size_t>(i * g.cols + j)] =
-          x[static_cast<std::size_t>(tall ? j * l + i : i * l + j)];
-  return out;
+      values[static_cast<std::size_t>(i * g.cols + j)] = g(i, j);
+  return reference_newton_schulz<double>(values, g.rows, g.cols, o.coefficients, o.steps, o.eps);
 }
 
 double error_against(const Matrix& got, const std::vector<double>& want) {

@@ -14,6 +14,7 @@
 // `distributed` tensor-parallel mode; group size 1 is plain NS.
 
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -160,6 +161,15 @@ void newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute
 // the result copied back to a new host matrix. A result that is not finite (a device backend's
 // non-finite input) throws distmuon::Error instead of being returned.
 Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute);
+
+// Standard Newton-Schulz by its definition, on the host in T (double: the float64 reference that
+// precision errors are measured against, docs/precision.md; float: an independent fp32 one):
+// the wide orientation (the transpose of a tall g), X = G / max(||G||_F, eps), then per step
+// A = X X^T, X = a X + (b A + c A^2) X with the step's coefficients. g and the result are
+// row-major rows x cols. Plain loops, O(s^2 l) per step: for small matrices.
+template <typename T>
+std::vector<T> reference_newton_schulz(std::span<const T> g, Index rows, Index cols,
+                                       const CoefficientSet& coefficients, int steps, double eps);
 
 // FLOPs of one NS run of an m x n matrix as executed (Gram on the side given, syrk or gemm).
 double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side = GramSide::kAuto,

@@ -93,6 +93,32 @@ TEST(Precision, RoundingMatchesTheGpuConversions) {
             std::numeric_limits<float>::infinity());
 }
 
+// The host reference by its definition (newton_schulz.h): float64 and float agree to float's
+// rounding (1e-5: ~100 unit roundoffs of accumulated sums over a few steps), a tall input is the
+// transpose of its wide one's result, it is the cpu backend's fp32 NS (1e-5, that backend's
+// own fp32 bound), and a size that does not match the shape is refused.
+TEST(Precision, HostReferenceIsNewtonSchulzByItsDefinition) {
+  const Matrix g = test::random_matrix(12, 5, 4);
+  const CoefficientSet& set = coefficient_set("quintic");
+  const Matrix d = test::reference_newton_schulz<double>(g.view(), set, 5, 1e-7);
+  const Matrix f = test::reference_newton_schulz<float>(g.view(), set, 5, 1e-7);
+  EXPECT_LE(relative_error(f.view(), d.view()), 1e-5);
+  Matrix gt(5, 12);
+  for (Index i = 0; i < 12; ++i)
+    for (Index j = 0; j < 5; ++j)
+      gt(j, i) = g(i, j);
+  const Matrix dt = test::reference_newton_schulz<double>(gt.view(), set, 5, 1e-7);
+  for (Index i = 0; i < 12; ++i)
+    for (Index j = 0; j < 5; ++j)
+      EXPECT_EQ(dt(j, i), d(i, j));
+  NsOptions o;
+  o.coefficients = set;
+  o.steps = 5;
+  EXPECT_LE(relative_error(newton_schulz(g.view(), o, cpu_compute()).view(), d.view()), 1e-5);
+  const std::vector<double> three(3, 1.0);
+  EXPECT_THROW((void)reference_newton_schulz<double>(three, 2, 2, set, 5, 1e-7), Error);
+}
+
 // Compute::round is round_to on every element of a strided view (ties, infinities and NaN
 // included), the elements outside the view untouched, on the cpu and opaque backends.
 TEST(Precision, RoundIsRoundToOnEveryElement) {

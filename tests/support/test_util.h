@@ -28,9 +28,8 @@ struct DMatrix {
   double operator()(Index i, Index j) const { return v[static_cast<std::size_t>(i * cols + j)]; }
 };
 
-// Newton-Schulz by its definition: transpose when tall, X = G / max(||G||, eps),
-// A = X X^T, B = b A + c A A, X = a X + B X (c == 0: X = a X + b A X).
-// Accumulates in T (double for the float64 reference, float for an independent fp32 one).
+// distmuon::reference_newton_schulz<T> (newton_schulz.h) on a Matrix: Newton-Schulz by its
+// definition, in T (double for the float64 reference, float for an independent fp32 one).
 template <typename T>
 Matrix reference_newton_schulz(ConstMatrixView g, const CoefficientSet& coefficients, int steps,
                                double eps = 1e-15);
