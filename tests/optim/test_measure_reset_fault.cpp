@@ -5,6 +5,8 @@
 // hang fails the test by its ctest timeout).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
