@@ -33,7 +33,10 @@ bool all_agree(const Communicator& group, std::uint64_t hash, bool ok = true);
 void agree(const Communicator& group, std::uint64_t hash, std::string_view what,
            std::string_view detail = {});
 
-// How this rank's value (mine) differs from rank 0's (root), for the error message.
+// How this rank's value (mine) differs from rank 0's (root), for the error message. It runs only
+// on the ranks whose value differs, so it must be local: no collective (it would wait for ranks
+// that never call it). An exception it throws is caught: the message then holds both values and
+// that exception's text, and every rank still throws CollectiveError.
 using ExplainDifference = std::function<std::string(std::string_view root, std::string_view mine)>;
 
 // An ExplainDifference for JSON texts: the first path at which they differ and both values there.

@@ -146,12 +146,19 @@ class PyMuon {
   }
 
   // Seconds of each of `count` steps run back to back in C++ on the same gradients (the
-  // overhead benchmark's C++ side: no Python between or inside the steps).
+  // overhead benchmark's C++ side: no Python between or inside the steps). A gradient this rank
+  // cannot view is agreed in the first step, as in step(): every rank raises.
   std::vector<double> time_steps(const std::vector<py::object>& grads, int count) {
     std::vector<BackendMatrix> staged;
     std::vector<ConstMatrixView> views;
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      staged.emplace_back(backend_, grads[i], fmt::format("gradient {}", i), false);
+    std::string reason;
+    try {
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        staged.emplace_back(backend_, grads[i], fmt::format("gradient {}", i), false);
+      }
+    } catch (const std::exception& e) {  // a refused view or a non-array: agreed in the step
+      reason = e.what();
+      staged.clear();
     }
     std::vector<double> out;
     py::gil_scoped_release release;
@@ -161,7 +168,7 @@ class PyMuon {
     }
     for (int k = 0; k < count; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
-      muon_.step(views);
+      muon_.step(views, reason);
       out.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return out;

@@ -54,11 +54,24 @@ void agree_on(const Communicator& group, std::string_view value, std::string_vie
   const std::uint64_t hash = fnv1a64(value.data(), value.size());
   if (all_agree(group, hash)) return;
   const std::string root = group.broadcast_string(std::string(value), 0);
+  // Only the ranks whose value differs explain it, and every rank goes on to throw_difference's
+  // collectives: an explanation that throws must not leave this rank out of them, so its failure
+  // becomes part of the detail.
   std::string detail;
   if (value != root) {
-    detail = explain ? explain(root, value)
-                     : fmt::format("rank 0 has '{}', rank {} has '{}'", clip(root), group.rank(),
-                                   clip(value));
+    const std::string both =
+        fmt::format("rank 0 has '{}', rank {} has '{}'", clip(root), group.rank(), clip(value));
+    if (!explain) {
+      detail = both;
+    } else {
+      try {
+        detail = explain(root, value);
+      } catch (const std::exception& e) {
+        detail = fmt::format("{} (explaining the difference failed: {})", both, e.what());
+      } catch (...) {
+        detail = fmt::format("{} (explaining the difference failed)", both);
+      }
+    }
   }
   throw_difference(group, hash, what, detail);
 }

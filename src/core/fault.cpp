@@ -19,7 +19,7 @@ namespace distmuon::detail {
 namespace {
 
 constexpr const char* kPoints[] = {"optim-step", "checkpoint-between-files", "collective",
-                                   "file-write"};
+                                   "file-write", "measure-reset"};
 
 struct FaultSpec {
   int rank = 0;
@@ -60,7 +60,9 @@ std::optional<FaultSpec> parse_fault(const char* text) {
   for (const char* p : kPoints)
     known = known || f.point == p;
   if (!known)
-    throw bad("unknown POINT (optim-step, checkpoint-between-files, collective, file-write)");
+    throw bad(
+        "unknown POINT (optim-step, checkpoint-between-files, collective, file-write, "
+        "measure-reset)");
   if (parts.size() > 2) f.action = parts[2];
   if (f.action != "throw" && f.action != "exit" && f.action != "kill" && f.action != "oom")
     throw bad("unknown ACTION");

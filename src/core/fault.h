@@ -8,8 +8,9 @@
 //   oom    throws std::bad_alloc (an allocation that failed past the size estimates).
 // POINT is one of "optim-step" (inside Muon::step, half of the parameters updated),
 // "checkpoint-between-files" (Trainer::save_checkpoint, the model file written, the optimizer's
-// not yet), "collective" (before an MPI all-reduce) and "file-write" (write_file_atomic, half of
-// the temporary file written). The world rank comes from the launcher's
+// not yet), "collective" (before an MPI all-reduce), "file-write" (write_file_atomic, half of
+// the temporary file written) and "measure-reset" (plan=measure in the optimizer: a candidate's
+// copy of its weights before a timed run). The world rank comes from the launcher's
 // environment (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; 0 without one). Without the variable
 // fault_point() costs one cached check; a malformed value is an Error naming the variable.
 

@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 
+#include "core/fault.h"
 #include "distmuon/auto_mode.h"
 #include "distmuon/measure_plan.h"
 #include "optim/muon_impl.h"
@@ -47,7 +48,10 @@ class MuonTarget final : public MeasureTarget {
                                   *s_.compute, &s_.workspaces);
               s_.compute->synchronize();
             },
-            [this, d] { s_.compute->copy(d->source.view(), d->work.view()); }};
+            [this, d] {
+              detail::fault_point("measure-reset");  // docs/reliability.md
+              s_.compute->copy(d->source.view(), d->work.view());
+            }};
   }
 
   MeasureTask owner_task(std::size_t bucket, std::span<const NsAlgorithm> algorithms) override {
@@ -69,6 +73,7 @@ class MuonTarget final : public MeasureTarget {
               s_.compute->synchronize();
             },
             [this, r] {
+              detail::fault_point("measure-reset");  // docs/reliability.md
               for (const auto& d : r->data)
                 s_.compute->copy(d->source.view(), d->work.view());
             }};

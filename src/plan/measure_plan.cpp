@@ -362,8 +362,9 @@ MeasuredPlan plan_by_measuring(const Communicator& world, std::span<const AutoKe
     spdlog::info("tp_mode=auto: timing {} candidate(s), {} warm-up and {} timed round(s)",
                  tasks.size(), options.warmup, options.reps);
   }
-  // A run or reset that throws on some ranks is caught (the others finish theirs) and every rank
-  // stops with its message after the run, instead of leaving the others in the next barrier.
+  // A run or reset that throws on some ranks is caught (the others finish theirs) and agreed, so
+  // that every rank stops with its message. A reset's failure is agreed before the run (whose
+  // collectives span the failing rank: the others would wait there for it), a run's after it.
   const auto guarded = [&failed](const std::function<void()>& f) {
     return [&failed, &f] {
       if (!failed.empty() || !f) return;
@@ -379,8 +380,11 @@ MeasuredPlan plan_by_measuring(const Communicator& world, std::span<const AutoKe
   for (int round = 0; round < options.warmup + options.reps; ++round) {
     for (std::size_t j = 0; j < tasks.size(); ++j) {
       const std::size_t t = (j + static_cast<std::size_t>(round)) % tasks.size();
-      const TimingSummary s =
-          time_on_group(world, {0, 1}, guarded(tasks[t].run), guarded(tasks[t].reset));
+      const std::function<void()> reset = guarded(tasks[t].reset);
+      const TimingSummary s = time_on_group(world, {0, 1}, guarded(tasks[t].run), [&] {
+        reset();
+        world.agree_or_throw(failed.empty(), "tp_mode=auto (measure): a timed run", failed);
+      });
       world.agree_or_throw(failed.empty(), "tp_mode=auto (measure): a timed run", failed);
       ++plan.timed_runs;
       if (round >= options.warmup) samples[t].push_back(s.median_s);

@@ -79,6 +79,32 @@ TEST(Agreement, DifferingValuesAreExplainedAgainstRankZero) {
   EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
 }
 
+// The explanation runs only on the ranks that differ, before the collectives that name them: one
+// that throws there (a bug, a parse error) must not leave rank 0 waiting in them. Every rank
+// throws CollectiveError with both values and the explanation's failure.
+TEST(Agreement, AnExplanationThatThrowsStillEndsEveryRank) {
+  const Communicator& w = world();
+  if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
+  const std::string mine = w.rank() == 0 ? "lr=0.02" : fmt::format("lr=0.0{}", 2 + w.rank());
+  for (const bool standard : {true, false}) {
+    try {
+      agree_on(w, mine, "options", [&](std::string_view, std::string_view) -> std::string {
+        if (standard) throw Error("cannot explain this");
+        throw 7;  // not a std::exception
+      });
+      ADD_FAILURE() << "no throw on rank " << w.rank();
+    } catch (const CollectiveError& e) {
+      EXPECT_TRUE(contains(e.what(), "options: rank(s) 1")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "rank 0 has 'lr=0.02', rank 1 has 'lr=0.03'")) << e.what();
+      EXPECT_TRUE(contains(e.what(), standard
+                                         ? "(explaining the difference failed: cannot explain this)"
+                                         : "(explaining the difference failed)"))
+          << e.what();
+    }
+  }
+  EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
+}
+
 TEST(Agreement, DecideOnRootSharesTheRootsValue) {
   const Communicator& w = world();
   const int root = w.size() - 1;

@@ -50,6 +50,27 @@ def test_numpy_gradient_refused_on_one_rank():
     assert opt.step_count == 1 and not np.array_equal(shards[0], before[0])
 
 
+@pytest.mark.parametrize("kind", ["float64", "not an array"])
+def test_time_steps_gradient_refused_on_one_rank(kind):
+    """The C++ timing loop (bench/python_step_overhead.py) views its gradients before the steps:
+    one refused on one rank raises on every rank (before: that rank alone raised, the others
+    waited in the first step), and no weight changes."""
+    opt = distmuon.Muon(COMM, tp_mode="duplicated")
+    shard = _rng(0).standard_normal((M // G, N)).astype(np.float32)
+    opt.add_parameter(shard, "w", M, N, tp_dim=0, tp_group=COMM)
+    before = shard.copy()
+    grad = _rng(1).standard_normal(shard.shape).astype(np.float32)
+    bad = grad
+    if R == BAD:
+        bad = grad.astype(np.float64) if kind == "float64" else kind
+    with pytest.raises(distmuon.CollectiveError, match=ON_BAD + (".*float32" if kind == "float64"
+                                                                 else ".*str")):
+        opt._core.time_steps([bad], 2)
+    assert np.array_equal(shard, before)
+    assert len(opt._core.time_steps([grad], 2)) == 2  # every rank still in step
+    assert not np.array_equal(shard, before)
+
+
 def _two_groups(**options):
     torch.manual_seed(1 + R)
     p0 = torch.nn.Parameter(torch.randn(M // G, N))

@@ -227,9 +227,32 @@ class NcclComm final : public CommImpl {
           fmt::format("nccl: ncclGetUniqueId failed on rank 0{}",
                       rank_ == 0 ? fmt::format(": {}", nccl().get_error_string(id_rc)) : ""));
     }
-    make_current("ncclCommInitRank");
-    check(nccl().comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank",
-          fmt::format("{} ranks, device {}", size_, device_));
+    // Making the device current, then ncclCommInitRank, each agreed over the host group: a rank
+    // whose device fails does not enter NCCL's bootstrap (the others would wait there for it),
+    // and when the init fails on some ranks, every rank drops its communicator and throws. (A
+    // rank that fails inside NCCL's bootstrap, after the others joined it, is NCCL's to end.)
+    const Communicator host(host_);
+    std::string why;
+    try {
+      make_current("ncclCommInitRank");
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    host.agree_or_throw(why.empty(), "nccl: making the device current before ncclCommInitRank",
+                        why);
+    try {
+      check(nccl().comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank",
+            fmt::format("{} ranks, device {}", size_, device_));
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    try {
+      host.agree_or_throw(why.empty(), "nccl: ncclCommInitRank", why);
+    } catch (const Error&) {
+      if (comm_ != nullptr) nccl().comm_abort(comm_);
+      comm_ = nullptr;
+      throw;
+    }
   }
   // The communicator's device, current on the calling thread (any thread may call).
   void make_current(const char* op) const {
