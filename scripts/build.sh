@@ -7,6 +7,7 @@ bash "$root/scripts/install-deps.sh"
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 # Only distmuon's own configure lines are shown: whether CUDA is on and what its kernels are
 # built for (machine code and PTX per architecture), where the Python module goes.
+# DISTMUON_WERROR=ON (scripts/test.sh sets it): distmuon's own code with warnings as errors.
 cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DPython3_EXECUTABLE="${DISTMUON_VENV:-$root/.venv}/bin/python" | { grep '^-- distmuon' || true; }
+  -DDISTMUON_WERROR="${DISTMUON_WERROR:-OFF}" -DPython3_EXECUTABLE="${DISTMUON_VENV:-$root/.venv}/bin/python" | { grep '^-- distmuon' || true; }
 cmake --build "$root/build" --parallel "$(nproc)"

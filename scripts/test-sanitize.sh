@@ -16,7 +16,7 @@ export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 # about half the time of a file-by-file one here; a name clash between two sources of a batch is
 # a compile error, fixed by giving the helpers distinct names or a shared header.
 cmake -S "$root" -B "$root/build-sanitize" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_UNITY_BUILD=ON -DDISTMUON_SANITIZE=ON -DDISTMUON_ENABLE_CUDA=OFF -DDISTMUON_ENABLE_BENCH=OFF -DDISTMUON_ENABLE_APPS=OFF \
+  -DCMAKE_UNITY_BUILD=ON -DDISTMUON_SANITIZE=ON -DDISTMUON_WERROR=ON -DDISTMUON_ENABLE_CUDA=OFF -DDISTMUON_ENABLE_BENCH=OFF -DDISTMUON_ENABLE_APPS=OFF \
   -DDISTMUON_ENABLE_PYTHON=OFF >/dev/null
 cmake --build "$root/build-sanitize" --parallel "$(nproc)"
 # Leaks: OpenMPI's libraries keep allocations until exit that LeakSanitizer reports; the

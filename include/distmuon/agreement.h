@@ -1,6 +1,7 @@
 #pragma once
 // Agreement across the ranks of a group: the two protocols that keep the ranks of a group running
-// the same collectives, and the one place where an error on some ranks becomes an error on all.
+// the same collectives and turn an error on some ranks into an error on all (as
+// Communicator::agree_or_throw does for a rank-local flag, comm.h).
 //
 //  - agree / agree_on: every rank passes a value (or its hash); when the ranks differ, every rank
 //    throws CollectiveError naming the operation, the ranks that differ from rank 0 and how.

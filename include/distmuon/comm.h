@@ -132,9 +132,6 @@ class Communicator {
   Communicator split(int color, int key) const;
   [[noreturn]] void abort(int code) const;
 
-  // True on every rank if ok is true on every rank. Use it before a collective whose
-  // preconditions are checked rank-locally, so that one rank's failure does not hang the others.
-  bool all_ok(bool ok) const;
   // Throws distmuon::Error on every rank when any rank passes ok == false; the message carries
   // the failing ranks and the first failing rank's reason.
   void agree_or_throw(bool ok, const std::string& what, const std::string& reason = {}) const;

@@ -1,7 +1,9 @@
 #pragma once
-// Errors in distmuon come in two tiers:
+// Errors in distmuon:
 //  - distmuon::Error: the caller's mistake or a failed external call (MPI, BLAS, file system).
 //    The message says what was attempted, with which shapes and on which rank.
+//  - distmuon::CollectiveError (an Error): one that every rank of a group raised together, after
+//    agreeing on it (agreement.h, Communicator::agree_or_throw).
 //  - DISTMUON_ASSERT: a broken internal invariant (a bug in distmuon). Always checked.
 
 #include <stdexcept>

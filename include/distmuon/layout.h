@@ -1,6 +1,6 @@
 #pragma once
-// The layout of a sharded weight and the one dispatcher that orthogonalises this rank's shard of
-// it in any TP mode.
+// The layout of a sharded weight and the dispatcher that orthogonalises this rank's shard of it in
+// every TP mode but owner (owner mode orthogonalises a bucket of weights: src/optim/owner_ns.h).
 //
 // A weight of full shape m x n may be split over a TP group along tp_dim (rows or columns, equal
 // TP shards of the weight padded with tp_pad zero rows or columns: uneven shards as torch.chunk
@@ -8,7 +8,7 @@
 // multiple of the GTP group and split by rows over the GTP group; its rows may form QKV blocks
 // (query groups of q, [gate,] k, v rows), each block type orthogonalised on its own.
 // newton_schulz_tp (tp.h) is the case of one group (TP only, no padding, no QKV split); Muon runs
-// every parameter through orthogonalize_shard.
+// every parameter not in owner mode through orthogonalize_shard.
 //
 // Every mode is written as three steps:
 //   1. build a work matrix P from the local shard (gathered over none, one or both groups), and

@@ -56,12 +56,6 @@ class ShardedCharLm {
   // Collective. The full weights, all-gathered (for checks and exports).
   CharLmWeights gather_weights();
 
-  // Seconds spent in the last forward_backward, by phase (this rank's wall clock).
-  struct Timings {
-    double gather_s = 0, compute_s = 0, reduce_s = 0;
-  };
-  const Timings& last_timings() const { return timings_; }
-
  private:
   void gather_into_full();
 
@@ -71,7 +65,6 @@ class ShardedCharLm {
   CharLmWeights full_;   // the full weights: Muon ones gathered, AdamW ones copied from params_
   CharLmWeights grads_;  // full gradients of the local batch
   ShardingWorkspace ws_;
-  Timings timings_;
 };
 
 }  // namespace distmuon

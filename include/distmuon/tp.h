@@ -31,15 +31,16 @@
 namespace distmuon {
 
 // Orthogonalises this rank's shard (compute's memory) in place. Shards must be equal on every
-// rank of the group; a mismatch throws distmuon::CollectiveError on every rank (checked once per
-// distinct shape). partition_dim kNoPartition (or a group of one) is the local NS whatever the
-// mode. mode must not be kAuto (resolve it first). The one-group case of orthogonalize_shard
-// (layout.h, over group_layout), without scaling. The shards and Gram matrices move over
-// group.data(); a group without a data plane gets compute.data_communicator(group). A non-finite
-// input throws on every rank of a sharded call (distmuon::Error, or CollectiveError where the
-// ranks' own checks are agreed: blockwise, and the result's check), on the CPU before the
-// iteration, on a device backend after it; the result is checked for non-finite values on every
-// backend (agreed over the group when sharded), so none is handed back.
+// rank of the group; a mismatch throws distmuon::CollectiveError on every rank (agreed on every
+// sharded call but blockwise's, whose NS is rank-local). partition_dim kNoPartition (or a group of
+// one) is the local NS whatever the mode. mode must not be kAuto (resolve it first). The one-group
+// case of orthogonalize_shard (layout.h, over group_layout), without scaling. The shards and Gram
+// matrices move over group.data(); a group without a data plane gets
+// compute.data_communicator(group). A non-finite input throws on every rank of a sharded call
+// (distmuon::Error, or CollectiveError where the ranks' own checks are agreed: blockwise, and the
+// result's check), on the CPU before the iteration, on a device backend after it; the result is
+// checked for non-finite values on every backend (agreed over the group when sharded), so none is
+// handed back.
 void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& group, TpMode mode,
                       const NsOptions& opts, Compute& compute);
 

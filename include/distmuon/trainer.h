@@ -63,7 +63,6 @@ struct StepRecord {
   double step_ms = 0;              // forward, backward, gradient reduction and optimizer step
   double opt_ms = 0;               // Muon::step
   double opt_comm_ms = 0;          // the part of opt_ms spent in the optimizer's collectives
-  double ns_ms() const { return opt_ms - opt_comm_ms; }  // the rest: NS compute and updates
 };
 
 // The mode used for the Muon weights of one shape, with the cost model's estimate.

@@ -110,10 +110,6 @@ void Communicator::abort(int code) const {
   std::abort();  // abort() of a backend must not return
 }
 
-bool Communicator::all_ok(bool ok) const {
-  return all_reduce<std::int32_t>(ok ? 0 : 1, ReduceOp::kMax) == 0;
-}
-
 void Communicator::agree_or_throw(bool ok, const std::string& what,
                                   const std::string& reason) const {
   const std::int32_t mine = ok ? 0 : 1;

@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cstring>
 
 #include "distmuon/error.h"
@@ -11,10 +10,6 @@
 
 namespace distmuon {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::uint64_t fingerprint(const CharLmConfig& c, std::uint64_t seed) {
   std::uint32_t eps_bits = 0;
@@ -87,11 +82,8 @@ double ShardedCharLm::forward_backward(const CharBatch& local_batch) {
         "got sizes {}",
         fmt::join(sizes, ",")));
   }
-  auto t0 = std::chrono::steady_clock::now();
   gather_into_full();
-  timings_.gather_s = seconds_since(t0);
 
-  t0 = std::chrono::steady_clock::now();
   // A rank-local failure (a bad token, a non-finite loss) is agreed on before the reductions.
   double loss = 0.0;
   std::string failure;
@@ -101,9 +93,7 @@ double ShardedCharLm::forward_backward(const CharBatch& local_batch) {
     failure = e.what();
   }
   group_.agree_or_throw(failure.empty(), "sharded charlm forward_backward", failure);
-  timings_.compute_s = seconds_since(t0);
 
-  t0 = std::chrono::steady_clock::now();
   const std::vector<Matrix*> grads = grads_.list();
   for (std::size_t p = 0; p < params_.size(); ++p) {
     ShardedParam& sp = params_[p];
@@ -115,7 +105,6 @@ double ShardedCharLm::forward_backward(const CharBatch& local_batch) {
     }
   }
   const double mean_loss = group_.all_reduce(loss) / static_cast<double>(group_.size());
-  timings_.reduce_s = seconds_since(t0);
   return mean_loss;
 }
 

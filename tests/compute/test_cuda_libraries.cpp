@@ -1,7 +1,7 @@
-// The run-time loading of the GPU libraries (src/compute/cuda/cuda_libraries.h): nothing is mapped
-// before the first use of the cuda backend, a missing library or symbol is a clear error, and
-// cuBLAS loads from this build's toolkit. Needs no GPU: dlopen and cuBLAS's status strings run
-// without a device.
+// The run-time loading of the GPU libraries (src/core/dynamic_library.h,
+// src/compute/cuda/cuda_libraries.h): nothing is mapped before the first use of the cuda backend,
+// a missing library or symbol is a clear error, and cuBLAS loads from this build's toolkit.
+// Needs no GPU: dlopen and cuBLAS's status strings run without a device.
 #include <gtest/gtest.h>
 
 #include <fstream>

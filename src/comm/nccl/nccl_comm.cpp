@@ -7,7 +7,7 @@
 
 #include <string_view>
 
-#include "compute/cuda/cuda_libraries.h"
+#include "core/dynamic_library.h"
 #include "distmuon/error.h"
 
 #ifndef DISTMUON_NCCL_DIR
@@ -18,7 +18,7 @@ namespace distmuon {
 namespace {
 
 // The NCCL functions distmuon calls, from libnccl.so.<NCCL_MAJOR> opened at the first NCCL
-// communicator (cuda_libraries.h: nothing links against NCCL).
+// communicator (core/dynamic_library.h: nothing links against NCCL).
 struct NcclApi {
   decltype(&::ncclGetUniqueId) get_unique_id;
   decltype(&::ncclCommInitRank) comm_init_rank;

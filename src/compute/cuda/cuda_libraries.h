@@ -1,28 +1,17 @@
 #pragma once
-// cuBLAS (and, through open_library/library_symbol, NCCL: src/comm/nccl/nccl_comm.cpp) loaded at
-// run time. libdistmuon links only the static CUDA runtime, which opens the driver when first
-// used, so a program that never uses the cuda backend maps none of the GPU libraries. The first
-// use of the cuda backend opens libcublas.so.<major of the headers> with dlopen and resolves the
-// functions distmuon calls into a table of typed pointers (their types come from cublas_v2.h).
+// cuBLAS loaded at run time (with the helpers of core/dynamic_library.h, which NCCL's loader in
+// src/comm/nccl/nccl_comm.cpp uses too). libdistmuon links only the static CUDA runtime, which
+// opens the driver when first used, so a program that never uses the cuda backend maps none of the
+// GPU libraries. The first use of the cuda backend opens libcublas.so.<major of the headers> with
+// dlopen and resolves the functions distmuon calls into a table of typed pointers (their types come
+// from cublas_v2.h).
 #include <cublas_v2.h>
 
 #include <string>
 
-namespace distmuon::cuda {
+#include "core/dynamic_library.h"
 
-// dlopen(soname, RTLD_NOW | RTLD_LOCAL), the loader's search first (LD_LIBRARY_PATH, the
-// loader's cache), then fallback_dir/soname (the directory the build found the library in; empty:
-// none). Throws distmuon::Error "device cuda: cannot load <soname>: <dlerror> (<hint>)". The
-// handle stays open for the life of the process.
-void* open_library(const std::string& soname, const std::string& fallback_dir,
-                   const std::string& hint);
-// dlsym(library, name); throws distmuon::Error naming the symbol, the library and dlerror().
-void* library_symbol(void* library, const std::string& soname, const char* name);
-// slot = the function `name` of library, as slot's type.
-template <typename F>
-void resolve(F& slot, void* library, const std::string& soname, const char* name) {
-  slot = reinterpret_cast<F>(library_symbol(library, soname, name));
-}
+namespace distmuon::cuda {
 
 // The cuBLAS functions distmuon calls (the _v2 names behind cublas_v2.h's macros).
 struct CublasApi {
