@@ -25,8 +25,8 @@ struct ProgramRun {
   std::string output;
 };
 
-// `mpirun -np 4 scoped_error_program` with DISTMUON_TOPOLOGY_FILE=topology, killed after 30 s
-// (exit code 124: a hang).
+// `mpirun -np 4 scoped_error_program` with DISTMUON_TOPOLOGY_FILE=topology, stopped after 30 s
+// (exit code 124, or 137 when it had to be killed: a hang).
 ProgramRun run_program(const fs::path& dir, const std::string& topology) {
   const fs::path file = dir / "topology.json", log = dir / "out.txt";
   std::ofstream(file) << topology;
@@ -59,7 +59,9 @@ TEST(ScopedErrors, AProbeFailingInOneGtpGroupAbortsTheJob) {
   const ProgramRun r = run_program(dir, R"({"ranks": [{"rank": 0, "domain": "a"},
                                                {"rank": 1, "domain": "a"},
                                                {"rank": 2, "domain": "a"}]})");
-  EXPECT_NE(r.exit_code, 124) << "a rank was left waiting (killed after 30 s):\n" << r.output;
+  EXPECT_TRUE(r.exit_code != 124 && r.exit_code != 137)
+      << "a rank was left waiting (killed after 30 s):\n"
+      << r.output;
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_LT(r.seconds, 30.0) << r.output;
   EXPECT_NE(r.output.find("no entry for rank 3"), std::string::npos) << r.output;
