@@ -92,7 +92,8 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
     const Index extent = dim == 0 ? full.rows() : full.cols();
     if (extent % g != 0) {  // every rank sees the same shape: they all stop here
       throw CollectiveError(fmt::format("{} does not split into {} equal shards along dim {}",
-                                        shape_str(full.view()), g, dim));
+                                        shape_str(full.view()), g, dim),
+                            world.error_scope());
     }
     // This rank's shard runs on the backend; the result comes back to the host to be gathered.
     DeviceMatrix on_device = to_device(compute, shard_of(full.view(), dim, g, world.rank()).view());

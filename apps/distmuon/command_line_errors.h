@@ -27,7 +27,7 @@ auto resolve_on_every_rank(F&& resolve) {
   } catch (const CollectiveError&) {
     throw;
   } catch (const Error& e) {
-    throw CollectiveError(e.what());
+    throw CollectiveError(e.what(), ErrorScope::of_every_rank());
   }
 }
 

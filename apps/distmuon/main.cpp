@@ -15,20 +15,11 @@
 #include "commands.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/error.h"
-
-namespace {
-
-// One write per message, so that the lines of ranks failing at once do not interleave.
-void print_error(const std::string& message) {
-  const std::string line = fmt::format("distmuon: error{}\n", message);
-  std::fwrite(line.data(), 1, line.size(), stderr);
-  std::fflush(stderr);
-}
-
-}  // namespace
+#include "error_exit.h"
 
 int main(int argc, char** argv) {
   using namespace distmuon;
+  using cli::print_error;
   std::optional<MpiRuntime> mpi;
   cli::Context ctx;
   // Redirected to a file or a pipe, stdout would be block-buffered: a run killed after an hour
@@ -97,16 +88,15 @@ int main(int argc, char** argv) {
     if (ctx.world.size() > 1) ctx.world.abort(1);
     return 1;
   } catch (const CollectiveError& e) {
-    // Thrown identically on every rank (agreed on): said once, by rank 0.
-    if (ctx.world.rank() == 0) print_error(fmt::format(": {}", e.what()));
-    return 1;
+    // Agreed over the world: said once, by rank 0; over a subgroup only: the job is aborted.
+    return cli::end_after_collective_error(ctx.world, e);
   } catch (const std::exception& e) {
     // This rank's own failure: said by it, with its rank.
     print_error(fmt::format(
         "{}: {}", ctx.world.size() > 1 ? fmt::format(" on rank {}", ctx.world.rank()) : "",
         e.what()));
     // Rank-local failures would leave the other ranks waiting in a collective; errors that every
-    // rank agreed on (Communicator::agree_or_throw) end each rank on its own.
+    // rank of the world agreed on (Communicator::agree_or_throw) end each rank on its own.
     if (ctx.world.size() > 1) ctx.world.abort(1);
     return 1;
   }

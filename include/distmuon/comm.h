@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "distmuon/error.h"
+
 namespace distmuon {
 
 enum class DType { kF32, kF64, kI32, kI64, kU8 };
@@ -36,6 +38,13 @@ constexpr DType dtype_of() {
 }
 
 enum class ReduceOp { kSum, kMax, kMin };
+
+// Where a group sits in its world (MPI: MPI_COMM_WORLD): the world ranks of its ranks, in group
+// order, and the world's size. Empty ranks and world_size 0: not known.
+struct GroupPlacement {
+  std::vector<int> ranks;
+  int world_size = 0;
+};
 
 class CommImpl {
  public:
@@ -64,6 +73,8 @@ class CommImpl {
   virtual std::shared_ptr<CommImpl> split(int color, int key) = 0;
   // Aborts every process of the job (used by the CLI after an unrecoverable rank-local error).
   virtual void abort(int code) = 0;
+  // This group's place in its world (errors name it: ErrorScope). Default: not known.
+  virtual GroupPlacement placement() const { return {}; }
 };
 
 class Communicator {
@@ -135,6 +146,8 @@ class Communicator {
   // Throws distmuon::Error on every rank when any rank passes ok == false; the message carries
   // the failing ranks and the first failing rank's reason.
   void agree_or_throw(bool ok, const std::string& what, const std::string& reason = {}) const;
+  // The scope of an error agreed over this group (CollectiveError::scope).
+  ErrorScope error_scope() const;
 
  private:
   void check_gather(std::size_t send, std::size_t recv) const;

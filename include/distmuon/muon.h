@@ -173,13 +173,12 @@ class Muon {
   // Non-finite values: every gradient, weight and optimizer state is checked before any update
   // (CollectiveError on every rank naming it; nothing is updated, the weights keep their last
   // good values), and the coefficient schedule was checked when the options were set
-  // (NsOptions::validate), so no update is non-finite. What remains is an overflow of the
-  // momentum step itself (values near the float maximum): on the CPU backend NS refuses that
-  // input before that weight's update (distmuon::Error on the ranks that run that NS); on a
-  // device backend, which keeps the norm in its own memory (no host wait per weight), it is
-  // detected after the step's updates by one batched check of every Muon weight, which throws
-  // CollectiveError on every rank naming the weight (that weight is then NaN). Only in that case
-  // is a step not transactional: the weights updated before the failure keep their update.
+  // (NsOptions::validate). What remains is an overflow of the momentum step itself (values near
+  // the float maximum) or of an NS input's norm: on every backend such an input leaves that
+  // weight's update NaN (NS over the weight's groups never throws for data), and one batched
+  // check of every update at the end of the compute phase, agreed over the world, throws
+  // CollectiveError on every rank naming the weight. Every update is computed before any is
+  // written, so then too nothing is updated (weights, optimizer state, step count).
   void step(std::span<const ConstMatrixView> grads);
   // The same step for a caller with checks of its own (the Python bindings): a non-empty
   // failure on any rank makes every rank throw CollectiveError carrying the first failing

@@ -36,11 +36,10 @@ namespace distmuon {
 // one) is the local NS whatever the mode. mode must not be kAuto (resolve it first). The one-group
 // case of orthogonalize_shard (layout.h, over group_layout), without scaling. The shards and Gram
 // matrices move over group.data(); a group without a data plane gets
-// compute.data_communicator(group). A non-finite input throws on every rank of a sharded call
-// (distmuon::Error, or CollectiveError where the ranks' own checks are agreed: blockwise, and the
-// result's check), on the CPU before the iteration, on a device backend after it; the result is
-// checked for non-finite values on every backend (agreed over the group when sharded), so none is
-// handed back.
+// compute.data_communicator(group). A non-finite input leaves the result NaN on every backend,
+// and the result is checked for non-finite values (agreed over the group when sharded:
+// CollectiveError scoped to the group on its every rank; distmuon::Error when unsharded), so none
+// is handed back.
 void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& group, TpMode mode,
                       const NsOptions& opts, Compute& compute);
 

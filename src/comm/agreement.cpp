@@ -28,9 +28,10 @@ std::string clip(std::string_view s) {
   DISTMUON_ASSERT(!differ.empty(), "throw_difference without a differing hash");
   const std::string mine = differ.front() == group.rank() ? std::string(detail) : std::string();
   const std::string first = group.broadcast_string(mine, differ.front());
-  throw CollectiveError(fmt::format("{}: rank(s) {} of {} differ from rank 0{}{}", what,
-                                    fmt::join(differ, ","), group.size(), first.empty() ? "" : ": ",
-                                    first));
+  throw CollectiveError(
+      fmt::format("{}: rank(s) {} of {} differ from rank 0{}{}", what, fmt::join(differ, ","),
+                  group.size(), first.empty() ? "" : ": ", first),
+      group.error_scope());
 }
 
 }  // namespace
@@ -133,7 +134,8 @@ std::string share_from_root(const Communicator& group, int root, std::string_vie
   }
   if (failed) {
     throw CollectiveError(
-        fmt::format("{} failed on rank {} of {}: {}", what, root, group.size(), payload));
+        fmt::format("{} failed on rank {} of {}: {}", what, root, group.size(), payload),
+        group.error_scope());
   }
   return payload;
 }

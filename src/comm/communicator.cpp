@@ -119,9 +119,19 @@ void Communicator::agree_or_throw(bool ok, const std::string& what,
     if (flags[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
   if (failed.empty()) return;
   const std::string first_reason = broadcast_string(reason, failed.front());
-  throw CollectiveError(fmt::format("{} failed on rank(s) {} of {}{}{}", what,
-                                    fmt::join(failed, ","), size(),
-                                    first_reason.empty() ? "" : ": ", first_reason));
+  throw CollectiveError(
+      fmt::format("{} failed on rank(s) {} of {}{}{}", what, fmt::join(failed, ","), size(),
+                  first_reason.empty() ? "" : ": ", first_reason),
+      error_scope());
+}
+
+ErrorScope Communicator::error_scope() const {
+  GroupPlacement at = impl_->placement();
+  ErrorScope scope;
+  scope.size = size();
+  scope.world_size = at.world_size;
+  if (static_cast<int>(at.ranks.size()) == size()) scope.ranks = std::move(at.ranks);
+  return scope;
 }
 
 Communicator world_communicator() {

@@ -44,6 +44,7 @@ class CountingComm final : public CommImpl {
   std::shared_ptr<CommImpl> split(int color, int key) override {
     return std::make_shared<CountingComm>(inner_->split(color, key), stats_);
   }
+  GroupPlacement placement() const override { return inner_->placement(); }
   void abort(int code) override { inner_->abort(code); }
 
  private:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "distmuon/error.h"
 
@@ -45,7 +46,11 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
       check == NormCheck::kHost
           ? compute.Compute::normalize(x, opts.eps, opts.norm_in_double, start.reduce_over)
           : compute.normalize(x, opts.eps, opts.norm_in_double, start.reduce_over);
-  if (ss && !std::isfinite(*ss)) {
+  if (ss && !std::isfinite(*ss) && check == NormCheck::kBackend) {
+    // The host read the norm (cpu), but the caller checks the result: poisoned as a device
+    // backend does, so that no rank of the group throws where the others go on.
+    compute.fill(x, std::numeric_limits<float>::quiet_NaN());
+  } else if (ss && !std::isfinite(*ss)) {
     throw Error(fmt::format("{}: input {}{} contains non-finite values (or its norm overflows)",
                             name, shape_str(x),
                             distributed ? fmt::format(" (rank {})", group->rank()) : ""));

@@ -25,7 +25,8 @@ inline void ensure_shape(DeviceMatrix& m, Compute& compute, Index rows, Index co
 // Where the prologue's norm is checked: kHost reads it on the host and refuses a non-finite
 // input before the iteration (one wait on a device backend: the public newton_schulz calls);
 // kBackend lets a device backend keep it in its memory (Compute::normalize), a non-finite input
-// then leaving x NaN for the caller's batched check (the optimizer's step).
+// then leaving x NaN for the caller's batched check (the optimizer's step); on the cpu, which
+// reads the norm on the host either way, kBackend fills x with NaN too instead of throwing.
 enum class NormCheck { kHost, kBackend };
 
 struct NsStart {
@@ -37,9 +38,9 @@ struct NsStart {
 // The prologue of both algorithms: validates opts, refuses a group without an explicit Gram
 // side (a shard's shape does not tell the global orientation), and normalises x in place by its
 // Frobenius norm (global: one all-reduce of a double over the group) with Compute::normalize.
-// When the norm is read on the host (kHost, or the cpu backend), throws distmuon::Error, prefixed
-// by name, on a non-finite input; else (kBackend on a device backend) a non-finite input makes x
-// NaN and the caller checks the result. nullopt for an empty x: nothing to orthogonalise.
+// kHost throws distmuon::Error, prefixed by name, on a non-finite input; kBackend (every backend)
+// makes x NaN instead and the caller checks the result. nullopt for an empty x: nothing to
+// orthogonalise.
 std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
                                            const Communicator* group, std::string_view name,
                                            NormCheck check);

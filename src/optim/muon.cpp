@@ -17,20 +17,38 @@
 namespace distmuon {
 namespace {
 
-// Weight decay of the shard and the momentum step: writes the update u (before NS).
-void muon_direction(Compute& compute, const MuonOptions& o, ParamState& p, ConstMatrixView g,
-                    MatrixView u) {
-  const MatrixView w = p.spec.local;
+MomentumStep momentum_step(const MuonOptions& o) {
   const bool l2 = o.weight_decay_method == WeightDecayMethod::kL2;
-  if (o.weight_decay != 0.0 && !l2) {
+  return {static_cast<float>(o.momentum), static_cast<float>(l2 ? o.weight_decay : 0.0),
+          o.nesterov};
+}
+
+// The compute phase's momentum step: the update direction u (before NS) from the gradient, the
+// weight and a copy of the momentum in `scratch`; neither the weight nor the momentum is written.
+void muon_direction(Muon::Impl& s, ParamState& p, ConstMatrixView g, MatrixView u) {
+  const MatrixView w = p.spec.local;
+  const MatrixView scratch =
+      s.workspaces.buffer(*s.compute, detail::BufferRole::kUpdate, 0, w.rows, w.cols).view();
+  s.compute->copy(p.momentum.view(), scratch);
+  s.compute->muon_momentum(momentum_step(s.options), g, w, scratch, u);
+}
+
+// The apply phase, once the step's updates are agreed finite over the world: the momentum step
+// again, on the momentum itself (elementwise and deterministic: the same values as in the compute
+// phase, recomputed instead of kept), the weight decay, then w -= lr u.
+void muon_apply(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
+  const MuonOptions& o = s.options;
+  const MatrixView w = p.spec.local;
+  const MatrixView scratch =
+      s.workspaces.buffer(*s.compute, detail::BufferRole::kUpdate, 0, w.rows, w.cols).view();
+  s.compute->muon_momentum(momentum_step(o), g, w, p.momentum.view(), scratch);
+  if (o.weight_decay != 0.0 && o.weight_decay_method != WeightDecayMethod::kL2) {
     const double f = o.weight_decay_method == WeightDecayMethod::kDecoupled
                          ? 1.0 - o.lr * o.weight_decay
                          : 1.0 - o.weight_decay;
-    compute.scale(w, static_cast<float>(f));
+    s.compute->scale(w, static_cast<float>(f));
   }
-  const MomentumStep k{static_cast<float>(o.momentum),
-                       static_cast<float>(l2 ? o.weight_decay : 0.0), o.nesterov};
-  compute.muon_momentum(k, g, w, p.momentum.view(), u);
+  s.compute->axpby(static_cast<float>(-o.lr), p.update.view(), 1.0f, w);
 }
 
 detail::ScaleFn muon_scale_fn(const MuonOptions& o) {
@@ -39,37 +57,32 @@ detail::ScaleFn muon_scale_fn(const MuonOptions& o) {
   };
 }
 
-// Muon update of one parameter's shard (see muon.h for the formulas).
+// The compute phase of one parameter's shard (see muon.h for the formulas): its orthogonalised
+// update into p.update. A non-finite NS input leaves it NaN (no throw: the ranks of the
+// parameter's groups are only part of the world); the step checks every update afterwards.
 void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
   const MatrixView w = p.spec.local;
-  const MatrixView u =
-      s.workspaces.buffer(*s.compute, detail::BufferRole::kUpdate, 0, w.rows, w.cols).view();
-  muon_direction(*s.compute, s.options, p, g, u);
-  detail::orthogonalize_shard(u, p.layout, p.tp, p.gtp, *p.mode, s.ns_of(p),
+  p.update.ensure(*s.compute, w.rows, w.cols);
+  muon_direction(s, p, g, p.update.view());
+  detail::orthogonalize_shard(p.update.view(), p.layout, p.tp, p.gtp, *p.mode, s.ns_of(p),
                               muon_scale_fn(s.options), *s.compute, &s.workspaces);
-  s.compute->axpby(static_cast<float>(-s.options.lr), u, 1.0f, w);
 }
 
-// tp_mode owner: the momentum of every listed parameter, one bucketed orthogonalisation of them
-// all (owner_ns.h), then the updates. The same arithmetic as muon_update, per parameter.
+// tp_mode owner: the momentum direction of every listed parameter, then one bucketed
+// orthogonalisation of them all (owner_ns.h) into their p.update. The same arithmetic as
+// muon_update, per parameter.
 void owner_update(Muon::Impl& s, std::span<const std::size_t> owned,
                   std::span<const ConstMatrixView> grads) {
   if (!s.owner) s.owner = std::make_shared<detail::OwnerStep>(detail::ns_flops_cost(s.ns));
-  std::vector<DeviceMatrix>& updates = s.owner->updates;
-  updates.resize(owned.size());
   std::vector<detail::OwnerOrthogonalizer::Weight> weights;
-  for (std::size_t k = 0; k < owned.size(); ++k) {
-    ParamState& p = s.params[owned[k]];
+  for (const std::size_t i : owned) {
+    ParamState& p = s.params[i];
     const MatrixView w = p.spec.local;
-    updates[k].ensure(*s.compute, w.rows, w.cols);
-    muon_direction(*s.compute, s.options, p, grads[owned[k]], updates[k].view());
-    weights.push_back({updates[k].view(), &p.layout, &p.tp, &p.gtp, p.algorithm});
+    p.update.ensure(*s.compute, w.rows, w.cols);
+    muon_direction(s, p, grads[i], p.update.view());
+    weights.push_back({p.update.view(), &p.layout, &p.tp, &p.gtp, p.algorithm});
   }
   s.owner->orth.run(weights, s.ns, muon_scale_fn(s.options), *s.compute, &s.workspaces);
-  for (std::size_t k = 0; k < owned.size(); ++k) {
-    s.compute->axpby(static_cast<float>(-s.options.lr), updates[k].view(), 1.0f,
-                     s.params[owned[k]].spec.local);
-  }
 }
 
 }  // namespace
@@ -300,16 +313,15 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
            explain_json_difference);
 }
 
-void Muon::Impl::check_updated_weights() const {
+void Muon::Impl::check_updates(std::span<const std::uint8_t> active) const {
   const Impl& s = *this;
-  if (s.compute->memory() != MemoryKind::kDevice) return;  // the CPU refused it before the update
   check_views.clear();
   std::vector<std::size_t> which;
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     const ParamState& p = s.params[i];
-    if (!p.muon) continue;
-    const ConstMatrixView w = p.spec.local;
-    check_views.push_back(w.row_block(0, w.rows - p.layout.local_pad()));  // padding ignored
+    if (!p.muon || (!active.empty() && active[i] == 0)) continue;
+    const ConstMatrixView u = p.update.view();
+    check_views.push_back(u.row_block(0, u.rows - p.layout.local_pad()));  // padding ignored
     which.push_back(i);
   }
   check_results.assign(check_views.size(), std::nullopt);
@@ -322,10 +334,9 @@ void Muon::Impl::check_updated_weights() const {
   for (std::size_t k = 0; reason.empty() && k < which.size(); ++k) {
     if (const auto& bad = check_results[k]) {
       reason = fmt::format(
-          "weight '{}' has a non-finite value at ({}, {}) of its shard after the update: its "
-          "Newton-Schulz input was not finite (a non-finite momentum state, or a non-finite "
-          "weight; {} checks this after the update)",
-          s.params[which[k]].spec.name, bad->row, bad->col, s.compute->name());
+          "the update of weight '{}' is not finite at ({}, {}) of its shard: its Newton-Schulz "
+          "input was not finite (a momentum step or a norm that overflows); nothing is updated",
+          s.params[which[k]].spec.name, bad->row, bad->col);
     }
   }
   s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
@@ -348,23 +359,34 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   s.prepare();
   s.validate_gradients(grads, failure, active);
   s.plan();
-  ++s.step;
+  // The compute phase: every Muon update, nothing written but the updates. Code running over
+  // the parameters' groups (a subset of the world) never throws for data: a non-finite NS input
+  // leaves that update NaN, and one agreement over the world (check_updates) ends the phase.
   std::vector<std::size_t> owned;  // tp_mode owner: orthogonalised together after the loop
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
-    if (!active.empty() && active[i] == 0) continue;               // agreed over the world above
-    if (i == grads.size() / 2) detail::fault_point("optim-step");  // docs/reliability.md
-    if (p.muon && *p.mode == TpMode::kOwner) {
+    if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world above
+    if (*p.mode == TpMode::kOwner) {
       owned.push_back(i);
-    } else if (p.muon) {
+    } else {
       muon_update(s, p, grads[i]);
+    }
+  }
+  if (!owned.empty()) owner_update(s, owned, grads);
+  s.check_updates(active);  // every backend: one batched check, one agreement over the world
+  // The apply phase: rank-local, no collective.
+  ++s.step;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    ParamState& p = s.params[i];
+    if (!active.empty() && active[i] == 0) continue;
+    if (i == grads.size() / 2) detail::fault_point("optim-step");  // docs/reliability.md
+    if (p.muon) {
+      muon_apply(s, p, grads[i]);
     } else {
       adamw_update(p.spec.local, grads[i], p.exp_avg.view(), p.exp_avg_sq.view(), s.step,
                    s.options.adamw, *s.compute);
     }
   }
-  if (!owned.empty()) owner_update(s, owned, grads);
-  s.check_updated_weights();  // device backends: one wait per step, not one per weight
   if (s.comm_timer) *s.comm_seconds += s.comm_timer->seconds();
   s.last = {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
             *s.comm_seconds};

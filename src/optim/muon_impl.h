@@ -22,7 +22,8 @@ struct ParamState {
   Communicator gtp;
   detail::ShardLayout layout;
   bool muon = false;
-  DeviceMatrix momentum;                           // Muon: shard-shaped, compute's memory
+  DeviceMatrix momentum;  // Muon: shard-shaped, compute's memory
+  DeviceMatrix update;    // Muon: this step's update, from the compute phase to the apply phase
   DeviceMatrix exp_avg, exp_avg_sq;                // AdamW: shard-shaped, compute's memory
   std::optional<TpMode> mode;                      // Muon: the mode used (auto: once planned)
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm (auto: planned)
@@ -51,7 +52,7 @@ struct Muon::Impl {
   // The caller's groups with the backend's data plane attached, both planes timed.
   std::map<const CommImpl*, Communicator> timed;
   MuonStepStats last;
-  // The batched checks (validate_gradients, check_updated_weights): the views checked and their
+  // The batched checks (validate_gradients, check_updates): the views checked and their
   // results, kept across steps.
   mutable std::vector<ConstMatrixView> check_views;
   mutable std::vector<std::optional<MatrixIndex>> check_results;
@@ -84,10 +85,11 @@ struct Muon::Impl {
   // Replaces the options (validated by the caller) and what is derived from them.
   void use_options(MuonOptions o);
   std::string options_text;  // the options' JSON, agreed at every step
-  // On a device backend (which normalises NS inputs on its own memory, leaving a non-finite one
-  // NaN): one batched find_non_finite of every Muon weight after the step's updates, agreed over
-  // the world (CollectiveError on every rank naming the first failing rank's weight).
-  void check_updated_weights() const;
+  // The end of the step's compute phase, on every backend: one batched find_non_finite of every
+  // stepping Muon parameter's update (a non-finite NS input leaves it NaN), agreed over the world
+  // (CollectiveError on every rank naming the first failing rank's weight), before anything is
+  // written.
+  void check_updates(std::span<const std::uint8_t> active) const;
   // The NS options of a planned parameter (its algorithm).
   const NsOptions& ns_of(const ParamState& p) const {
     return p.algorithm == NsAlgorithm::kGram ? ns_gram : ns;

@@ -87,6 +87,15 @@ Grid grid_of(const ShardLayout& l) {
   return {tp_on(l) ? l.tp_size : 1, l.gtp_size, tp_on(l) ? l.tp_rank : 0, l.gtp_rank};
 }
 
+// The ranks of a T x G grid (its TP and GTP groups' agreements reach all of them): their count
+// and the world's size (which world ranks they are is not known on one rank).
+ErrorScope grid_scope(const Grid& grid, const Communicator& tp, const Communicator& gtp) {
+  ErrorScope scope = (grid.G > 1 ? gtp : tp).error_scope();
+  scope.size = grid.T * grid.G;
+  scope.ranks.clear();
+  return scope;
+}
+
 // The TP block of rank j in a full work matrix.
 MatrixView tp_block(MatrixView full, const ShardLayout& l, int j) {
   const Index r_tp = l.padded_rows(), n_tp = l.n_tp();
@@ -232,9 +241,11 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
   if (grid.G > 1) ok = all_agree(gtp, hash, ok);
   if (grid.T > 1) ok = all_agree(tp, hash, ok);
   if (!ok) {
-    throw CollectiveError(fmt::format(
-        "owner mode: the ranks of a {} x {} (TP x GTP) bucket of {} weights disagree on it{}{}",
-        grid.T, grid.G, items.size(), reason.empty() ? "" : "; on this rank: ", reason));
+    throw CollectiveError(
+        fmt::format(
+            "owner mode: the ranks of a {} x {} (TP x GTP) bucket of {} weights disagree on it{}{}",
+            grid.T, grid.G, items.size(), reason.empty() ? "" : "; on this rank: ", reason),
+        grid_scope(grid, tp, gtp));
   }
   if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
   std::vector<double> costs;

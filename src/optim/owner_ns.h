@@ -98,7 +98,6 @@ class OwnerOrthogonalizer {
 struct OwnerStep {
   explicit OwnerStep(OwnerCostFn cost) : orth(std::move(cost)) {}
   OwnerOrthogonalizer orth;
-  std::vector<DeviceMatrix> updates;  // compute's memory, kept across steps
 };
 
 }  // namespace distmuon::detail

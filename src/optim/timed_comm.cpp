@@ -41,6 +41,7 @@ class TimedComm final : public CommImpl {
   std::shared_ptr<CommImpl> split(int color, int key) override {
     return std::make_shared<TimedComm>(inner_->split(color, key), seconds_, device_);
   }
+  GroupPlacement placement() const override { return inner_->placement(); }
   void abort(int code) override { inner_->abort(code); }
 
  private:

@@ -126,8 +126,8 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
       group_layout(shard.rows, shard.cols, partition_dim, group.size(), group.rank());
   // The shards move over the group's data plane: attach the backend's when it has none yet.
   const Communicator tp = group.has_data_plane() ? group : compute.data_communicator(group);
-  // Blockwise, each rank's NS is its own (no collective inside): a rank-local refusal (a
-  // non-finite block on the CPU) is agreed below instead of leaving the other ranks waiting.
+  // Blockwise, each rank's NS is its own (no collective inside): a rank-local refusal is agreed
+  // below instead of leaving the other ranks waiting.
   std::string reason;
   if (sharded && mode == TpMode::kBlockwise) {
     try {
@@ -140,11 +140,9 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
   } else {
     orthogonalize_shard(shard, layout, tp, local_communicator(), mode, opts, {}, compute);
   }
-  // The result is checked on every backend, so that no caller (the CLI,
-  // Python) is handed a non-finite result: a device backend checks the input's norm on its own
-  // memory and leaves a non-finite input's result NaN; the CPU refused such an input before the
-  // iteration, and the checked schedule (NsOptions::validate) keeps a finite input's result
-  // finite, so there this is a guard that never fires.
+  // The result is checked on every backend, so that no caller (the CLI, Python) is handed a
+  // non-finite result: every backend leaves a non-finite input's result NaN (NormCheck::kBackend),
+  // and the checked schedule (NsOptions::validate) keeps a finite input's result finite.
   const std::optional<MatrixIndex> at =
       reason.empty() ? compute.find_non_finite(shard) : std::nullopt;
   if (at) {

@@ -34,7 +34,8 @@ ShardedCharLm::ShardedCharLm(const CharLmConfig& config, std::uint64_t seed, Com
     throw CollectiveError(
         fmt::format("sharded charlm: the ranks of the group (size {}) were given different model "
                     "configs or seeds",
-                    group_.size()));
+                    group_.size()),
+        group_.error_scope());
   }
   full_ = CharLmWeights::zeros(config);
   grads_ = CharLmWeights::zeros(config);
@@ -77,10 +78,12 @@ double ShardedCharLm::forward_backward(const CharBatch& local_batch) {
   for (std::int64_t s : sizes)
     equal = equal && s == sizes.front();
   if (!equal || sizes.front() == 0) {
-    throw CollectiveError(fmt::format(
-        "sharded charlm: forward_backward needs equal, non-empty batches on every rank; "
-        "got sizes {}",
-        fmt::join(sizes, ",")));
+    throw CollectiveError(
+        fmt::format(
+            "sharded charlm: forward_backward needs equal, non-empty batches on every rank; "
+            "got sizes {}",
+            fmt::join(sizes, ",")),
+        group_.error_scope());
   }
   gather_into_full();
 
@@ -122,7 +125,8 @@ double ShardedCharLm::evaluate(const CharBatch& local_batch) {
   group_.agree_or_throw(failure.empty(), "sharded charlm evaluate", failure);
   double totals[2] = {sum, static_cast<double>(local_batch.size())};
   group_.all_reduce<double>(totals);
-  if (totals[1] == 0.0) throw CollectiveError("sharded charlm evaluate: no window on any rank");
+  if (totals[1] == 0.0)
+    throw CollectiveError("sharded charlm evaluate: no window on any rank", group_.error_scope());
   return totals[0] / totals[1];
 }
 

@@ -198,7 +198,7 @@ void expect_step_fails(Muon& opt, Model& model, Compute& compute, const std::str
     const std::string m = e.what();
     EXPECT_NE(m.find("'" + weight + "'"), std::string::npos) << what << ": " << m;
     // Found by the step's first batched check, of the gradients, weights and states, before any
-    // update (the check after the updates remains for a momentum step that overflows).
+    // update (the check of the updates remains for a momentum step that overflows).
     EXPECT_NE(m.find("before the step (nothing is updated)"), std::string::npos)
         << what << ": " << m;
   }

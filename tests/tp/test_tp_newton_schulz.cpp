@@ -238,10 +238,9 @@ TEST(TpNewtonSchulz, OpaqueBackendIsBitEqualToCpu) {
   }
 }
 
-// A NaN in the shard of the group's rank 0: on the CPU backend NS refuses the input before the
-// iteration, on the opaque backend the result is checked after it (compute.h, normalize); on
-// both, every rank of the group throws (blockwise too: the ranks agree on the outcome, so none
-// is left waiting in the caller's next collective).
+// A NaN in the shard of the group's rank 0: on both backends the iteration runs on NaN and the
+// result is checked after it (compute.h, normalize); every rank of the group throws (blockwise too:
+// the ranks agree on the outcome, so none is left waiting in the caller's next collective).
 TEST(TpNewtonSchulz, NonFiniteShardThrowsOnTheSameRanksOnEveryBackend) {
   for (const Communicator& group : tp_groups()) {
     for (const TpMode mode : {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed}) {

@@ -42,6 +42,17 @@ class LocalComm final : public CommImpl {
   void barrier() override {}
   std::shared_ptr<CommImpl> split(int, int) override { return std::make_shared<LocalComm>(); }
   void abort(int code) override { std::exit(code); }
+  // One rank; in a job launched by mpirun, that rank of the launcher's world.
+  GroupPlacement placement() const override {
+    auto env = [](const char* a, const char* b, int fallback) {
+      for (const char* var : {a, b}) {
+        if (const char* v = std::getenv(var)) return std::atoi(v);
+      }
+      return fallback;
+    };
+    return {{env("OMPI_COMM_WORLD_RANK", "PMI_RANK", 0)},
+            env("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", 1)};
+  }
 };
 
 }  // namespace

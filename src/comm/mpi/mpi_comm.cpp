@@ -149,6 +149,26 @@ class MpiComm final : public CommImpl {
     return std::make_shared<MpiComm>(out, true);
   }
   void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
+  // Called while an error is being built: a failed MPI call gives "not known" instead of a
+  // second error that would hide the first.
+  GroupPlacement placement() const override {
+    MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    GroupPlacement at;
+    std::vector<int> local(static_cast<std::size_t>(size_)), ranks(local.size());
+    for (std::size_t i = 0; i < local.size(); ++i)
+      local[i] = static_cast<int>(i);
+    if (MPI_Comm_size(MPI_COMM_WORLD, &at.world_size) == MPI_SUCCESS &&
+        MPI_Comm_group(comm_, &mine) == MPI_SUCCESS &&
+        MPI_Comm_group(MPI_COMM_WORLD, &world) == MPI_SUCCESS &&
+        MPI_Group_translate_ranks(mine, size_, local.data(), world, ranks.data()) == MPI_SUCCESS) {
+      at.ranks = std::move(ranks);
+    } else {
+      at.world_size = 0;
+    }
+    if (mine != MPI_GROUP_NULL) MPI_Group_free(&mine);
+    if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
+    return at;
+  }
 
  private:
   std::string detail(std::size_t count, DType t) const {

@@ -181,6 +181,7 @@ class NcclComm final : public CommImpl {
   std::shared_ptr<CommImpl> split(int color, int key) override {
     return std::make_shared<NcclComm>(host_->split(color, key), stream_, device_);
   }
+  GroupPlacement placement() const override { return host_->placement(); }
   void abort(int code) override {
     if (comm_ != nullptr) nccl().comm_abort(comm_);
     comm_ = nullptr;

@@ -47,6 +47,7 @@ class OpaqueDataComm final : public CommImpl {
   std::shared_ptr<CommImpl> split(int color, int key) override {
     return std::make_shared<OpaqueDataComm>(inner_->split(color, key), owner_);
   }
+  GroupPlacement placement() const override { return inner_->placement(); }
   void abort(int code) override { inner_->abort(code); }
 
  private:

@@ -1,0 +1,85 @@
+// A CollectiveError agreed by a subgroup ends the whole job (docs/reliability.md, "Failures and
+// their scope"): scoped_error_program runs Muon (tp_mode auto) on a 2 x 2 TP x GTP layout at 4
+// ranks with a topology file that lacks rank 3's entry. Rank 3's GTP group {1, 3} agrees on the
+// probe's failure; ranks 0 and 2 wait for ranks 1 and 3 in their TP groups' probe. Every rank
+// must end within the limit, with the error printed: the program aborts the job.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ProgramRun {
+  int exit_code = 0;
+  double seconds = 0;
+  std::string output;
+};
+
+// `mpirun -np 4 scoped_error_program` with DISTMUON_TOPOLOGY_FILE=topology, stopped after 30 s
+// (exit code 124, or 137 when it had to be killed: a hang).
+ProgramRun run_program(const fs::path& dir, const std::string& topology) {
+  const fs::path file = dir / "topology.json", log = dir / "out.txt";
+  std::ofstream(file) << topology;
+  const std::string cmd = fmt::format(
+      "DISTMUON_TOPOLOGY_FILE='{}' timeout -k 5 30 {} -np 4 --oversubscribe --bind-to none -x "
+      "DISTMUON_TOPOLOGY_FILE --mca odls_base_sigkill_timeout 0 {} > '{}' 2>&1",
+      file.string(), DISTMUON_MPIEXEC, SCOPED_ERROR_PROGRAM, log.string());
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = std::system(cmd.c_str());
+  ProgramRun r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  std::stringstream text;
+  text << std::ifstream(log).rdbuf();
+  r.output = text.str();
+  return r;
+}
+
+fs::path fresh_dir() {
+  const fs::path dir = fs::temp_directory_path() /
+                       fmt::format("distmuon_scoped_errors_{}_{}", ::getpid(),
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TEST(ScopedErrors, AProbeFailingInOneGtpGroupAbortsTheJob) {
+  const fs::path dir = fresh_dir();
+  const ProgramRun r = run_program(dir, R"({"ranks": [{"rank": 0, "domain": "a"},
+                                               {"rank": 1, "domain": "a"},
+                                               {"rank": 2, "domain": "a"}]})");
+  EXPECT_TRUE(r.exit_code != 124 && r.exit_code != 137)
+      << "a rank was left waiting (killed after 30 s):\n"
+      << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 30.0) << r.output;
+  EXPECT_NE(r.output.find("no entry for rank 3"), std::string::npos) << r.output;
+  // Said with its scope: the GTP group of world ranks 1 and 3, not the world.
+  EXPECT_NE(r.output.find("agreed by ranks 1,3 of 4"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+// The control: the same program with every rank's entry runs its step and ends normally.
+TEST(ScopedErrors, TheSameLayoutWithEveryEntrySteps) {
+  const fs::path dir = fresh_dir();
+  const ProgramRun r = run_program(dir, R"({"ranks": [{"rank": 0, "domain": "a"},
+                                               {"rank": 1, "domain": "a"},
+                                               {"rank": 2, "domain": "a"},
+                                               {"rank": 3, "domain": "a"}]})");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step done"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
