@@ -46,14 +46,7 @@ Matrix cuda_ns(Compute& cuda, const Matrix& g, const NsOptions& opts) {
 // families: standard tf32 1e-2, bf16 8e-2; Gram twice that.
 double tolerance(Precision p, NsAlgorithm algorithm) {
   const bool gram = algorithm == NsAlgorithm::kGram;
-  switch (p) {
-    case Precision::kTf32:
-      return gram ? 2e-2 : 1e-2;
-    case Precision::kBf16:
-      return gram ? 1.6e-1 : 8e-2;
-    case Precision::kFp32:
-      break;
-  }
+  if (p != Precision::kFp32) return test::reduced_precision_ns_bound(gram, p);
   return gram ? 1e-4 : 2e-5;
 }
 

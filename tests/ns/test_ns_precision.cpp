@@ -36,14 +36,7 @@ constexpr Precision kPrecisions[] = {Precision::kFp32, Precision::kTf32, Precisi
 
 double tolerance(NsAlgorithm algorithm, Precision p) {
   const bool gram = algorithm == NsAlgorithm::kGram;
-  switch (p) {
-    case Precision::kTf32:
-      return gram ? 2e-2 : 1e-2;
-    case Precision::kBf16:
-      return gram ? 1.6e-1 : 8e-2;
-    case Precision::kFp32:
-      break;
-  }
+  if (p != Precision::kFp32) return test::reduced_precision_ns_bound(gram, p);
   return gram ? 2e-4 : 1e-5;
 }
 

@@ -34,6 +34,14 @@ template <typename T>
 Matrix reference_newton_schulz(ConstMatrixView g, const CoefficientSet& coefficients, int steps,
                                double eps = 1e-15);
 
+// The bound of Newton-Schulz at a reduced precision (tf32, bf16) against the float64 reference
+// on every shape family, standard or Gram (tests/ns/test_ns_precision.cpp says why): tf32 1e-2,
+// bf16 8e-2, Gram twice that. The CPU emulation and the GPU are both held to it.
+inline double reduced_precision_ns_bound(bool gram, Precision p) {
+  const double standard = p == Precision::kTf32 ? 1e-2 : 8e-2;
+  return gram ? 2 * standard : standard;
+}
+
 // Rows [r0, r0 + n) / columns [c0, c0 + n) of m as a new matrix.
 Matrix slice_rows(ConstMatrixView m, Index r0, Index n);
 Matrix slice_cols(ConstMatrixView m, Index c0, Index n);
