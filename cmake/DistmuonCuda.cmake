@@ -151,6 +151,21 @@ if(DISTMUON_HAVE_CUDA)
     list(APPEND distmuon_bin_hints ${dir}/bin)
   endforeach()
   find_program(DISTMUON_CUOBJDUMP cuobjdump HINTS ${distmuon_bin_hints})
+
+  # distmuon_cuda_sources(FILES...): adds the CUDA backend's sources (of the calling folder) to
+  # distmuon. The CUDA headers (runtime, cuBLAS, NCCL) reach these sources only, as system
+  # includes, and the static runtime is linked without its usage requirements: every other object
+  # of the library compiles with the same command line with CUDA on or off, so that a compiler
+  # cache serves both builds (a CUDA build and the CPU-only one of `pip install .`).
+  function(distmuon_cuda_sources)
+    set(flags "")
+    foreach(dir IN LISTS CUDAToolkit_INCLUDE_DIRS DISTMUON_CUBLAS_INCLUDE_DIR DISTMUON_NCCL_INCLUDE_DIR)
+      list(APPEND flags -isystem ${dir})
+    endforeach()
+    target_sources(distmuon PRIVATE ${ARGN})
+    set_property(SOURCE ${ARGN} TARGET_DIRECTORY distmuon APPEND PROPERTY COMPILE_OPTIONS ${flags})
+    target_link_libraries(distmuon PRIVATE $<LINK_ONLY:CUDA::cudart_static>)
+  endfunction()
 else()
   message(STATUS "distmuon: CUDA backend off: ${distmuon_cuda_why}")
 endif()

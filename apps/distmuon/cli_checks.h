@@ -12,6 +12,11 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <string_view>
+#include <utility>
+
+#include "distmuon/error.h"
+#include "distmuon/matrix.h"
 
 namespace distmuon::cli {
 
@@ -58,6 +63,26 @@ inline CLI::Validator non_empty_path() {
         return text.empty() ? std::string("an empty name is no file or folder") : std::string();
       },
       "PATH");
+}
+
+// A weight shape "MxN" (or "MXN") given to `option`: both positive decimal integers of at most
+// `max`.
+inline std::pair<Index, Index> parse_shape(std::string_view text, std::string_view option,
+                                           Index max = std::numeric_limits<Index>::max()) {
+  const auto dimension = [max](std::string_view s, Index& v) {
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    return ec == std::errc() && end == s.data() + s.size() && v > 0 && v <= max;
+  };
+  const auto x = text.find_first_of("xX");
+  Index m = 0, n = 0;
+  if (x == std::string_view::npos || !dimension(text.substr(0, x), m) ||
+      !dimension(text.substr(x + 1), n)) {
+    throw Error(
+        max == std::numeric_limits<Index>::max()
+            ? fmt::format("{} '{}' is not MxN with positive M and N (e.g. 4096x1024)", option, text)
+            : fmt::format("{} '{}' is not MxN with 1 <= M, N <= {}", option, text, max));
+  }
+  return {m, n};
 }
 
 // The most Newton-Schulz steps an option accepts: published schedules run 5 to 10 steps, and a

@@ -2,7 +2,6 @@
 // Run under `mpirun -np G`; prints a table (or one JSON object with --json) on rank 0.
 #include <fmt/format.h>
 
-#include <charconv>
 #include <iostream>
 
 #include "bench_model_options.h"
@@ -15,24 +14,6 @@
 #include "distmuon/error.h"
 
 namespace distmuon::cli {
-namespace {
-
-std::pair<Index, Index> parse_shape(const std::string& text) {
-  const auto x = text.find('x');
-  Index m = 0, n = 0;
-  const char* end = text.data() + text.size();
-  if (x != std::string::npos) {
-    const auto rm = std::from_chars(text.data(), text.data() + x, m);
-    const auto rn = std::from_chars(text.data() + x + 1, end, n);
-    if (rm.ec == std::errc{} && rm.ptr == text.data() + x && rn.ec == std::errc{} &&
-        rn.ptr == end && m > 0 && n > 0) {
-      return {m, n};
-    }
-  }
-  throw Error(fmt::format("--shape '{}' is not MxN with positive M and N (e.g. 4096x1024)", text));
-}
-
-}  // namespace
 
 void add_bench_command(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand(
@@ -92,7 +73,7 @@ void add_bench_command(CLI::App& app, Context& ctx) {
       TpBenchConfig c;
       c.shapes.clear();
       for (const auto& s : o->shapes)
-        c.shapes.push_back(parse_shape(s));
+        c.shapes.push_back(parse_shape(s, "--shape"));
       c.partition_dim = o->partition_dim;
       c.modes.clear();
       for (const auto& m : o->modes)

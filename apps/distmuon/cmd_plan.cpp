@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <charconv>
 #include <nlohmann/json.hpp>
 
 #include "cli_checks.h"
@@ -16,22 +15,6 @@
 
 namespace distmuon::cli {
 namespace {
-
-// "4096x1024" -> a weight of that shape.
-WeightShape parse_shape(const std::string& text) {
-  const auto x = text.find_first_of("xX");
-  Index m = 0, n = 0;
-  const auto parse = [](std::string_view s, Index& v) {
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    return ec == std::errc() && end == s.data() + s.size() && v > 0;
-  };
-  if (x == std::string::npos || !parse(std::string_view(text).substr(0, x), m) ||
-      !parse(std::string_view(text).substr(x + 1), n)) {
-    throw Error(
-        fmt::format("--shape '{}': expected MxN with positive integers, e.g. 4096x1024", text));
-  }
-  return {fmt::format("{}x{}", m, n), m, n, 1, false};
-}
 
 struct PlanCliOptions {
   std::vector<std::string> shapes;
@@ -139,8 +122,10 @@ void run_plan(const PlanCliOptions& opts_in) {
   if (!o->model.empty()) {
     weights = model_weights(o->model);
   } else {
-    for (const auto& s : o->shapes)
-      weights.push_back(parse_shape(s));
+    for (const auto& s : o->shapes) {
+      const auto [m, n] = parse_shape(s, "--shape");
+      weights.push_back({fmt::format("{}x{}", m, n), m, n, 1, false});
+    }
   }
   const Plan plan = make_plan(weights, opts);
   if (o->json) {

@@ -42,22 +42,6 @@ double error_against(const Matrix& got, const std::vector<double>& want) {
   return std::sqrt(diff / norm);
 }
 
-std::pair<Index, Index> parse_shape(const std::string& text) {
-  const auto x = text.find('x');
-  try {
-    if (x != std::string::npos) {
-      std::size_t used_m = 0, used_n = 0;
-      const long long m = std::stoll(text.substr(0, x), &used_m);
-      const long long n = std::stoll(text.substr(x + 1), &used_n);
-      if (used_m == x && used_n == text.size() - x - 1 && m >= 1 && n >= 1 && m <= 4096 &&
-          n <= 4096)
-        return {m, n};
-    }
-  } catch (const std::exception&) {
-  }
-  throw Error(fmt::format("--shapes: '{}' is not MxN with 1 <= M, N <= 4096", text));
-}
-
 // The step count a built-in set is meant for (docs/optimizer.md).
 int default_steps(const CoefficientSet& set) {
   if (set.required_steps) return *set.required_steps;
@@ -104,7 +88,7 @@ void add_precision_command(CLI::App& app, Context& ctx) {
     const Inputs in = resolve_on_every_rank([&] {
       Inputs r;
       for (const std::string& s : o->shapes)
-        r.shapes.push_back(parse_shape(s));
+        r.shapes.push_back(parse_shape(s, "--shapes", 4096));
       for (const std::string& name : o->sets) {
         NsOptions ns;
         ns.coefficients = coefficient_set(name);

@@ -8,7 +8,7 @@
 
 namespace distmuon {
 
-#ifdef DISTMUON_HAVE_CUDA
+#if DISTMUON_HAVE_CUDA
 Compute& cuda_compute_of_this_rank();  // src/compute/cuda
 #else
 namespace {
@@ -25,7 +25,7 @@ Compute& cuda_compute_on_stream(int, std::uintptr_t) {
 #endif
 
 std::vector<std::string> compute_backend_names() {
-#ifdef DISTMUON_HAVE_CUDA
+#if DISTMUON_HAVE_CUDA
   return {"cpu", "opaque", "cuda"};
 #else
   return {"cpu", "opaque"};
@@ -38,7 +38,7 @@ Compute& compute_backend(std::string_view name) {
     static const std::unique_ptr<Compute> opaque = make_opaque_compute();
     return *opaque;
   }
-#ifdef DISTMUON_HAVE_CUDA
+#if DISTMUON_HAVE_CUDA
   if (name == "cuda") return cuda_compute_of_this_rank();
 #else
   if (name == "cuda") throw no_cuda();

@@ -18,20 +18,12 @@ namespace {
 constexpr std::string_view kMarker = "<!-- doc-output:";
 constexpr std::string_view kEnd = "-->";
 
-std::string trim(std::string s) {
+}  // namespace
+
+std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t");
   const auto e = s.find_last_not_of(" \t\r");
   return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-}
-
-}  // namespace
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read " + path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::vector<std::string> split_lines(const std::string& text) {

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"  // read_text
+
 namespace distmuon::test {
 
 struct DocBlock {
@@ -28,8 +30,8 @@ struct DocBlock {
 // only, so that DISTMUON_UPDATE_DOCS=0 (or an empty value) checks them as usual.
 bool update_docs_requested(const char* value);
 
-// The whole file (throws std::runtime_error when it cannot be read).
-std::string read_text(const std::filesystem::path& path);
+// The line without its leading blanks and trailing blanks and carriage return.
+std::string trim(const std::string& s);
 
 std::vector<std::string> split_lines(const std::string& text);
 std::string join_lines(const std::vector<std::string>& lines);

@@ -1,5 +1,7 @@
 #include "doc_commands.h"
 
+#include "doc_blocks.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,12 +14,6 @@ namespace {
 const std::regex kCommand(
     R"(^(?:[A-Z_][A-Z0-9_]*=\S+\s+)*(?:mpirun\s+(?:\S+\s+)*?)?(?:build/bin/)?distmuon(?:\s|$))");
 const std::regex kSkip(R"(^\s*<!-- doc-commands: skip=(.+) -->\s*$)");
-
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  const auto e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-}
 
 std::vector<std::string> tokens(const std::string& s) {
   std::istringstream in(s);

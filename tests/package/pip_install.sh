@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # `pip install SOURCE` into a fresh virtual environment, then import distmuon there and run it:
 # the package, its extension and its data folders come from the environment, not the checkout.
-# Usage: pip_install.sh PYTHON SOURCE WORK_DIR
+# Usage: pip_install.sh PYTHON SOURCE WORK_DIR [PIP_OPTION...] (e.g. --config-settings=...)
 set -euo pipefail
 python=$1 source=$2 work=$3
+shift 3
 rm -rf "$work"
 "$python" -m venv "$work/venv"
 # Build isolation as a user gets it: the build requirements come from PyPI (or pip's cache).
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "$source"
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "$@" "$source"
 cd "$work"  # not the checkout: nothing importable from there
 "$work/venv/bin/python" - "$work/venv" <<'PY'
 import os, sys
