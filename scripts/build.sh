@@ -4,7 +4,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/install-deps.sh"
 # ccache (when installed): paths relative to the checkout, so any clone of it shares the cache.
-export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+# The tests' precompiled header (tests/CMakeLists.txt) is cacheable with the sloppiness ccache's
+# manual gives for it.
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
 # Only distmuon's own configure lines are shown: whether CUDA is on and what its kernels are
 # built for (machine code and PTX per architecture), where the Python module goes.
 # DISTMUON_WERROR=ON (scripts/test.sh sets it): distmuon's own code with warnings as errors.

@@ -11,7 +11,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/install-deps.sh"
 # ccache (when installed): paths relative to the checkout, so any clone of it shares the cache.
-export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+# The tests' precompiled header (tests/CMakeLists.txt) is cacheable with the sloppiness ccache's
+# manual gives for it.
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
 # A unity build (sources compiled in batches: the heavy headers parsed once per batch) takes
 # about half the time of a file-by-file one here; a name clash between two sources of a batch is
 # a compile error, fixed by giving the helpers distinct names or a shared header.
