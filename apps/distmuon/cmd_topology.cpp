@@ -3,7 +3,6 @@
 // (DISTMUON_TOPOLOGY_FILE) for later runs.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "distmuon/topology.h"
@@ -18,17 +17,9 @@ void add_topology_command(CLI::App& app, Context& ctx) {
   cmd->add_flag("--json", *json_out, "Print JSON (usable as DISTMUON_TOPOLOGY_FILE)");
   cmd->callback([json_out, &ctx] {
     log_to_stderr();
-    DomainInfo mine;
-    std::string why;
-    try {
-      mine = probe_domain(ctx.world.rank());
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
-    ctx.world.agree_or_throw(why.empty(), "topology probe", why);
-    const auto all = gather_domains(ctx.world, mine);
-    const bool crosses = std::any_of(all.begin(), all.end(),
-                                     [&](const DomainInfo& d) { return d.id != all.front().id; });
+    const Topology topology = Topology::gather(ctx.world);
+    const auto& all = topology.domains();
+    const bool crosses = topology.crosses_world();
     if (ctx.world.rank() != 0) return;
     if (*json_out) {
       nlohmann::json ranks = nlohmann::json::array();

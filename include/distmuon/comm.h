@@ -148,6 +148,11 @@ class Communicator {
   void agree_or_throw(bool ok, const std::string& what, const std::string& reason = {}) const;
   // The scope of an error agreed over this group (CollectiveError::scope).
   ErrorScope error_scope() const;
+  // The ranks in `world` of this group's ranks, in group order, found without communicating: the
+  // identity when this is world, this rank's when the group has one rank, else from both
+  // communicators' placements (CommImpl::placement). Empty when they are not known or a rank of
+  // this group is not in world.
+  std::vector<int> ranks_in(const Communicator& world) const;
 
  private:
   void check_gather(std::size_t send, std::size_t recv) const;

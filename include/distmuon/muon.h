@@ -143,6 +143,8 @@ struct ParamInfo {
   int tp_size = 1, gtp_size = 1;
   std::optional<TpMode> mode;  // the mode used (auto: planned); empty until planned or AdamW
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm used (once planned)
+  // tp_mode auto, once planned: whether the weight's groups cross an NVLink domain (its key's).
+  std::optional<bool> crosses_domain;
 };
 
 // Seconds of the last step() on this rank: total, and waiting in the parameters' collectives.

@@ -1,9 +1,10 @@
 #pragma once
 // NVLink-domain topology: which ranks share a GPU fabric domain.
 //
-// CONTRACT (used by the optimizer; keep this declaration): crosses_domain(group).
+// CONTRACT (used by the optimizer): Topology::gather(world), once per optimizer at planning time,
+// then Topology::crosses(group) for each group (local).
 //
-// Each process finds its domain id once, in this order (docs/cost-model.md):
+// Each process finds its domain id, in this order (docs/cost-model.md):
 //  1. DISTMUON_NVLINK_DOMAIN: the id itself (source "env");
 //  2. DISTMUON_TOPOLOGY_FILE: a JSON file mapping world ranks to ids, in the format that
 //     `distmuon topology --json` prints: {"ranks": [{"rank": 0, "domain": "A"}, ...]} (source
@@ -14,6 +15,7 @@
 // A missing driver or library falls through to the host name, logged once.
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distmuon/comm.h"
@@ -32,20 +34,41 @@ struct TopologyProbeOptions {
       -1;  // NVML device queried; -1: the node-local rank (from the launcher) modulo the GPU count
 };
 
-// Probes this process's domain now (not cached). world_rank selects the entry of a topology file.
-// A malformed override file throws distmuon::Error naming the file and field.
+// Probes this process's domain now (not cached). world_rank (this process's rank in the world
+// whose topology is gathered) selects the entry of a topology file. A malformed override file
+// throws distmuon::Error naming the file and field.
 DomainInfo probe_domain(int world_rank, const TopologyProbeOptions& opts = {});
-// This process's domain, probed once with the rank of world_communicator().
-const DomainInfo& local_domain();
-// Forgets the cached local_domain() so the next call probes again (after the environment changed).
-void reset_local_domain();
 
 // Every rank's domain in group rank order. Collective over the group.
 std::vector<DomainInfo> gather_domains(const Communicator& group, const DomainInfo& mine);
 
-// True when the ranks of the group are not all in one NVLink domain. Collective: every rank of
-// the group must call it; all-gathers the ranks' domain ids.
-bool crosses_domain(const Communicator& group);
-bool crosses_domain(const Communicator& group, const DomainInfo& mine);
+// The NVLink domains of every rank of a world (the optimizer's, or a command's group), gathered
+// once; which sub-groups of that world cross a domain is then known without communicating.
+class Topology {
+ public:
+  // Collective over world: each rank probes its domain with its rank in world, the probes'
+  // success is agreed over world (a failure on any rank throws CollectiveError on every rank,
+  // with the world's scope: "NVLink-domain probe failed on rank(s) 3 of 4: ..."), then one
+  // all-gather of the domains.
+  static Topology gather(const Communicator& world, const TopologyProbeOptions& opts = {});
+
+  // The world's size and each rank's domain, in world rank order.
+  int world_size() const { return static_cast<int>(domains_.size()); }
+  const std::vector<DomainInfo>& domains() const { return domains_; }
+  // True when these ranks of the world are not all in one domain. Local.
+  bool crosses(const std::vector<int>& world_ranks) const;
+  // True when the ranks of group (a group of this rank, made from the world or over its ranks)
+  // are not all in one domain. Local: the members' world ranks come from the communicators
+  // (Communicator::ranks_in). Throws distmuon::Error when they are not known, or when the group
+  // has ranks outside the world.
+  bool crosses(const Communicator& group) const;
+  bool crosses_world() const;
+
+ private:
+  Topology(Communicator world, std::vector<DomainInfo> domains)
+      : world_(std::move(world)), domains_(std::move(domains)) {}
+  Communicator world_;
+  std::vector<DomainInfo> domains_;
+};
 
 }  // namespace distmuon

@@ -72,6 +72,11 @@ class TorchCollectives:
     def size(self):
         return len(self.ranks)
 
+    def placement(self):
+        """The group's global ranks in group order and the torch world's size (the ranks that
+        errors name, and how distmuon finds a group's ranks in the optimizer's world)."""
+        return list(self.ranks), dist.get_world_size()
+
     def all_gather(self, send, recv):
         r = self._t(recv)
         dist.all_gather(list(r.view(self.size(), send.shape[0]).unbind(0)), self._t(send),

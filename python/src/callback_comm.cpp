@@ -70,6 +70,13 @@ class CallbackComm final : public CommImpl {
   explicit CallbackComm(py::object impl) : impl_(std::move(impl)) {
     rank_ = impl_.attr("rank")().cast<int>();
     size_ = impl_.attr("size")().cast<int>();
+    // Optional: placement() -> (ranks of the group in its world, in group order; world size).
+    if (py::hasattr(impl_, "placement")) {
+      const py::tuple at = impl_.attr("placement")().cast<py::tuple>();
+      for (const py::handle r : at[0].cast<py::list>())
+        placement_.ranks.push_back(r.cast<int>());
+      placement_.world_size = at[1].cast<int>();
+    }
   }
   ~CallbackComm() override {
     if (!Py_IsInitialized()) {
@@ -82,6 +89,7 @@ class CallbackComm final : public CommImpl {
   std::string backend() const override { return "torch"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  GroupPlacement placement() const override { return placement_; }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
     call("all_gather", [&] {
@@ -200,6 +208,7 @@ class CallbackComm final : public CommImpl {
   }
   py::object impl_;
   int rank_ = 0, size_ = 1;
+  GroupPlacement placement_;  // not known unless the object says
 };
 
 }  // namespace

@@ -14,8 +14,9 @@ Communicator mpi4py_communicator(py::handle comm);
 // torch.distributed over a process group): rank(), size(), all_gather(send, recv),
 // all_reduce(buf, op), reduce_scatter(send, recv, op), broadcast(buf, root),
 // all_to_all_v(send, send_counts, recv, recv_counts) (packed buffers), barrier(),
-// split(color, key) -> a new such object, abort(code). Buffers arrive as NumPy arrays over
-// distmuon's memory (no copy); the GIL is taken around each call.
+// split(color, key) -> a new such object, abort(code), and optionally placement() -> (the
+// group's ranks in its world in group order, the world's size) (CommImpl::placement). Buffers
+// arrive as NumPy arrays over distmuon's memory (no copy); the GIL is taken around each call.
 Communicator callback_communicator(py::object impl);
 
 void init_comm(py::module_& m);

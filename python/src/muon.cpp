@@ -236,6 +236,8 @@ py::dict param_info(const ParamInfo& p) {
   d["mode"] = p.mode ? py::object(py::str(to_string(*p.mode))) : py::object(py::none());
   d["algorithm"] =
       p.muon && p.mode ? py::object(py::str(to_string(p.algorithm))) : py::object(py::none());
+  d["crosses_domain"] =
+      p.crosses_domain ? py::object(py::bool_(*p.crosses_domain)) : py::object(py::none());
   return d;
 }
 

@@ -186,7 +186,7 @@ CalibrationReport calibrate(const Communicator& group, const CalibrateOptions& o
   cal.elem_size = 4;
   cal.group_size = g;
   cal.blas_threads = blas_threads();
-  cal.crosses_domain = crosses_domain(group);
+  cal.crosses_domain = Topology::gather(group).crosses_world();
   cal.host = group.broadcast_string(host_name_or_unknown(), 0);
   cal.date = group.broadcast_string(utc_now(), 0);
 

@@ -233,7 +233,7 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
   rep.model = config.model;
   rep.group_size = group.size();
   rep.blas_threads = blas_threads();
-  rep.crosses_domain = crosses_domain(group);
+  rep.crosses_domain = Topology::gather(group).crosses_world();
   rep.has_profile = resolver->profile().has_value();
   rep.profile = rep.has_profile ? resolver->profile()->name : "none";
   rep.cost_model = to_string(resolver->cost_model());

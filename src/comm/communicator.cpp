@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "distmuon/comm.h"
@@ -132,6 +133,30 @@ ErrorScope Communicator::error_scope() const {
   scope.world_size = at.world_size;
   if (static_cast<int>(at.ranks.size()) == size()) scope.ranks = std::move(at.ranks);
   return scope;
+}
+
+std::vector<int> Communicator::ranks_in(const Communicator& world) const {
+  std::vector<int> out;
+  if (impl_ == world.impl_) {
+    for (int r = 0; r < size(); ++r)
+      out.push_back(r);
+    return out;
+  }
+  if (size() == 1) return {world.rank()};
+  const GroupPlacement mine = impl_->placement(), theirs = world.impl_->placement();
+  if (static_cast<int>(mine.ranks.size()) != size() ||
+      static_cast<int>(theirs.ranks.size()) != world.size() || mine.world_size == 0 ||
+      mine.world_size != theirs.world_size) {
+    return {};
+  }
+  for (const int r : mine.ranks) {
+    const auto at = std::find(theirs.ranks.begin(), theirs.ranks.end(), r);
+    if (at == theirs.ranks.end()) return {};
+    out.push_back(static_cast<int>(at - theirs.ranks.begin()));
+  }
+  // This rank must be itself in both.
+  if (out[static_cast<std::size_t>(rank())] != world.rank()) return {};
+  return out;
 }
 
 Communicator world_communicator() {

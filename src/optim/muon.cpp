@@ -461,7 +461,8 @@ std::vector<ParamInfo> Muon::parameters() const {
   std::vector<ParamInfo> out;
   for (const ParamState& p : impl_->params) {
     out.push_back({p.spec.name, p.muon, p.spec.rows, p.spec.cols, p.layout.tp_size,
-                   p.layout.gtp_size, p.muon ? p.mode : std::nullopt, p.algorithm});
+                   p.layout.gtp_size, p.muon ? p.mode : std::nullopt, p.algorithm,
+                   p.auto_key ? std::optional<bool>(p.auto_key->crosses_domain) : std::nullopt});
   }
   return out;
 }

@@ -1,8 +1,10 @@
-// tp_mode=auto for the optimizer: the key of a parameter, the topology probe of its groups, and
-// one decision shared by every rank that holds a piece of the weight.
+// tp_mode=auto for the optimizer: the key of a parameter (whether its groups cross an NVLink
+// domain, from the world's topology), and one decision shared by every rank that holds a piece of
+// the weight.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "distmuon/agreement.h"
 #include "distmuon/auto_mode.h"
@@ -16,46 +18,27 @@ namespace distmuon {
 
 struct AutoState {
   AutoModeResolver resolver;
-  std::map<const CommImpl*, bool> crosses;  // topology probe per group
+  std::optional<Topology> topology;  // the world's NVLink domains, gathered at the first plan
 };
 
 std::unique_ptr<AutoState, void (*)(AutoState*)> make_auto_state(const MuonOptions& o) {
-  return {new AutoState{AutoModeResolver(o.profile, o.cost_model), {}},
+  return {new AutoState{AutoModeResolver(o.profile, o.cost_model), std::nullopt},
           [](AutoState* a) { delete a; }};
 }
 
 namespace {
 
-bool probe(AutoState& a, const Communicator& group) {
-  auto it = a.crosses.find(group.impl_ptr().get());
-  if (it == a.crosses.end())
-    it = a.crosses.emplace(group.impl_ptr().get(), crosses_domain(group)).first;
-  return it->second;
-}
-
-}  // namespace
-
-namespace {
-
-// The cost model's key of an auto parameter (auto_key of its layout) and this rank's probe.
-struct KeyOf {
-  AutoKey key;
-  bool crosses = false;  // this rank's probe of the weight's groups
-};
-
-KeyOf key_of(Muon::Impl& s, ParamState& p) {
-  AutoState& a = *s.auto_state;
+// The cost model's key of an auto parameter (auto_key of its layout, crosses_domain from the
+// world's topology). Local: the topology knows every rank's domain, and the groups their ranks.
+AutoKey key_of(Muon::Impl& s, ParamState& p) {
+  const Topology& topology = *s.auto_state->topology;
   const detail::ShardLayout& l = p.layout;
   const bool tp_on = l.tp_on(), gtp_on = l.gtp_on();
   DISTMUON_ASSERT(tp_on || gtp_on, "auto on an unsharded parameter");
-  KeyOf out;
-  out.key = auto_key(l, s.ns, s.options.ns_algorithm, false);
-  // Both probes run on every rank, whatever the first one says: each is a collective over its
-  // group, and the ranks of one TP group may differ on whether their GTP groups cross.
-  const bool gtp_crosses = gtp_on && probe(a, p.gtp);
-  const bool tp_crosses = tp_on && probe(a, p.tp);
-  out.crosses = gtp_crosses || tp_crosses;
-  return out;
+  // Every piece of the weight lies on this rank's TP x GTP block; it crosses a domain when one
+  // of this rank's groups does (the other ranks' groups: the world all-reduce below).
+  const bool crosses = (gtp_on && topology.crosses(p.gtp)) || (tp_on && topology.crosses(p.tp));
+  return auto_key(l, s.ns, s.options.ns_algorithm, crosses);
 }
 
 // A bucket: the auto parameters that share their groups, as owner mode runs them together.
@@ -89,15 +72,30 @@ void plan_auto_modes(Muon::Impl& s) {
     if (s.params[i].muon && !s.params[i].mode) todo.push_back(i);
   }
   if (todo.empty()) return;
+  // The world's topology, gathered once: a probe failing on any rank fails every rank here,
+  // before any group's collective.
+  if (!s.auto_state->topology) {
+    try {
+      s.auto_state->topology = Topology::gather(s.world);
+    } catch (const CollectiveError& e) {
+      throw CollectiveError(fmt::format("tp_mode=auto: {}", e.what()), e.scope());
+    }
+  }
   // Keys on every rank; a weight crosses a domain when any group holding a piece of it does, on
   // any rank (one all-reduce for all of them).
   std::vector<AutoKey> keys;
   std::vector<std::int32_t> crosses;
-  for (const std::size_t i : todo) {
-    const KeyOf k = key_of(s, s.params[i]);
-    keys.push_back(k.key);
-    crosses.push_back(k.crosses ? 1 : 0);
+  std::string why;
+  try {
+    for (const std::size_t i : todo) {
+      keys.push_back(key_of(s, s.params[i]));
+      crosses.push_back(keys.back().crosses_domain ? 1 : 0);
+    }
+  } catch (const Error& e) {
+    why = e.what();
   }
+  s.world.agree_or_throw(why.empty(), "tp_mode=auto: the NVLink-domain crossing of the groups",
+                         why);
   s.world.all_reduce(std::span<std::int32_t>(crosses), ReduceOp::kMax);
   std::string text;
   for (std::size_t j = 0; j < todo.size(); ++j) {

@@ -10,9 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <optional>
 
 #include "core/host.h"
 #include "distmuon/error.h"
@@ -61,9 +59,6 @@ std::string host_name() {
   }
 }
 
-std::mutex g_mu;
-std::optional<DomainInfo> g_local;
-
 }  // namespace
 
 DomainInfo probe_domain(int world_rank, const TopologyProbeOptions& opts) {
@@ -87,17 +82,6 @@ DomainInfo probe_domain(int world_rank, const TopologyProbeOptions& opts) {
   return out;
 }
 
-const DomainInfo& local_domain() {
-  std::lock_guard lock(g_mu);
-  if (!g_local) g_local = probe_domain(world_communicator().rank());
-  return *g_local;
-}
-
-void reset_local_domain() {
-  std::lock_guard lock(g_mu);
-  g_local.reset();
-}
-
 std::vector<DomainInfo> gather_domains(const Communicator& group, const DomainInfo& mine) {
   // Lengths first, then the "id\0source" strings padded to the longest.
   const std::string packed = mine.id + '\0' + mine.source;
@@ -116,25 +100,46 @@ std::vector<DomainInfo> gather_domains(const Communicator& group, const DomainIn
   return out;
 }
 
-bool crosses_domain(const Communicator& group, const DomainInfo& mine) {
-  if (group.size() == 1) return false;
-  const auto all = gather_domains(group, mine);
-  return std::any_of(all.begin(), all.end(),
-                     [&](const DomainInfo& d) { return d.id != all.front().id; });
-}
-
-bool crosses_domain(const Communicator& group) {
-  if (group.size() == 1) return false;
-  // A probe that fails on one rank (a bad override file) must not leave the others waiting.
-  std::optional<DomainInfo> mine;
+Topology Topology::gather(const Communicator& world, const TopologyProbeOptions& opts) {
+  // A probe that fails on one rank (a bad override file) fails every rank of the world, before
+  // any group's collective: no rank is left waiting.
+  DomainInfo mine;
   std::string why;
   try {
-    mine = local_domain();
+    mine = probe_domain(world.rank(), opts);
   } catch (const std::exception& e) {
     why = e.what();
   }
-  group.agree_or_throw(mine.has_value(), "crosses_domain: NVLink-domain probe", why);
-  return crosses_domain(group, *mine);
+  world.agree_or_throw(why.empty(), "NVLink-domain probe", why);
+  return Topology(world, gather_domains(world, mine));
+}
+
+bool Topology::crosses(const std::vector<int>& world_ranks) const {
+  for (const int r : world_ranks) {
+    if (r < 0 || r >= world_size())
+      throw Error(fmt::format("topology: rank {} is not in the world of {}", r, world_size()));
+  }
+  return std::any_of(world_ranks.begin(), world_ranks.end(), [&](int r) {
+    return domains_[static_cast<std::size_t>(r)].id !=
+           domains_[static_cast<std::size_t>(world_ranks.front())].id;
+  });
+}
+
+bool Topology::crosses(const Communicator& group) const {
+  if (group.size() == 1) return false;
+  const std::vector<int> ranks = group.ranks_in(world_);
+  if (ranks.empty()) {
+    throw Error(fmt::format(
+        "topology: the world ranks of a group of {} ({} backend, rank {}) are not known in the "
+        "world of {} ({} backend)",
+        group.size(), group.backend(), group.rank(), world_.size(), world_.backend()));
+  }
+  return crosses(ranks);
+}
+
+bool Topology::crosses_world() const {
+  return std::any_of(domains_.begin(), domains_.end(),
+                     [&](const DomainInfo& d) { return d.id != domains_.front().id; });
 }
 
 }  // namespace distmuon

@@ -1,11 +1,13 @@
 // A C++ program on a TP x GTP layout at 4 ranks that ends its ranks as the CLI does
-// (apps/distmuon/error_exit.h). Run by test_scoped_errors with a topology file that lacks one
-// rank's entry: tp_mode auto's domain probe then fails in that rank's GTP group only, whose two
-// ranks raise a CollectiveError agreed by that group, while the other ranks wait for them in
-// their TP group's probe. Ending those two ranks normally (what the CLI did with any
-// CollectiveError) leaves the others waiting forever; the error's scope (a subgroup) makes the
-// program abort the job instead.
+// (apps/distmuon/error_exit.h), run by test_scoped_errors:
+//  - with a topology file that lacks one rank's entry: tp_mode auto's domain probe fails on that
+//    rank, agreed over the world (Topology::gather), so every rank ends normally with one error;
+//  - with the argument "gtp-check": a check that fails in the GTP group of world rank 3 only,
+//    agreed by that group ({1, 3}), while the other ranks go on into the step and wait for them.
+//    Ending those two ranks normally leaves the others waiting forever; the error's scope (a
+//    subgroup) makes the program abort the job instead.
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "distmuon/comm.h"
@@ -20,6 +22,8 @@ int main(int argc, char** argv) {
   const Communicator world = mpi_world();
   try {
     const ProcessGroups g = make_process_groups(world, 2, world.size() / 2);
+    if (argc > 1 && std::string(argv[1]) == "gtp-check")
+      g.gtp.agree_or_throw(world.rank() != 3, "a check of the GTP group", "world rank 3's check");
     // 16 x 16: columns over the TP group, then rows over the GTP group: 8 x 8 on each rank.
     Matrix w(8, 8), grad(8, 8);
     for (Index i = 0; i < 8; ++i)

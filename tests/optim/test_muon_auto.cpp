@@ -142,13 +142,11 @@ TEST(MuonAuto, DecisionsFollowTheDomainCrossingOfEachWeightsGroups) {
   const Communicator& world = test::world();
   if (world.size() != 4) GTEST_SKIP() << "needs 4 ranks";
   ASSERT_EQ(::setenv("DISTMUON_NVLINK_DOMAIN", world.rank() < 2 ? "A" : "B", 1), 0);
-  reset_local_domain();
   const std::vector<Case> cases = {{{.label = "dense tall", .m = 64, .n = 8, .gtp = 4}},
                                    {{.label = "expert tall", .m = 64, .n = 8, .gtp = 2}, true}};
   const Result autos = run(cases, TpMode::kAuto);
   const Result dup = run(cases, TpMode::kDuplicated);
   ::unsetenv("DISTMUON_NVLINK_DOMAIN");
-  reset_local_domain();
   EXPECT_EQ(autos.info[0].mode, TpMode::kDuplicated);
   EXPECT_EQ(autos.info[1].mode, TpMode::kDistributed);
   for (std::size_t i = 0; i < cases.size(); ++i) {

@@ -2,8 +2,7 @@
 // topology file tests/optim/data/topology_tp_groups_split.json (ranks 0, 1, 3 in domain A, rank 2
 // in B; ctest passes it in DISTMUON_TOPOLOGY_FILE). The GTP group {0, 2} crosses, {1, 3} does
 // not; the TP group {2, 3} crosses, {0, 1} does not. So the two ranks of each TP group disagree
-// on whether their GTP group crosses: every rank must still probe both of its groups (a probe
-// skipped on one rank of a group leaves the others waiting in its all-gather).
+// on whether their GTP group crosses: the weight's key must still say it crosses on every rank.
 //
 // Tolerance 1e-5 relative: auto runs duplicated or distributed; both are the Newton-Schulz of the
 // full matrix, distributed with the Gram matrix summed over the group in another order (fp32
@@ -54,13 +53,13 @@ TEST(MuonAutoTopology, TpGroupWhoseGtpGroupsDifferOnCrossingDoesNotHang) {
   if (world.size() != 4) GTEST_SKIP() << "needs 4 ranks";
   const char* file = std::getenv("DISTMUON_TOPOLOGY_FILE");
   ASSERT_NE(file, nullptr) << "ctest sets DISTMUON_TOPOLOGY_FILE to the fixture";
-  reset_local_domain();
-  ASSERT_EQ(local_domain().source, "file");
+  const Topology topology = Topology::gather(world);
+  ASSERT_EQ(topology.domains()[static_cast<std::size_t>(world.rank())].source, "file");
 
   // The fixture does what this test is about: within each TP group, one rank's GTP group
   // crosses a domain and the other's does not.
   const ProcessGroups groups = make_process_groups(world, 2, 2);
-  const auto gtp_crosses = groups.tp.all_gather<std::int32_t>(crosses_domain(groups.gtp) ? 1 : 0);
+  const auto gtp_crosses = groups.tp.all_gather<std::int32_t>(topology.crosses(groups.gtp) ? 1 : 0);
   ASSERT_NE(gtp_crosses[0], gtp_crosses[1]);
 
   for (const int dim : {0, 1}) {
