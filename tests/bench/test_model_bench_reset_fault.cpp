@@ -41,9 +41,9 @@ void expect_agreed_reset_failure(const ModelBenchConfig& c, const std::string& w
     ADD_FAILURE() << "the bench passed on rank " << world().rank();
   } catch (const CollectiveError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find(what + ": a timed run failed on rank(s) 1 of " +
-                       std::to_string(world().size())),
-              std::string::npos)
+    EXPECT_NE(
+        msg.find(what + ": a timed run failed on rank(s) 1 of " + std::to_string(world().size())),
+        std::string::npos)
         << msg;
     EXPECT_NE(msg.find("injected fault 'measure-reset' on rank 1"), std::string::npos) << msg;
   }
