@@ -50,7 +50,8 @@ struct MeasurePlanOptions {
 };
 
 // A timed candidate: run it (collective over the weight's groups), and restore its input
-// before each run (untimed).
+// before each run (untimed; it returns with its copies complete, the backend synchronised, so
+// that the run's clock sees none of their work).
 struct MeasureTask {
   std::function<void()> run, reset;
 };

@@ -19,6 +19,7 @@
 #include "distmuon/topology.h"
 #include "ns/ns_workspaces.h"
 #include "optim/owner_ns.h"
+#include "plan/candidate_runner.h"
 #include "tp/sharded_ns.h"
 
 namespace distmuon {
@@ -80,6 +81,9 @@ std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBench
   if (has_mode(c.modes, TpMode::kOwner))
     return "mode owner is measured over the whole model on its own: leave it out of the modes";
   if (c.max_elements < 1) return fmt::format("max elements {} must be >= 1", c.max_elements);
+  if (c.timing.warmup < 0 || c.timing.reps < 1) {
+    return fmt::format("warm-up {} must be >= 0 and reps {} >= 1", c.timing.warmup, c.timing.reps);
+  }
   if (c.cost_model == "reference" && c.algorithm == NsAlgorithm::kGram)
     return "the reference model prices standard NS only: gram needs the refined model";
   try {
@@ -151,32 +155,6 @@ ShapeData make_shape(const Communicator& group, const ModelBenchConfig& config, 
 }
 
 const detail::ScaleFn kUnitScale = [](Index, Index) { return 1.0; };
-
-// One timed thing: a run (a candidate of one shape, or owner over the model) and the reset of its
-// input before each run, both ending with the backend synchronised (the clock is read after its
-// work is done); its samples land in `samples`.
-struct Task {
-  std::function<void()> run, reset;
-  std::vector<double>* samples = nullptr;
-};
-
-// Warm-up rounds, then timed rounds; each round runs every task once, the order rotating from
-// round to round, so that a slow spell of a shared machine hits every candidate alike.
-void measure(const Communicator& group, const TimingOptions& timing, std::vector<Task>& tasks,
-             const std::function<void(const std::string&)>& progress) {
-  const int rounds = timing.warmup + timing.reps;
-  for (int round = 0; round < rounds; ++round) {
-    for (std::size_t j = 0; j < tasks.size(); ++j) {
-      if (progress) {
-        progress(fmt::format("bench --model: round {}/{} ({}), run {}/{}", round + 1, rounds,
-                             round < timing.warmup ? "warm-up" : "timed", j + 1, tasks.size()));
-      }
-      Task& task = tasks[(j + static_cast<std::size_t>(round)) % tasks.size()];
-      const TimingSummary t = time_on_group(group, {0, 1}, task.run, task.reset);
-      if (round >= timing.warmup) task.samples->push_back(t.median_s);
-    }
-  }
-}
 
 // Owner over every weight of the model (count copies of each shape) with per-weight algorithms,
 // as Muon::step runs it: one OwnerOrthogonalizer over the bucket.
@@ -277,7 +255,10 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
   std::vector<std::vector<ModelBenchMode>> candidates(shapes.size());
   std::vector<std::vector<std::vector<double>>> samples(shapes.size());
   std::vector<DeviceMatrix> work;
-  std::vector<Task> tasks;
+  // Every timed thing (a candidate of one shape, or owner over the model) and where its samples
+  // go; each run and reset ends with the backend synchronised (the clock is read after its work).
+  std::vector<MeasureTask> tasks;
+  std::vector<std::vector<double>*> task_samples;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     data.push_back(make_shape(group, config, i, shapes[i], compute));
     work.emplace_back(compute, data[i].shard.rows(), data[i].shard.cols());
@@ -295,11 +276,8 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
                                                      m.mode, ns, kUnitScale, compute, &workspaces);
                          compute.synchronize();
                        },
-                       [&, i] {
-                         compute.copy(data[i].shard.view(), work[i].view());
-                         compute.synchronize();
-                       },
-                       &samples[i][c]});
+                       detail::copy_reset(compute, {{data[i].shard.view(), work[i].view()}})});
+      task_samples.push_back(&samples[i][c]);
     }
   }
   std::vector<std::pair<std::string, std::vector<NsAlgorithm>>> owner_runs;
@@ -327,18 +305,30 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
       }
     }
     o.orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(config.ns));
+    detail::ResetCopies copies;
+    for (std::size_t w = 0; w < o.work.size(); ++w)
+      copies.emplace_back(o.source[w]->view(), o.work[w].view());
     tasks.push_back({[&o, &config, &compute, &workspaces] {
                        o.orth->run(o.weights, config.ns, kUnitScale, compute, &workspaces);
                        compute.synchronize();
                      },
-                     [&o, &compute] {
-                       for (std::size_t w = 0; w < o.work.size(); ++w)
-                         compute.copy(o.source[w]->view(), o.work[w].view());
-                       compute.synchronize();
-                     },
-                     &o.samples});
+                     detail::copy_reset(compute, std::move(copies))});
+    task_samples.push_back(&o.samples);
   }
-  measure(group, config.timing, tasks, config.progress);
+  // Warm-up rounds, then timed rounds, interleaved (candidate_runner.h); a reset or run failing
+  // on some ranks ends every rank with its message.
+  const int rounds = config.timing.warmup + config.timing.reps;
+  detail::CandidateRounds options{config.timing.warmup, config.timing.reps, "bench --model", {}};
+  if (config.progress) {
+    options.before_run = [&](int round, std::size_t run) {
+      config.progress(fmt::format("bench --model: round {}/{} ({}), run {}/{}", round + 1, rounds,
+                                  round < config.timing.warmup ? "warm-up" : "timed", run + 1,
+                                  tasks.size()));
+    };
+  }
+  std::vector<std::vector<double>> timed = detail::run_candidates(group, tasks, options);
+  for (std::size_t k = 0; k < tasks.size(); ++k)
+    *task_samples[k] = std::move(timed[k]);
 
   ModelBenchTotals& t = rep.totals;
   for (std::size_t i = 0, w = 0; i < shapes.size();

@@ -9,6 +9,7 @@
 #include "distmuon/fsdp.h"
 #include "distmuon/layout.h"
 #include "optim/owner_ns.h"
+#include "plan/candidate_runner.h"
 
 namespace distmuon::detail {
 namespace {
@@ -56,10 +57,7 @@ class BenchTarget final : public MeasureTarget {
                                   compute_, &workspaces_);
               compute_.synchronize();
             },
-            [this, w] {
-              compute_.copy(w->source.view(), w->work.view());
-              compute_.synchronize();
-            }};
+            copy_reset(compute_, {{w->source.view(), w->work.view()}}, w)};
   }
 
   MeasureTask owner_task(std::size_t, std::span<const NsAlgorithm> algorithms) override {
@@ -69,20 +67,18 @@ class BenchTarget final : public MeasureTarget {
     };
     auto r = std::make_shared<Run>();
     weights();
+    ResetCopies copies;
     for (std::size_t i = 0; i < weights_.size(); ++i) {
       r->weights.push_back(
           {weights_[i]->work.view(), &weights_[i]->layout, &tp_, &group_, algorithms[i]});
+      copies.emplace_back(weights_[i]->source.view(), weights_[i]->work.view());
     }
     r->orth = std::make_unique<OwnerOrthogonalizer>(ns_flops_cost(config_.ns));
     return {[this, r] {
               r->orth->run(r->weights, config_.ns, kUnitScale, compute_, &workspaces_);
               compute_.synchronize();
             },
-            [this] {
-              for (const auto& w : weights_)
-                compute_.copy(w->source.view(), w->work.view());
-              compute_.synchronize();
-            }};
+            copy_reset(compute_, std::move(copies))};
   }
 
  private:

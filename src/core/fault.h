@@ -9,10 +9,11 @@
 // POINT is one of "optim-step" (inside Muon::step, half of the parameters updated),
 // "checkpoint-between-files" (Trainer::save_checkpoint, the model file written, the optimizer's
 // not yet), "collective" (before an MPI all-reduce), "file-write" (write_file_atomic, half of
-// the temporary file written) and "measure-reset" (plan=measure in the optimizer: a candidate's
-// copy of its weights before a timed run). The world rank comes from the launcher's
-// environment (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; 0 without one). Without the variable
-// fault_point() costs one cached check; a malformed value is an Error naming the variable.
+// the temporary file written) and "measure-reset" (a timed candidate's reset before its run, in
+// the one runner of plan=measure and `bench --model`: plan/candidate_runner.h). The world rank
+// comes from the launcher's environment (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; 0 without
+// one). Without the variable fault_point() costs one cached check; a malformed value is an Error
+// naming the variable.
 
 namespace distmuon::detail {
 

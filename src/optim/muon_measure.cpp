@@ -5,17 +5,18 @@
 #include <map>
 #include <random>
 
-#include "core/fault.h"
 #include "distmuon/auto_mode.h"
 #include "distmuon/measure_plan.h"
 #include "optim/muon_impl.h"
 #include "optim/owner_ns.h"
+#include "plan/candidate_runner.h"
 
 namespace distmuon {
 namespace {
 
 // A scratch shard of p's shape with fixed random values (NS time does not depend on them), and
-// the copy NS runs on (reset from the source before every run), both in compute's memory.
+// the copy NS runs on (reset from the source before every run: copy_reset, candidate_runner.h),
+// both in compute's memory.
 struct Scratch {
   DeviceMatrix source, work;
 };
@@ -48,10 +49,7 @@ class MuonTarget final : public MeasureTarget {
                                   *s_.compute, &s_.workspaces);
               s_.compute->synchronize();
             },
-            [this, d] {
-              detail::fault_point("measure-reset");  // docs/reliability.md
-              s_.compute->copy(d->source.view(), d->work.view());
-            }};
+            detail::copy_reset(*s_.compute, {{d->source.view(), d->work.view()}}, d)};
   }
 
   MeasureTask owner_task(std::size_t bucket, std::span<const NsAlgorithm> algorithms) override {
@@ -62,21 +60,19 @@ class MuonTarget final : public MeasureTarget {
     };
     auto r = std::make_shared<Run>();
     const std::vector<std::size_t>& b = buckets_[bucket];
+    detail::ResetCopies copies;
     for (std::size_t i = 0; i < b.size(); ++i) {
       ParamState& p = s_.params[params_[b[i]]];
       r->data.push_back(scratch(b[i]));
       r->weights.push_back({r->data.back()->work.view(), &p.layout, &p.tp, &p.gtp, algorithms[i]});
+      copies.emplace_back(r->data.back()->source.view(), r->data.back()->work.view());
     }
     r->orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(s_.ns));
     return {[this, r] {
               r->orth->run(r->weights, s_.ns, kUnitScale, *s_.compute, &s_.workspaces);
               s_.compute->synchronize();
             },
-            [this, r] {
-              detail::fault_point("measure-reset");  // docs/reliability.md
-              for (const auto& d : r->data)
-                s_.compute->copy(d->source.view(), d->work.view());
-            }};
+            detail::copy_reset(*s_.compute, std::move(copies), r)};
   }
 
   std::string device() const override { return s_.compute->name(); }

@@ -16,6 +16,7 @@
 #include "distmuon/memory_check.h"
 #include "distmuon/timing.h"
 #include "distmuon/wisdom.h"
+#include "plan/candidate_runner.h"
 
 namespace distmuon {
 
@@ -357,39 +358,15 @@ MeasuredPlan plan_by_measuring(const Communicator& world, std::span<const AutoKe
   world.agree_or_throw(failed.empty(), "tp_mode=auto (measure): preparing the candidates", failed);
 
   MeasuredPlan plan;
-  std::vector<std::vector<double>> samples(tasks.size());
   if (!tasks.empty() && world.rank() == 0) {
     spdlog::info("tp_mode=auto: timing {} candidate(s), {} warm-up and {} timed round(s)",
                  tasks.size(), options.warmup, options.reps);
   }
-  // A run or reset that throws on some ranks is caught (the others finish theirs) and agreed, so
-  // that every rank stops with its message. A reset's failure is agreed before the run (whose
-  // collectives span the failing rank: the others would wait there for it), a run's after it.
-  const auto guarded = [&failed](const std::function<void()>& f) {
-    return [&failed, &f] {
-      if (!failed.empty() || !f) return;
-      try {
-        f();
-      } catch (const std::exception& e) {
-        failed = e.what();
-      } catch (...) {
-        failed = "an unknown exception";
-      }
-    };
-  };
-  for (int round = 0; round < options.warmup + options.reps; ++round) {
-    for (std::size_t j = 0; j < tasks.size(); ++j) {
-      const std::size_t t = (j + static_cast<std::size_t>(round)) % tasks.size();
-      const std::function<void()> reset = guarded(tasks[t].reset);
-      const TimingSummary s = time_on_group(world, {0, 1}, guarded(tasks[t].run), [&] {
-        reset();
-        world.agree_or_throw(failed.empty(), "tp_mode=auto (measure): a timed run", failed);
-      });
-      world.agree_or_throw(failed.empty(), "tp_mode=auto (measure): a timed run", failed);
-      ++plan.timed_runs;
-      if (round >= options.warmup) samples[t].push_back(s.median_s);
-    }
-  }
+  // A run or reset that throws on some ranks ends every rank with its message
+  // (candidate_runner.h): a failing candidate ends the plan, it is not skipped.
+  std::vector<std::vector<double>> samples = detail::run_candidates(
+      world, tasks, {options.warmup, options.reps, "tp_mode=auto (measure)", {}});
+  plan.timed_runs = static_cast<std::size_t>(options.warmup + options.reps) * tasks.size();
   std::vector<double> medians;
   for (std::vector<double>& s : samples)
     medians.push_back(summarize(std::move(s)).median_s);

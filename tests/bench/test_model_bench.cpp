@@ -192,6 +192,9 @@ TEST(ModelBench, Refusals) {
   c = tiny_config();
   c.weights.clear();
   EXPECT_THROW(run_model_bench(w, c, cpu_compute()), CollectiveError);
+  c = tiny_config();  // no timed round: refused with the others, before anything runs
+  c.timing = {0, 0};
+  EXPECT_THROW(run_model_bench(w, c, cpu_compute()), CollectiveError);
   c = tiny_config();  // auto would plan standard NS, which gram alone does not measure
   c.cost_model = "reference";
   c.algorithm = NsAlgorithm::kGram;
