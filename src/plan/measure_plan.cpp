@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "core/enum_names.h"
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
@@ -292,13 +293,11 @@ std::string decide(Root& root, const Distinct& d, std::span<const std::vector<st
 }  // namespace
 
 PlanMode parse_plan_mode(std::string_view name) {
-  if (name == "estimate") return PlanMode::kEstimate;
-  if (name == "measure") return PlanMode::kMeasure;
-  throw Error(fmt::format("unknown plan mode '{}'; valid: estimate, measure", name));
+  return detail::parse_enum<PlanMode>(name, "plan mode");
 }
 
 const char* to_string(PlanMode mode) {
-  return mode == PlanMode::kMeasure ? "measure" : "estimate";
+  return detail::name_of(mode);
 }
 
 void MeasurePlanOptions::validate() const {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <random>
 
+#include "core/enum_names.h"
 #include "distmuon/error.h"
 #include "distmuon/timing.h"
 
@@ -86,7 +87,7 @@ GemmRate measure_ssyrk(const Communicator& group, Index n, Index k, const Timing
 }
 
 const char* to_string(CollectiveKind kind) {
-  return kind == CollectiveKind::kAllGather ? "all_gather" : "all_reduce";
+  return detail::name_of(kind);
 }
 
 CollectiveRate measure_collective(const Communicator& group, CollectiveKind kind, DType dtype,

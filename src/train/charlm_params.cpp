@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/enum_names.h"
 #include "distmuon/charlm.h"
 #include "distmuon/error.h"
 #include "train/counter_rng.h"
@@ -43,7 +44,7 @@ void CharLmConfig::validate() const {
 }
 
 const char* to_string(ParamKind kind) {
-  return kind == ParamKind::kMuon ? "muon" : "adamw";
+  return detail::name_of(kind);
 }
 
 std::vector<CharLmParamInfo> charlm_param_infos(const CharLmConfig& c) {

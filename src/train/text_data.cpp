@@ -10,6 +10,7 @@
 #include <iterator>
 #include <numeric>
 
+#include "core/enum_names.h"
 #include "distmuon/error.h"
 #include "distmuon/json_file.h"
 #include "train/counter_rng.h"
@@ -17,7 +18,7 @@
 namespace distmuon {
 
 const char* to_string(Split split) {
-  return split == Split::kTrain ? "train" : "validation";
+  return detail::name_of(split);
 }
 
 TextData::TextData(std::vector<std::uint8_t> bytes, const TextDataOptions& options)
