@@ -17,9 +17,12 @@
 #include <utility>
 #include <vector>
 
-#include "core/enum_names.h"
+#include "compute/precision_names.h"
 #include "distmuon/error.h"
 #include "distmuon/matrix.h"
+#include "ns/ns_names.h"
+#include "plan/plan_names.h"
+#include "tp/tp_mode_names.h"
 
 namespace distmuon::cli {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "comm.h"
-#include "core/enum_names.h"
+#include "comm/comm_names.h"
 #include "distmuon/error.h"
 
 namespace distmuon::python {

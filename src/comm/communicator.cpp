@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "core/enum_names.h"
+#include "comm/comm_names.h"
 #include "distmuon/comm.h"
 #include "distmuon/error.h"
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/enum_names.h"
+#include "compute/precision_names.h"
 #include "distmuon/error.h"
 
 namespace distmuon {

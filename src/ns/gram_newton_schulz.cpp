@@ -21,8 +21,8 @@
 #include <cmath>
 #include <utility>
 
-#include "core/enum_names.h"
 #include "distmuon/error.h"
+#include "ns/ns_names.h"
 #include "ns/ns_steps.h"
 
 namespace distmuon {

@@ -8,9 +8,10 @@
 #include <type_traits>
 #include <utility>
 
-#include "core/enum_names.h"
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
+#include "optim/muon_names.h"
+#include "plan/plan_names.h"
 
 namespace distmuon {
 

@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/enum_names.h"
 #include "distmuon/error.h"
 #include "distmuon/newton_schulz.h"
 #include "plan/cost_rates.h"
+#include "plan/plan_names.h"
 
 namespace distmuon {
 namespace {

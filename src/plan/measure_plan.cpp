@@ -10,13 +10,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "core/enum_names.h"
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "distmuon/memory_check.h"
 #include "distmuon/timing.h"
 #include "distmuon/wisdom.h"
+#include "plan/plan_names.h"
 
 namespace distmuon {
 

@@ -5,9 +5,9 @@
 #include <chrono>
 #include <random>
 
-#include "core/enum_names.h"
 #include "distmuon/error.h"
 #include "distmuon/timing.h"
+#include "timing/timing_names.h"
 
 namespace distmuon {
 

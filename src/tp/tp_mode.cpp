@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "core/enum_names.h"
 #include "distmuon/error.h"
+#include "tp/tp_mode_names.h"
 
 namespace distmuon {
 

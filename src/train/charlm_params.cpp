@@ -3,10 +3,10 @@
 
 #include <cmath>
 
-#include "core/enum_names.h"
 #include "distmuon/charlm.h"
 #include "distmuon/error.h"
 #include "train/counter_rng.h"
+#include "train/train_names.h"
 
 namespace distmuon {
 namespace {

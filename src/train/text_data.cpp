@@ -10,10 +10,10 @@
 #include <iterator>
 #include <numeric>
 
-#include "core/enum_names.h"
 #include "distmuon/error.h"
 #include "distmuon/json_file.h"
 #include "train/counter_rng.h"
+#include "train/train_names.h"
 
 namespace distmuon {
 

@@ -1,6 +1,13 @@
 // The enum name tables (src/core/enum_names.h): every table round-trips through name_of and
 // parse_enum, names are unique, and an unknown name's error lists every valid name.
-#include "core/enum_names.h"
+#include "comm/comm_names.h"
+#include "compute/precision_names.h"
+#include "ns/ns_names.h"
+#include "optim/muon_names.h"
+#include "plan/plan_names.h"
+#include "timing/timing_names.h"
+#include "tp/tp_mode_names.h"
+#include "train/train_names.h"
 
 #include <gtest/gtest.h>
 
