@@ -49,7 +49,7 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--plan", plan,
                  "With --model: how auto plans, estimate (the cost model) or measure (time the "
                  "model's leading candidates first, as the optimizer does with plan measure)")
-      ->check(CLI::IsMember({"estimate", "measure"}))
+      ->check(CLI::IsMember(names_of<PlanMode>()))
       ->capture_default_str()
       ->needs(m);
   cmd.add_option("--wisdom", wisdom,

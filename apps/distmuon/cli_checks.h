@@ -10,15 +10,31 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
+#include "compute/precision_names.h"
 #include "distmuon/error.h"
 #include "distmuon/matrix.h"
+#include "ns/ns_names.h"
+#include "plan/plan_names.h"
+#include "tp/tp_mode_names.h"
 
 namespace distmuon::cli {
+
+// The names of enum E (core/enum_names.h) after `first` (an option's own extra names, such as
+// "auto"): the set its CLI::IsMember check accepts.
+template <typename E>
+std::vector<std::string> names_of(std::initializer_list<const char*> first = {}) {
+  std::vector<std::string> out(first.begin(), first.end());
+  for (const auto& e : detail::kEnumNames<E>)
+    out.push_back(e.name);
+  return out;
+}
 
 // An integer of type T from lo to hi (inclusive), in decimal.
 template <typename T>

@@ -51,7 +51,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
   cmd->add_option("--ns-algorithm", o->algorithm,
                   "Newton-Schulz algorithms auto may pick: standard (the optimizer's default), "
                   "auto (standard or gram, refined model only), gram")
-      ->check(CLI::IsMember({"auto", "standard", "gram"}))
+      ->check(CLI::IsMember(names_of<NsAlgorithm>()))
       ->capture_default_str();
   cmd->add_option("--elem-size", o->elem_size, "Bytes per element NS runs in (2 bf16, 4 fp32)")
       ->check(CLI::IsMember({2, 4}))

@@ -38,30 +38,29 @@ void add_train_command(CLI::App& app, Context& ctx) {
                    ->check(at_least<std::uint64_t>(0));
   auto* steps = cmd->add_option("--steps", o->steps, "Training steps (not Newton-Schulz steps)")
                     ->check(at_least<int>(1));
-  const std::vector<std::string> mode_names{"blockwise", "duplicated", "distributed", "owner",
-                                            "auto"};
+  const std::vector<std::string> mode_names = names_of<TpMode>();
   cmd->add_option("--tp-mode", o->tp_mode, "How Newton-Schulz runs on the shards: " + modes)
       ->check(CLI::IsMember(mode_names));
   cmd->add_option("--ns-algorithm", o->ns_algorithm,
                   "Newton-Schulz algorithm (default: the config's, standard: every tp-mode gives "
                   "duplicated's result); auto: tp-mode auto picks standard or gram per weight, "
                   "faster within Gram NS's error (docs/training.md); gram")
-      ->check(CLI::IsMember({"auto", "standard", "gram"}));
+      ->check(CLI::IsMember(names_of<NsAlgorithm>()));
   cmd->add_option("--precision", o->precision,
                   "Arithmetic of Newton-Schulz's products (default: the config's optimizer "
                   "precision, auto: the device's default, fp32 on cpu, bf16 on cuda): fp32, tf32, "
                   "bf16 (docs/precision.md)")
-      ->check(CLI::IsMember({"auto", "fp32", "tf32", "bf16"}));
+      ->check(CLI::IsMember(names_of<Precision>({"auto"})));
   cmd->add_option("--profile", o->profile,
                   "Hardware profile for tp-mode auto: none, a built-in name (distmuon profiles) or "
                   "a JSON file (distmuon calibrate)")
       ->check(non_empty_path());
   cmd->add_option("--cost-model", o->cost_model, "Cost model for tp-mode auto: refined|reference")
-      ->check(CLI::IsMember({"refined", "reference"}));
+      ->check(CLI::IsMember(names_of<CostModel>()));
   cmd->add_option("--plan", o->plan,
                   "How tp-mode auto plans: estimate (the cost model) or measure (time the model's "
                   "leading candidates before the first step)")
-      ->check(CLI::IsMember({"estimate", "measure"}));
+      ->check(CLI::IsMember(names_of<PlanMode>()));
   cmd->add_option("--wisdom", o->wisdom,
                   "With --plan measure: read and write measured times in this JSON file")
       ->check(non_empty_path());

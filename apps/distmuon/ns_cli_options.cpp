@@ -37,7 +37,7 @@ void NsCliOptions::add_to(CLI::App& app, const std::string& auto_help) {
                  "Arithmetic of Newton-Schulz's products: fp32, tf32 (10-bit mantissa operands), "
                  "bf16 (7-bit), each accumulated in fp32, or auto (the device's default: fp32 on "
                  "cpu and opaque, which emulate tf32 and bf16, bf16 on cuda; docs/precision.md)")
-      ->check(CLI::IsMember({"auto", "fp32", "tf32", "bf16"}))
+      ->check(CLI::IsMember(names_of<Precision>({"auto"})))
       ->capture_default_str();
 }
 

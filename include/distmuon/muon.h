@@ -104,6 +104,7 @@ void to_json(nlohmann::json& j, const MuonOptions& o);
 void from_json(const nlohmann::json& j, MuonOptions& o);
 
 enum class ParamRole { kHidden, kEmbedding, kOutputHead, kOther };
+ParamRole parse_param_role(std::string_view name);  // "hidden", ...; throws, listing valid
 const char* to_string(ParamRole role);
 
 struct ParamSpec {

@@ -147,7 +147,7 @@ def _newton_schulz_torch(x, out, inplace, allow_copy, backend, index, args):
     return target
 
 
-PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISIONS = tuple(_core.precision_names().split(", "))  # the C++ core's names
 
 
 def _precision_name(precision, where):

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm.h"
+#include "comm/comm_names.h"
 #include "distmuon/error.h"
 
 namespace distmuon::python {
@@ -34,15 +35,7 @@ py::dtype numpy_dtype(DType t) {
 }
 
 const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-  }
-  DISTMUON_ASSERT(false, "unknown reduce op");
+  return detail::name_of(op);
 }
 
 // A 1-D array of count elements over ptr; `base` (a capsule that frees nothing) marks the memory

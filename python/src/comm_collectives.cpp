@@ -13,16 +13,18 @@
 #include <vector>
 
 #include "comm.h"
+#include "comm/comm_names.h"
 #include "distmuon/error.h"
 
 namespace distmuon::python {
 namespace {
 
 ReduceOp reduce_op(const std::string& op) {
-  if (op == "sum") return ReduceOp::kSum;
-  if (op == "max") return ReduceOp::kMax;
-  if (op == "min") return ReduceOp::kMin;
-  throw Error(fmt::format("Communicator: unknown reduce op '{}' (sum, max, min)", op));
+  try {
+    return detail::parse_enum<ReduceOp>(op, "reduce op");
+  } catch (const Error& e) {
+    throw Error(fmt::format("Communicator: {}", e.what()));
+  }
 }
 
 void check_buffer(const py::array& a, const char* what, bool writes) {

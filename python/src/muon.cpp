@@ -41,16 +41,6 @@ MuonOptions options_from(const std::string& overrides, const MuonOptions& base =
   return o;
 }
 
-ParamRole parse_role(const std::string& role) {
-  for (ParamRole r :
-       {ParamRole::kHidden, ParamRole::kEmbedding, ParamRole::kOutputHead, ParamRole::kOther}) {
-    if (role == to_string(r)) return r;
-  }
-  throw Error(fmt::format("Muon: unknown role '{}' (valid: {}, {}, {}, {})", role,
-                          to_string(ParamRole::kHidden), to_string(ParamRole::kEmbedding),
-                          to_string(ParamRole::kOutputHead), to_string(ParamRole::kOther)));
-}
-
 // The optimizer on a backend (device.h) and the caller's matrices it updates (kept alive here):
 // views of them where the backend addresses them, else staged copies uploaded before each step
 // and the parameters downloaded after it.
@@ -71,7 +61,11 @@ class PyMuon {
     spec.local = param->view();
     spec.rows = rows;
     spec.cols = cols;
-    spec.role = parse_role(role);
+    try {
+      spec.role = parse_param_role(role);
+    } catch (const Error& e) {
+      throw Error(fmt::format("Muon parameter '{}': {}", name, e.what()));
+    }
     spec.use_muon = use_muon;
     spec.tp_partition_dim = tp_dim.value_or(kNoPartition);
     if (tp_dim && !tp_group) {

@@ -9,37 +9,43 @@
 #include "arrays.h"
 #include "device.h"
 #include "distmuon/error.h"
+#include "distmuon/muon.h"
 #include "distmuon/newton_schulz.h"
 #include "distmuon/tp.h"
 
 namespace distmuon::python {
 namespace {
 
+// The options of MuonOptions::ns_options: one set of rules for the optimizer and this call.
 NsOptions ns_options(const std::string& coefficients,
                      const std::vector<std::array<double, 3>>& custom, int steps,
                      const std::string& algorithm, bool use_syrk, int gram_restart,
                      const std::string& precision, const Compute& compute) {
-  NsOptions o;
+  MuonOptions m;
+  m.coefficients = coefficients;
   if (coefficients == "custom") {
     if (custom.empty())
       throw Error("newton_schulz: coefficients 'custom' needs a list of (a, b, c)");
-    std::vector<NsCoefficients> table;
+    // Shortest round-trip text: parse_custom_coefficients reads back the same doubles.
     for (const auto& t : custom)
-      table.push_back({t[0], t[1], t[2]});
-    o.coefficients = custom_coefficients(std::move(table));
-  } else {
-    o.coefficients = coefficient_set(coefficients);
+      m.custom_coefficients +=
+          fmt::format("{}{},{},{}", m.custom_coefficients.empty() ? "" : ";", t[0], t[1], t[2]);
   }
-  o.steps = steps;
-  o.use_syrk = use_syrk;
-  o.algorithm = parse_ns_algorithm(algorithm);
-  o.gram_restart = gram_restart;
+  m.steps = steps;
+  m.use_syrk = use_syrk;
+  m.ns_algorithm = parse_ns_algorithm(algorithm);
+  m.gram_restart = gram_restart;
   // "auto": the backend's default (fp32 on the CPU, which emulates tf32 and bf16).
-  try {
-    o.precision = precision == "auto" ? compute.default_precision() : parse_precision(precision);
-  } catch (const Error& e) {
-    throw Error(fmt::format("newton_schulz: precision: {} (or auto)", e.what()));
+  if (precision != "auto") {
+    try {
+      m.precision = parse_precision(precision);
+    } catch (const Error& e) {
+      throw Error(fmt::format("newton_schulz: precision: {} (or auto)", e.what()));
+    }
   }
+  NsOptions o = m.ns_options(compute.default_precision());
+  // MuonOptions runs "auto" as standard outside tp_mode auto; a single matrix has no such mode.
+  o.algorithm = m.ns_algorithm;
   o.validate();
   return o;
 }
@@ -81,6 +87,7 @@ void init_ns(py::module_& m) {
       py::arg("steps"), py::arg("algorithm"), py::arg("syrk"), py::arg("gram_restart"),
       py::arg("precision"));
   m.def("coefficient_sets", &coefficient_set_names);
+  m.def("precision_names", [] { return std::string(precision_names()); });
   m.def("ns_flops", [](Index m_, Index n, int steps, bool use_syrk) {
     return ns_flops(m_, n, steps, use_syrk);
   });

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "comm/comm_names.h"
 #include "distmuon/comm.h"
 #include "distmuon/error.h"
 
@@ -25,19 +26,7 @@ std::size_t dtype_size(DType t) {
 }
 
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF64:
-      return "f64";
-    case DType::kI32:
-      return "i32";
-    case DType::kI64:
-      return "i64";
-    case DType::kU8:
-      return "u8";
-  }
-  return "?";
+  return detail::name_of(t);
 }
 
 Communicator::Communicator(std::shared_ptr<CommImpl> impl) : impl_(std::move(impl)) {

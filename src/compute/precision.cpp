@@ -6,32 +6,24 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
+#include "compute/precision_names.h"
 #include "distmuon/error.h"
 
 namespace distmuon {
 
 Precision parse_precision(std::string_view name) {
-  if (name == "fp32") return Precision::kFp32;
-  if (name == "tf32") return Precision::kTf32;
-  if (name == "bf16") return Precision::kBf16;
-  throw Error(fmt::format("unknown precision '{}'; valid: {}", name, precision_names()));
+  return detail::parse_enum<Precision>(name, "precision");
 }
 
 const char* to_string(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kTf32:
-      return "tf32";
-    case Precision::kBf16:
-      return "bf16";
-  }
-  return "?";
+  return detail::name_of(precision);
 }
 
 const char* precision_names() {
-  return "fp32, tf32, bf16";
+  static const std::string names = detail::enum_name_list<Precision>();
+  return names.c_str();
 }
 
 float round_to(Precision precision, float v) {

@@ -22,28 +22,17 @@
 #include <utility>
 
 #include "distmuon/error.h"
+#include "ns/ns_names.h"
 #include "ns/ns_steps.h"
 
 namespace distmuon {
 
 NsAlgorithm parse_ns_algorithm(std::string_view name) {
-  if (name == "standard") return NsAlgorithm::kStandard;
-  if (name == "gram") return NsAlgorithm::kGram;
-  if (name == "auto") return NsAlgorithm::kAuto;
-  throw Error(
-      fmt::format("unknown Newton-Schulz algorithm '{}'; valid: standard, gram, auto", name));
+  return detail::parse_enum<NsAlgorithm>(name, "Newton-Schulz algorithm");
 }
 
 const char* to_string(NsAlgorithm algorithm) {
-  switch (algorithm) {
-    case NsAlgorithm::kStandard:
-      return "standard";
-    case NsAlgorithm::kGram:
-      return "gram";
-    case NsAlgorithm::kAuto:
-      return "auto";
-  }
-  return "?";
+  return detail::name_of(algorithm);
 }
 
 double gram_growth_limit(Precision precision) {

@@ -10,61 +10,33 @@
 
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
+#include "optim/muon_names.h"
+#include "plan/plan_names.h"
 
 namespace distmuon {
 
 WeightDecayMethod parse_weight_decay_method(std::string_view name) {
-  if (name == "decoupled") return WeightDecayMethod::kDecoupled;
-  if (name == "independent") return WeightDecayMethod::kIndependent;
-  if (name == "l2") return WeightDecayMethod::kL2;
-  throw Error(
-      fmt::format("unknown weight decay method '{}'; valid: decoupled, independent, l2", name));
+  return detail::parse_enum<WeightDecayMethod>(name, "weight decay method");
 }
 
 ScaleMode parse_scale_mode(std::string_view name) {
-  if (name == "spectral") return ScaleMode::kSpectral;
-  if (name == "shape_scaling") return ScaleMode::kShapeScaling;
-  if (name == "unit_rms_norm") return ScaleMode::kUnitRmsNorm;
-  throw Error(
-      fmt::format("unknown scale mode '{}'; valid: spectral, shape_scaling, unit_rms_norm", name));
+  return detail::parse_enum<ScaleMode>(name, "scale mode");
+}
+
+ParamRole parse_param_role(std::string_view name) {
+  return detail::parse_enum<ParamRole>(name, "parameter role");
 }
 
 const char* to_string(WeightDecayMethod method) {
-  switch (method) {
-    case WeightDecayMethod::kDecoupled:
-      return "decoupled";
-    case WeightDecayMethod::kIndependent:
-      return "independent";
-    case WeightDecayMethod::kL2:
-      return "l2";
-  }
-  return "?";
+  return detail::name_of(method);
 }
 
 const char* to_string(ScaleMode mode) {
-  switch (mode) {
-    case ScaleMode::kSpectral:
-      return "spectral";
-    case ScaleMode::kShapeScaling:
-      return "shape_scaling";
-    case ScaleMode::kUnitRmsNorm:
-      return "unit_rms_norm";
-  }
-  return "?";
+  return detail::name_of(mode);
 }
 
 const char* to_string(ParamRole role) {
-  switch (role) {
-    case ParamRole::kHidden:
-      return "hidden";
-    case ParamRole::kEmbedding:
-      return "embedding";
-    case ParamRole::kOutputHead:
-      return "output_head";
-    case ParamRole::kOther:
-      return "other";
-  }
-  return "?";
+  return detail::name_of(role);
 }
 
 double muon_scale(ScaleMode mode, Index m, Index n) {
@@ -93,8 +65,8 @@ void MuonOptions::validate() const {
   check(std::isfinite(eps) && eps > 0, "eps", fmt::format("{}", eps), "a finite number > 0");
   check(std::isfinite(extra_scale_factor) && extra_scale_factor > 0, "extra_scale_factor",
         fmt::format("{}", extra_scale_factor), "a finite number > 0");
-  check(cost_model == "refined" || cost_model == "reference", "cost_model", cost_model,
-        "refined, reference");
+  check(detail::find_enum<CostModel>(cost_model).has_value(), "cost_model", cost_model,
+        detail::enum_name_list<CostModel>());
   // The reference model prices standard NS only: auto would run standard where gram was asked.
   check(!(tp_mode == TpMode::kAuto && cost_model == "reference" &&
           ns_algorithm == NsAlgorithm::kGram),

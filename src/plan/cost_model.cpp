@@ -9,6 +9,7 @@
 #include "distmuon/error.h"
 #include "distmuon/newton_schulz.h"
 #include "plan/cost_rates.h"
+#include "plan/plan_names.h"
 
 namespace distmuon {
 namespace {
@@ -157,13 +158,11 @@ void choose(CostEstimate& e, const AutoKey& key) {
 }  // namespace
 
 CostModel parse_cost_model(std::string_view name) {
-  if (name == "reference") return CostModel::kReference;
-  if (name == "refined") return CostModel::kRefined;
-  throw Error(fmt::format("unknown cost model '{}'; valid: refined, reference", name));
+  return detail::parse_enum<CostModel>(name, "cost model");
 }
 
 const char* to_string(CostModel model) {
-  return model == CostModel::kReference ? "reference" : "refined";
+  return detail::name_of(model);
 }
 
 std::int64_t to_code(const AutoChoice& choice) {

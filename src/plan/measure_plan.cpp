@@ -17,6 +17,7 @@
 #include "distmuon/timing.h"
 #include "distmuon/wisdom.h"
 #include "plan/candidate_runner.h"
+#include "plan/plan_names.h"
 
 namespace distmuon {
 
@@ -293,13 +294,11 @@ std::string decide(Root& root, const Distinct& d, std::span<const std::vector<st
 }  // namespace
 
 PlanMode parse_plan_mode(std::string_view name) {
-  if (name == "estimate") return PlanMode::kEstimate;
-  if (name == "measure") return PlanMode::kMeasure;
-  throw Error(fmt::format("unknown plan mode '{}'; valid: estimate, measure", name));
+  return detail::parse_enum<PlanMode>(name, "plan mode");
 }
 
 const char* to_string(PlanMode mode) {
-  return mode == PlanMode::kMeasure ? "measure" : "estimate";
+  return detail::name_of(mode);
 }
 
 void MeasurePlanOptions::validate() const {

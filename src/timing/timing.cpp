@@ -7,6 +7,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/timing.h"
+#include "timing/timing_names.h"
 
 namespace distmuon {
 
@@ -86,7 +87,7 @@ GemmRate measure_ssyrk(const Communicator& group, Index n, Index k, const Timing
 }
 
 const char* to_string(CollectiveKind kind) {
-  return kind == CollectiveKind::kAllGather ? "all_gather" : "all_reduce";
+  return detail::name_of(kind);
 }
 
 CollectiveRate measure_collective(const Communicator& group, CollectiveKind kind, DType dtype,

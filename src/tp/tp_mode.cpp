@@ -3,33 +3,16 @@
 #include <fmt/format.h>
 
 #include "distmuon/error.h"
+#include "tp/tp_mode_names.h"
 
 namespace distmuon {
 
 TpMode parse_tp_mode(std::string_view name) {
-  if (name == "blockwise") return TpMode::kBlockwise;
-  if (name == "duplicated") return TpMode::kDuplicated;
-  if (name == "distributed") return TpMode::kDistributed;
-  if (name == "auto") return TpMode::kAuto;
-  if (name == "owner") return TpMode::kOwner;
-  throw Error(fmt::format(
-      "unknown tp_mode '{}'; valid: blockwise, duplicated, distributed, owner, auto", name));
+  return detail::parse_enum<TpMode>(name, "tp_mode");
 }
 
 const char* to_string(TpMode mode) {
-  switch (mode) {
-    case TpMode::kBlockwise:
-      return "blockwise";
-    case TpMode::kDuplicated:
-      return "duplicated";
-    case TpMode::kDistributed:
-      return "distributed";
-    case TpMode::kAuto:
-      return "auto";
-    case TpMode::kOwner:
-      return "owner";
-  }
-  return "?";
+  return detail::name_of(mode);
 }
 
 int parse_partition_dim(std::string_view text) {

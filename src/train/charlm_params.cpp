@@ -6,6 +6,7 @@
 #include "distmuon/charlm.h"
 #include "distmuon/error.h"
 #include "train/counter_rng.h"
+#include "train/train_names.h"
 
 namespace distmuon {
 namespace {
@@ -43,7 +44,7 @@ void CharLmConfig::validate() const {
 }
 
 const char* to_string(ParamKind kind) {
-  return kind == ParamKind::kMuon ? "muon" : "adamw";
+  return detail::name_of(kind);
 }
 
 std::vector<CharLmParamInfo> charlm_param_infos(const CharLmConfig& c) {

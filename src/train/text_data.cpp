@@ -13,11 +13,12 @@
 #include "distmuon/error.h"
 #include "distmuon/json_file.h"
 #include "train/counter_rng.h"
+#include "train/train_names.h"
 
 namespace distmuon {
 
 const char* to_string(Split split) {
-  return split == Split::kTrain ? "train" : "validation";
+  return detail::name_of(split);
 }
 
 TextData::TextData(std::vector<std::uint8_t> bytes, const TextDataOptions& options)

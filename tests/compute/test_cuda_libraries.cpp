@@ -2,6 +2,7 @@
 // src/compute/cuda/cuda_libraries.h): nothing is mapped before the first use of the cuda backend,
 // a missing library or symbol is a clear error, and cuBLAS loads from this build's toolkit.
 // Needs no GPU: dlopen and cuBLAS's status strings run without a device.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -44,7 +45,7 @@ TEST(CudaLibraries, NothingIsMappedBeforeTheFirstUse) {
 TEST(CudaLibraries, AMissingLibraryIsNamedWithTheLoadersReasonAndWhatToDo) {
   const std::string err =
       error_of([] { cuda::open_library(kMissing, "", "install it or set LD_LIBRARY_PATH"); });
-  EXPECT_NE(err.find(std::string("device cuda: cannot load ") + kMissing + ": "), std::string::npos)
+  EXPECT_NE(err.find(fmt::format("device cuda: cannot load {}: ", kMissing)), std::string::npos)
       << err;
   // dlerror()'s text follows, then the hint.
   EXPECT_NE(err.find("cannot open shared object file"), std::string::npos) << err;
@@ -54,7 +55,7 @@ TEST(CudaLibraries, AMissingLibraryIsNamedWithTheLoadersReasonAndWhatToDo) {
 TEST(CudaLibraries, TheFallbackDirectoryIsTriedAndNamed) {
   const std::string err =
       error_of([] { cuda::open_library(kMissing, "/nonexistent-distmuon-dir", "install it"); });
-  EXPECT_NE(err.find(std::string("/nonexistent-distmuon-dir/") + kMissing), std::string::npos)
+  EXPECT_NE(err.find(fmt::format("/nonexistent-distmuon-dir/{}", kMissing)), std::string::npos)
       << err;
 }
 

@@ -106,6 +106,10 @@ def test_bad_shard_shape_refused():
         opt.add_parameter(wrong, "w", 8 * G, 24, tp_dim=0, tp_group=COMM)
     with pytest.raises(distmuon.Error, match="unknown option 'lrr'"):
         distmuon.Muon(COMM, lrr=0.1)
+    # The role is parsed by the C++ core's table: its error names the parameter and every role.
+    with pytest.raises(distmuon.Error, match="Muon parameter 'b': unknown parameter role 'head'; "
+                                             "valid: hidden, embedding, output_head, other"):
+        opt.add_parameter(np.zeros((4, 3), np.float32), "b", role="head")
 
 
 def test_bad_option_values_name_the_option():

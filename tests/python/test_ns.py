@@ -115,6 +115,13 @@ def test_cpp_errors_keep_their_message():
     with pytest.raises(distmuon.Error, match="non-finite"):
         distmuon.newton_schulz(y)
     assert isinstance(e.value, RuntimeError)
+    # MuonOptions::ns_options runs the optimizer's "auto" as standard; one matrix has no tp_mode
+    # auto to pick per weight, so newton_schulz still refuses it.
+    with pytest.raises(distmuon.Error, match="algorithm 'auto' is chosen per weight"):
+        distmuon.newton_schulz(np.ones((8, 8), np.float32), algorithm="auto")
+    with pytest.raises(distmuon.Error, match="unknown Newton-Schulz algorithm 'gramm'; valid: "
+                                             "standard, gram, auto"):
+        distmuon.newton_schulz(np.ones((8, 8), np.float32), algorithm="gramm")
 
 
 @pytest.mark.parametrize("coefficients,steps,needle", [
@@ -176,4 +183,5 @@ def test_precision_option():
         with pytest.raises(ValueError, match="precision must be one of"):
             distmuon.torch.Muon([torch.nn.Parameter(torch.zeros(4, 4))], precision=bad)
     assert distmuon.Muon(precision="bf16").options["precision"] == "bf16"
+    assert distmuon.PRECISIONS == ("fp32", "tf32", "bf16")  # the C++ core's table
     assert distmuon.Muon().options["precision"] == "auto"
