@@ -8,6 +8,10 @@
 //  - decide_on_root: one rank decides (runs a function), every rank receives its decision; an
 //    exception thrown by the function on the root is thrown, as CollectiveError carrying the
 //    root's message, on every rank.
+//  - run_on_root: rank 0 acts (writes a file, creates a folder), every rank learns whether it
+//    succeeded; a failure on rank 0 is thrown, as CollectiveError, on every rank. For an action
+//    whose result the other ranks need, use decide_on_root.
+//  - all_gather_strings: every rank's string, in rank order.
 // Every function here is collective: every rank of the group calls it, with the same root.
 // The messages travel on the group's communicator (the control plane: hashes and decisions).
 
@@ -48,6 +52,17 @@ std::string explain_json_difference(std::string_view root, std::string_view mine
 // both values, cut to 200 characters each).
 void agree_on(const Communicator& group, std::string_view value, std::string_view what,
               const ExplainDifference& explain = {});
+
+// Runs act() on rank 0 of the group only, then agrees on its success (agree_or_throw): when act
+// throws, every rank throws CollectiveError "<what> failed on rank(s) 0 of <size>: <message>"
+// with the group's scope (error_scope). Nothing else travels: one all-gather of a flag, and the
+// message's broadcast when rank 0 failed.
+void run_on_root(const Communicator& group, std::string_view what,
+                 const std::function<void()>& act);
+
+// Every rank's string (of any length, the empty one included), in rank order, on every rank.
+// Two all-gathers: the lengths, then the strings padded to the longest.
+std::vector<std::string> all_gather_strings(const Communicator& group, const std::string& mine);
 
 namespace detail {
 

@@ -92,6 +92,36 @@ std::string explain_json_difference(std::string_view root_text, std::string_view
                      at(root), at(mine));
 }
 
+void run_on_root(const Communicator& group, std::string_view what,
+                 const std::function<void()>& act) {
+  std::string failure;
+  if (group.rank() == 0) {
+    try {
+      act();
+    } catch (const std::exception& e) {
+      failure = e.what();
+      if (failure.empty()) failure = "an exception without a message";
+    } catch (...) {
+      failure = "unknown exception";
+    }
+  }
+  // A failure without a message still fails: the flag, not the text, decides.
+  group.agree_or_throw(failure.empty(), std::string(what), failure);
+}
+
+std::vector<std::string> all_gather_strings(const Communicator& group, const std::string& mine) {
+  const auto sizes = group.all_gather<std::int64_t>(static_cast<std::int64_t>(mine.size()));
+  const auto width = static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
+  std::vector<char> send(width, '\0'), recv(width * sizes.size());
+  std::copy(mine.begin(), mine.end(), send.begin());
+  if (width > 0) group.all_gather<char>(send, recv);
+  std::vector<std::string> out;
+  out.reserve(sizes.size());
+  for (std::size_t r = 0; r < sizes.size(); ++r)
+    out.emplace_back(recv.data() + r * width, static_cast<std::size_t>(sizes[r]));
+  return out;
+}
+
 namespace detail {
 
 std::string share_from_root(const Communicator& group, int root, std::string_view what,

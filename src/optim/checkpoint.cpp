@@ -62,20 +62,6 @@ std::vector<const DeviceMatrix*> tensors_of(const ParamState& p) {
   return {&p.exp_avg, &p.exp_avg_sq};
 }
 
-// Every rank's string, in rank order.
-std::vector<std::string> all_gather_strings(const Communicator& world, const std::string& mine) {
-  const std::vector<std::int64_t> sizes = world.all_gather(static_cast<std::int64_t>(mine.size()));
-  const auto width = static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
-  std::vector<char> send(width, '\0'), recv(width * sizes.size());
-  std::copy(mine.begin(), mine.end(), send.begin());
-  if (width > 0) world.all_gather<char>(send, recv);
-  std::vector<std::string> out;
-  for (std::size_t r = 0; r < sizes.size(); ++r) {
-    out.emplace_back(recv.data() + r * width, static_cast<std::size_t>(sizes[r]));
-  }
-  return out;
-}
-
 // Rank files of a checkpoint, read and verified (size, checksum) on first use.
 class RankFiles {
  public:
@@ -176,14 +162,13 @@ void Muon::save(const std::filesystem::path& dir) {
   // Written into a staging folder that replaces dir once complete (replace_dir_atomic): an
   // earlier checkpoint in dir stays loadable until then.
   const std::filesystem::path staging = staging_dir_of(dir);
-  std::string reason;
-  if (rank == 0) {
+  run_on_root(s.world, what, [&] {
     std::error_code ec;
     std::filesystem::remove_all(staging, ec);  // left by a save that did not finish
     if (!ec) std::filesystem::create_directories(staging, ec);
-    if (ec) reason = fmt::format("cannot create '{}': {}", staging.string(), ec.message());
-  }
-  s.world.agree_or_throw(reason.empty(), what, reason);
+    if (ec) throw Error(fmt::format("cannot create '{}': {}", staging.string(), ec.message()));
+  });
+  std::string reason;
   // The rank files into staging, the manifest last, then staging replaces dir.
   const auto write_staged = [&] {
     nlohmann::json entry;
@@ -228,22 +213,17 @@ void Muon::save(const std::filesystem::path& dir) {
     s.world.agree_or_throw(reason.empty(), what, reason);
 
     const std::vector<std::string> entries = all_gather_strings(s.world, entry.dump());
-    if (rank == 0) {
-      try {
-        nlohmann::json ranks = nlohmann::json::array();
-        for (const std::string& e : entries)
-          ranks.push_back(nlohmann::json::parse(e));
-        const nlohmann::json manifest = {
-            {"format", kCheckpointFormat},  {"version", kCheckpointVersion}, {"step", s.step},
-            {"world_size", s.world.size()}, {"config", s.config()},          {"ranks", ranks}};
-        const std::string text = manifest.dump(1);
-        write_file_atomic(staging / kManifestName, text.data(), text.size());
-        replace_dir_atomic(staging, dir);
-      } catch (const std::exception& e) {
-        reason = e.what();
-      }
-    }
-    s.world.agree_or_throw(reason.empty(), what + " (manifest)", reason);
+    run_on_root(s.world, what + " (manifest)", [&] {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (const std::string& e : entries)
+        ranks.push_back(nlohmann::json::parse(e));
+      const nlohmann::json manifest = {
+          {"format", kCheckpointFormat},  {"version", kCheckpointVersion}, {"step", s.step},
+          {"world_size", s.world.size()}, {"config", s.config()},          {"ranks", ranks}};
+      const std::string text = manifest.dump(1);
+      write_file_atomic(staging / kManifestName, text.data(), text.size());
+      replace_dir_atomic(staging, dir);
+    });
   };
   try {
     write_staged();

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/host.h"
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/json_file.h"
 #include "topology/nvml_fabric.h"
@@ -83,17 +84,9 @@ DomainInfo probe_domain(int world_rank, const TopologyProbeOptions& opts) {
 }
 
 std::vector<DomainInfo> gather_domains(const Communicator& group, const DomainInfo& mine) {
-  // Lengths first, then the "id\0source" strings padded to the longest.
-  const std::string packed = mine.id + '\0' + mine.source;
-  const auto lengths = group.all_gather<std::int64_t>(static_cast<std::int64_t>(packed.size()));
-  const auto width = static_cast<std::size_t>(*std::max_element(lengths.begin(), lengths.end()));
-  std::vector<char> send(width, '\0'), recv(width * static_cast<std::size_t>(group.size()));
-  std::copy(packed.begin(), packed.end(), send.begin());
-  group.all_gather<char>(send, recv);
+  // "id\0source" of every rank.
   std::vector<DomainInfo> out;
-  for (int r = 0; r < group.size(); ++r) {
-    const char* p = recv.data() + width * static_cast<std::size_t>(r);
-    const std::string s(p, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]));
+  for (const std::string& s : all_gather_strings(group, mine.id + '\0' + mine.source)) {
     const auto cut = s.find('\0');
     out.push_back({s.substr(0, cut), cut == std::string::npos ? "" : s.substr(cut + 1)});
   }

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "train/counter_rng.h"
 
@@ -25,18 +26,10 @@ std::uint64_t fingerprint(const CharLmConfig& c, std::uint64_t seed) {
 
 ShardedCharLm::ShardedCharLm(const CharLmConfig& config, std::uint64_t seed, Communicator group)
     : group_(std::move(group)), model_(config) {
-  const auto print = static_cast<std::int64_t>(fingerprint(config, seed));
-  const std::vector<std::int64_t> prints = group_.all_gather(print);
-  bool same = true;
-  for (std::int64_t p : prints)
-    same = same && p == prints.front();
-  if (!same) {
-    throw CollectiveError(
+  agree(group_, fingerprint(config, seed),
         fmt::format("sharded charlm: the ranks of the group (size {}) were given different model "
                     "configs or seeds",
-                    group_.size()),
-        group_.error_scope());
-  }
+                    group_.size()));
   full_ = CharLmWeights::zeros(config);
   grads_ = CharLmWeights::zeros(config);
   const auto infos = charlm_param_infos(config);

@@ -166,18 +166,13 @@ void Trainer::save_checkpoint(const fs::path& dir) {
   // Everything is written into a staging folder beside dir, which replaces dir only once it is
   // complete: until then dir keeps what it held (an earlier complete checkpoint stays loadable).
   const fs::path staging = staging_dir_of(dir);
-  if (w.rank() == 0) {
-    try {
-      std::error_code ec;
-      fs::remove_all(staging, ec);  // left by a save that did not finish
-      if (ec) throw Error(fmt::format("cannot remove '{}': {}", staging.string(), ec.message()));
-      fs::create_directories(staging / "model", ec);
-      if (ec) throw Error(fmt::format("cannot create '{}': {}", staging.string(), ec.message()));
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  }
-  w.agree_or_throw(failure.empty(), what, failure);
+  run_on_root(w, what, [&] {
+    std::error_code ec;
+    fs::remove_all(staging, ec);  // left by a save that did not finish
+    if (ec) throw Error(fmt::format("cannot remove '{}': {}", staging.string(), ec.message()));
+    fs::create_directories(staging / "model", ec);
+    if (ec) throw Error(fmt::format("cannot create '{}': {}", staging.string(), ec.message()));
+  });
   // The files into staging, trainer.json last, then staging replaces dir.
   const auto write_staged = [&] {
     std::uint64_t sum = 0;
@@ -200,35 +195,30 @@ void Trainer::save_checkpoint(const fs::path& dir) {
     s.muon->save(staging / "optimizer");
     // The trainer's manifest last, binding every file of the folder by its checksum: the model
     // files directly, the optimizer's files through its manifest (which lists theirs).
-    if (w.rank() == 0) {
-      try {
-        json files = json::array();
-        for (int r = 0; r < w.size(); ++r) {
-          const auto i = static_cast<std::size_t>(r);
-          files.push_back({{"file", fs::relative(model_file(staging, r), staging).string()},
-                           {"bytes", sizes[i]},
-                           {"fnv1a64", checksum_hex(static_cast<std::uint64_t>(sums[i]))}});
-        }
-        const std::vector<char> manifest = read_file_bytes(staging / kOptimizerManifest);
-        json meta = {{"format", kTrainCheckpointFormat},
-                     {"version", kTrainCheckpointVersion},
-                     {"step", s.step},
-                     {"world_size", w.size()},
-                     {"config", to_json(s.config)},
-                     {"model_files", files},
-                     {"optimizer_manifest",
-                      {{"file", kOptimizerManifest},
-                       {"bytes", manifest.size()},
-                       {"fnv1a64", checksum_hex(fnv1a64(manifest.data(), manifest.size()))}}}};
-        if (!s.run_id.empty()) meta["run_id"] = s.run_id;
-        const std::string text = meta.dump(2) + "\n";
-        write_file_atomic(staging / kTrainerFile, text.data(), text.size());
-        replace_dir_atomic(staging, dir);
-      } catch (const std::exception& e) {
-        failure = e.what();
+    run_on_root(w, what, [&] {
+      json files = json::array();
+      for (int r = 0; r < w.size(); ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        files.push_back({{"file", fs::relative(model_file(staging, r), staging).string()},
+                         {"bytes", sizes[i]},
+                         {"fnv1a64", checksum_hex(static_cast<std::uint64_t>(sums[i]))}});
       }
-    }
-    w.agree_or_throw(failure.empty(), what, failure);
+      const std::vector<char> manifest = read_file_bytes(staging / kOptimizerManifest);
+      json meta = {{"format", kTrainCheckpointFormat},
+                   {"version", kTrainCheckpointVersion},
+                   {"step", s.step},
+                   {"world_size", w.size()},
+                   {"config", to_json(s.config)},
+                   {"model_files", files},
+                   {"optimizer_manifest",
+                    {{"file", kOptimizerManifest},
+                     {"bytes", manifest.size()},
+                     {"fnv1a64", checksum_hex(fnv1a64(manifest.data(), manifest.size()))}}}};
+      if (!s.run_id.empty()) meta["run_id"] = s.run_id;
+      const std::string text = meta.dump(2) + "\n";
+      write_file_atomic(staging / kTrainerFile, text.data(), text.size());
+      replace_dir_atomic(staging, dir);
+    });
   };
   try {
     write_staged();

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "distmuon/agreement.h"
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
@@ -214,42 +215,34 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
   summary.unigram_entropy = trainer.unigram_entropy();
 
   JsonlLog log;
-  std::string failure;
   // A checkpoint folder that cannot be created fails now, not after the first steps. Rank 0 holds
   // its lock until the run ends: one run writes into a folder at a time.
   FolderLock lock;
-  if (w.rank() == 0 && !options.checkpoint_dir.empty()) {
+  run_on_root(w, "train: checkpoints", [&] {
+    if (options.checkpoint_dir.empty()) return;
     std::error_code ec;
     fs::create_directories(options.checkpoint_dir, ec);
     if (ec) {
-      failure = fmt::format("cannot create the checkpoint folder '{}': {}",
-                            options.checkpoint_dir.string(), ec.message());
-    } else {
-      try {
-        lock = FolderLock(options.checkpoint_dir, "train: the checkpoint folder");
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
+      throw Error(fmt::format("cannot create the checkpoint folder '{}': {}",
+                              options.checkpoint_dir.string(), ec.message()));
     }
-  }
-  // Another run's checkpoints in the folder: refused, or replaced when asked.
-  if (w.rank() == 0 && failure.empty() && !options.checkpoint_dir.empty()) {
+    lock = FolderLock(options.checkpoint_dir, "train: the checkpoint folder");
+    // Another run's checkpoints in the folder: refused, or replaced when asked.
     const std::vector<std::string> others =
         other_runs_checkpoints(options.checkpoint_dir, trainer.run_id());
     if (!others.empty() && !options.overwrite_checkpoints) {
-      failure = fmt::format(
+      throw Error(fmt::format(
           "'{}' holds checkpoints of another run: {}; this run is '{}'. Resume that run from it, "
           "write into another folder, or replace them (--overwrite-checkpoints)",
-          options.checkpoint_dir.string(), fmt::join(others, ", "), trainer.run_id());
-    } else if (!others.empty()) {
+          options.checkpoint_dir.string(), fmt::join(others, ", "), trainer.run_id()));
+    }
+    if (!others.empty()) {
       spdlog::warn(
           "train: '{}' holds checkpoints of another run ({}): they are removed once this run's "
           "first checkpoint is complete",
           options.checkpoint_dir.string(), fmt::join(others, ", "));
     }
-  }
-  if (w.rank() == 0 && failure.empty() && !options.checkpoint_dir.empty() &&
-      !options.resume_dir.empty()) {
+    if (options.resume_dir.empty()) return;
     const std::vector<std::string> newer =
         newer_checkpoints_of_this_run(options.checkpoint_dir, summary.first_step, trainer.run_id());
     if (!newer.empty()) {
@@ -258,16 +251,11 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
           "({}): they are removed once this run's next checkpoint is complete",
           options.checkpoint_dir.string(), summary.first_step, fmt::join(newer, ", "));
     }
-  }
-  w.agree_or_throw(failure.empty(), "train: checkpoints", failure);
-  if (w.rank() == 0 && !options.log_jsonl.empty()) {
-    try {
+  });
+  run_on_root(w, "train: opening the log", [&] {
+    if (!options.log_jsonl.empty())
       log.open(options.log_jsonl, options.resume_dir.empty() ? 0 : summary.first_step);
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  }
-  w.agree_or_throw(failure.empty(), "train: opening the log", failure);
+  });
 
   for (TrainObserver* o : observers)
     o->on_start(trainer, summary.first_step);
@@ -279,15 +267,10 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
       r.val_loss = trainer.evaluate();
       summary.eval_seconds += seconds_since(t0);
     }
-    if (log.is_open()) {
-      try {
-        log.write(r);
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-    }
     // One small collective per step, so that a log failure on rank 0 stops every rank.
-    w.agree_or_throw(failure.empty(), "train: writing the log", failure);
+    run_on_root(w, "train: writing the log", [&] {
+      if (log.is_open()) log.write(r);
+    });
     summary.records.push_back(r);
     if (summary.records.size() == 1) {
       const std::vector<ShapeDecision> decisions = trainer.decisions();

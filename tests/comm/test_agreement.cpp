@@ -155,5 +155,73 @@ TEST(Agreement, DecideThrowingOnRootThrowsOnEveryRank) {
   EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
 }
 
+TEST(Agreement, RunOnRootRunsOnRankZeroOnly) {
+  const Communicator& w = world();
+  int runs = 0;
+  EXPECT_NO_THROW(run_on_root(w, "creating the folder", [&] { ++runs; }));
+  EXPECT_EQ(runs, w.rank() == 0 ? 1 : 0);
+  EXPECT_EQ(w.all_reduce<std::int32_t>(runs), 1);
+}
+
+TEST(Agreement, RunOnRootFailureThrowsOnEveryRankWithTheGroupsScope) {
+  const Communicator& w = world();
+  try {
+    run_on_root(w, "creating the folder", [] { throw Error("cannot create '/nope': denied"); });
+    ADD_FAILURE() << "no throw on rank " << w.rank();
+  } catch (const CollectiveError& e) {
+    EXPECT_TRUE(contains(e.what(), fmt::format("creating the folder failed on rank(s) 0 of {}: "
+                                               "cannot create '/nope': denied",
+                                               w.size())))
+        << e.what();
+    EXPECT_TRUE(e.scope().is_world()) << e.scope().describe();
+    EXPECT_EQ(e.scope().size, w.size());
+  }
+  // An exception without a message, or of no std::exception type, still fails every rank.
+  EXPECT_THROW(run_on_root(w, "empty", [] { throw Error(""); }), CollectiveError);
+  EXPECT_THROW(run_on_root(w, "not an exception", [] { throw 7; }), CollectiveError);
+  EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
+}
+
+TEST(Agreement, RunOnRootOfASubgroupNamesItsRanks) {
+  const Communicator& w = world();
+  if (w.size() == 1) GTEST_SKIP() << "needs two ranks";
+  // Odd and even ranks: rank 0 of the odd group is world rank 1, and it fails.
+  const Communicator sub = w.split(w.rank() % 2, w.rank());
+  const bool odd = w.rank() % 2 == 1;
+  std::vector<int> members;
+  for (int r = w.rank() % 2; r < w.size(); r += 2)
+    members.push_back(r);
+  try {
+    run_on_root(sub, "writing the group's file", [&] {
+      if (odd) throw Error("disk full");
+    });
+    EXPECT_FALSE(odd) << "no throw on rank " << w.rank();
+  } catch (const CollectiveError& e) {
+    EXPECT_TRUE(odd) << e.what();
+    EXPECT_TRUE(contains(e.what(), fmt::format("writing the group's file failed on rank(s) 0 of "
+                                               "{}: disk full",
+                                               sub.size())))
+        << e.what();
+    EXPECT_EQ(e.scope().ranks, members);
+    EXPECT_EQ(e.scope().is_world(), sub.size() == w.size());
+  }
+  EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
+}
+
+TEST(Agreement, AllGatherStringsReturnsEveryRanksStringInRankOrder) {
+  const Communicator& w = world();
+  // Different lengths, the empty string (rank 1) and an embedded NUL.
+  std::string mine = w.rank() == 1 ? std::string() : std::string(3 * w.rank() + 1, 'a' + w.rank());
+  if (w.rank() == 2) mine += std::string("\0z", 2);
+  const std::vector<std::string> all = all_gather_strings(w, mine);
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(w.size()));
+  for (int r = 0; r < w.size(); ++r) {
+    std::string want = r == 1 ? std::string() : std::string(3 * r + 1, 'a' + r);
+    if (r == 2) want += std::string("\0z", 2);
+    EXPECT_EQ(all[static_cast<std::size_t>(r)], want) << "rank " << r;
+  }
+  EXPECT_EQ(all_gather_strings(w, ""), std::vector<std::string>(w.size()));
+}
+
 }  // namespace
 }  // namespace distmuon
