@@ -7,6 +7,7 @@
 #include "blas_fix.h"
 #include "cli_checks.h"
 #include "command_line_errors.h"
+#include "distmuon/agreement.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
@@ -113,17 +114,10 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
   });
   // The outputs are checked before anything is timed (the wisdom is written after the plan's
   // timing, the plot at the end).
-  std::string why;
-  if (ctx.world.rank() == 0) {
-    try {
-      if (!model.plot.empty()) check_output_file(model.plot, "--plot");
-      if (!model.wisdom.empty()) check_output_file(model.wisdom, "--wisdom");
-    } catch (const Error& e) {
-      why = e.what();
-    }
-  }
-  ctx.world.agree_or_throw(why.empty(), "bench --model", why);
-  why.clear();
+  run_on_root(ctx.world, "bench --model", [&] {
+    if (!model.plot.empty()) check_output_file(model.plot, "--plot");
+    if (!model.wisdom.empty()) check_output_file(model.wisdom, "--wisdom");
+  });
   Compute& compute = common.device.resolve(ctx.world);
   set_blas_threads(common.threads);
   ProgressLine progress(stdout, ctx.world.rank() == 0 && !common.json);
@@ -132,14 +126,9 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
   run.progress = [&](const std::string& what) { progress.update(what); };
   const ModelBenchReport report = run_model_bench(ctx.world, run, compute);
   progress.clear();
-  if (ctx.world.rank() == 0 && !model.plot.empty()) {
-    try {
-      render_model_bench_plot(report, model.plot);
-    } catch (const Error& e) {
-      why = e.what();
-    }
-  }
-  ctx.world.agree_or_throw(why.empty(), "bench --plot", why);
+  run_on_root(ctx.world, "bench --plot", [&] {
+    if (!model.plot.empty()) render_model_bench_plot(report, model.plot);
+  });
   if (ctx.world.rank() != 0) return;
   if (common.json) {
     nlohmann::json j = to_json(report);

@@ -9,6 +9,7 @@
 
 #include "cli_checks.h"
 #include "command_line_errors.h"
+#include "distmuon/agreement.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/calibrate.h"
 #include "distmuon/error.h"
@@ -61,21 +62,14 @@ void add_calibrate_command(CLI::App& app, Context& ctx) {
     log_to_stderr();
     // A file that cannot be written fails on every rank before the measurements.
     const std::filesystem::path out = o->out;
-    std::string why;
-    if (ctx.world.rank() == 0) {
+    run_on_root(ctx.world, "calibrate", [&] {
       std::error_code ec;
       const auto dir = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
       if (!std::filesystem::is_directory(dir, ec)) {
-        why = fmt::format("--out {}: folder {} does not exist", out.string(), dir.string());
-      } else {
-        try {
-          check_output_file(out, "--out");
-        } catch (const Error& e) {
-          why = e.what();
-        }
+        throw Error(fmt::format("--out {}: folder {} does not exist", out.string(), dir.string()));
       }
-    }
-    ctx.world.agree_or_throw(why.empty(), "calibrate", why);
+      check_output_file(out, "--out");
+    });
     set_blas_threads(o->threads);
     CalibrateOptions c = o->c;
     c.compute_timing = {1, o->reps};
@@ -91,14 +85,8 @@ void add_calibrate_command(CLI::App& app, Context& ctx) {
     c.progress = [&](const std::string& what) { progress.update(what); };
     const CalibrationReport rep = calibrate(ctx.world, c, cpu_compute());
     progress.clear();
-    if (ctx.world.rank() == 0) {
-      try {
-        save_profile(rep.profile, out);
-      } catch (const Error& e) {
-        why = e.what();
-      }
-    }
-    ctx.world.agree_or_throw(why.empty(), "calibrate: writing the profile", why);
+    run_on_root(ctx.world, "calibrate: writing the profile",
+                [&] { save_profile(rep.profile, out); });
     if (ctx.world.rank() != 0) return;
     if (o->json) {
       spdlog::info("BLAS: {}", blas_summary());  // stdout holds the profile alone

@@ -10,6 +10,7 @@
 
 #include "command_line_errors.h"
 #include "commands.h"
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "distmuon/npy.h"
@@ -22,30 +23,14 @@ namespace {
 // is finite; every rank learns whether each worked (a bad output path is said as such, not as a
 // failure to read the input).
 Matrix read_on_root(const Communicator& world, const std::string& path, const std::string& out) {
+  run_on_root(world, "checking the output path", [&] { check_output_file(out, "output"); });
   Matrix full;
-  bool ok = true;
-  std::string reason;
-  if (world.rank() == 0) {
-    try {
-      check_output_file(out, "output");
-    } catch (const std::exception& e) {
-      ok = false;
-      reason = e.what();
+  run_on_root(world, "reading the input", [&] {
+    full = read_npy(path);
+    for (float v : full.values()) {
+      if (!std::isfinite(v)) throw Error(fmt::format("'{}' contains non-finite values", path));
     }
-  }
-  world.agree_or_throw(ok, "checking the output path", reason);
-  if (world.rank() == 0) {
-    try {
-      full = read_npy(path);
-      for (float v : full.values()) {
-        if (!std::isfinite(v)) throw Error(fmt::format("'{}' contains non-finite values", path));
-      }
-    } catch (const std::exception& e) {
-      ok = false;
-      reason = e.what();
-    }
-  }
-  world.agree_or_throw(ok, "reading the input", reason);
+  });
   return full;
 }
 
@@ -108,26 +93,18 @@ void add_orthogonalize_command(CLI::App& app, Context& ctx) {
     const auto count = static_cast<std::size_t>(shard.size());
     std::vector<float> gathered(count * static_cast<std::size_t>(g));
     world.all_gather<float>(shard.values(), gathered);
-    bool ok = true;
-    std::string reason;
-    if (world.rank() == 0) {
-      try {
-        Matrix out(full.rows(), full.cols());
-        const Index sr = shard.rows(), sc = shard.cols();
-        for (int r = 0; r < g; ++r) {
-          const ConstMatrixView piece{gathered.data() + count * static_cast<std::size_t>(r), sr, sc,
-                                      sc};
-          copy(piece, dim == 0 ? out.view().block(sr * r, 0, sr, sc)
-                               : out.view().block(0, sc * r, sr, sc));
-        }
-        check_ns_result(out.view(), opts, cpu_compute());  // host memory
-        write_npy(o->out, out.view());
-      } catch (const std::exception& e) {
-        ok = false;
-        reason = e.what();
+    run_on_root(world, "writing the output", [&] {
+      Matrix out(full.rows(), full.cols());
+      const Index sr = shard.rows(), sc = shard.cols();
+      for (int r = 0; r < g; ++r) {
+        const ConstMatrixView piece{gathered.data() + count * static_cast<std::size_t>(r), sr, sc,
+                                    sc};
+        copy(piece,
+             dim == 0 ? out.view().block(sr * r, 0, sr, sc) : out.view().block(0, sc * r, sr, sc));
       }
-    }
-    world.agree_or_throw(ok, "writing the output", reason);
+      check_ns_result(out.view(), opts, cpu_compute());  // host memory
+      write_npy(o->out, out.view());
+    });
     if (world.rank() == 0) {
       fmt::print("orthogonalized {} -> {}: {} x {} steps, {} NS, {} on {} in {:.1f} ms\n",
                  shape_str(full.view()), o->out, o->ns.coefficients, opts.steps,

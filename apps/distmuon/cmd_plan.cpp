@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_checks.h"
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "distmuon/plan.h"
@@ -71,15 +72,7 @@ void add_plan_command(CLI::App& app, Context& ctx) {
     warn_deprecated_cost_model(model_cost, ctx.world);
     // Planning is local to rank 0; its errors are agreed on so that every rank ends with them
     // (none is left in MPI_Finalize while rank 0 aborts).
-    std::string failure;
-    if (ctx.world.rank() == 0) {
-      try {
-        run_plan(*o);
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-    }
-    ctx.world.agree_or_throw(failure.empty(), "plan", failure);
+    run_on_root(ctx.world, "plan", [&] { run_plan(*o); });
   });
 }
 

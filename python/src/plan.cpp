@@ -11,6 +11,7 @@
 
 #include "comm.h"
 #include "device.h"
+#include "distmuon/agreement.h"
 #include "distmuon/calibrate.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
@@ -74,19 +75,8 @@ void init_plan(py::module_& m) {
         if (max_bytes > 0) o.max_bytes = max_bytes;
         o.validate();
         py::gil_scoped_release release;
-        const auto on_root = [&](const std::string& what, const std::function<void()>& f) {
-          std::string why;
-          if (group.rank() == 0) {
-            try {
-              f();
-            } catch (const std::exception& e) {
-              why = e.what();
-            }
-          }
-          group.agree_or_throw(why.empty(), what, why);
-        };
         if (out) {
-          on_root("calibrate", [&] {
+          run_on_root(group, "calibrate", [&] {
             const std::filesystem::path path = *out;
             if (path.empty()) throw Error("calibrate: out is an empty path");
             const auto dir =
@@ -101,7 +91,8 @@ void init_plan(py::module_& m) {
         }
         const CalibrationReport r = calibrate(group, o, *backend.compute);
         if (out) {
-          on_root("calibrate: writing the profile", [&] { save_profile(r.profile, *out); });
+          run_on_root(group, "calibrate: writing the profile",
+                      [&] { save_profile(r.profile, *out); });
         }
         return std::make_pair(nlohmann::json(r.profile).dump(), format_calibration(r));
       },
