@@ -283,11 +283,12 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
         (due(r.step, options.checkpoint_every) || r.step == schedule.steps)) {
       const fs::path dir = options.checkpoint_dir / train_checkpoint_step_dir(r.step);
       trainer.save_checkpoint(dir);
-      if (w.rank() == 0) {
+      // Best effort (a folder that cannot be removed is a warning); an exception is agreed.
+      run_on_root(w, "train: removing old checkpoints", [&] {
         prune_checkpoints(options.checkpoint_dir, r.step, trainer.run_id(),
                           options.overwrite_checkpoints,
                           options.keep_resumed_checkpoint ? trainer.resumed_from() : fs::path());
-      }
+      });
       for (TrainObserver* o : observers)
         o->on_checkpoint(r.step, dir);
     }
