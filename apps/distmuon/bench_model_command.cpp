@@ -3,6 +3,8 @@
 
 #include <iostream>
 
+#include <nlohmann/json.hpp>
+
 #include "bench_model_options.h"
 #include "blas_fix.h"
 #include "cli_checks.h"

@@ -3,8 +3,8 @@
 // the standard or the Gram Newton-Schulz algorithm, and per bucket of weights owner mode against
 // the best per-weight choices. The tp_mode=auto resolver built on it is in auto_mode.h.
 //
-// CONTRACT (used by the optimizer; keep these declarations): AutoKey (and AutoModeResolver,
-// auto_mode.h).
+// CONTRACT (used by the optimizer; keep these declarations): AutoKey and AutoChoice
+// (auto_choice.h), AutoModeResolver (auto_mode.h).
 //
 // Two models, both pure functions of (key, profile) returning a breakdown per mode; choosing is
 // a separate step (CostEstimate::choice). The equations, units and sources are in
@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "distmuon/auto_choice.h"
 #include "distmuon/comm.h"
 #include "distmuon/hardware_profile.h"
 #include "distmuon/layout.h"
@@ -37,29 +38,6 @@
 
 namespace distmuon {
 
-// What auto is resolved on: once per distinct key, identically on every rank of the group.
-struct AutoKey {
-  Index m = 0, n = 0;  // full, unpadded weight shape
-  int group_size = 1;  // ranks the weight is sharded over (the larger group in the two-step case)
-  int partition_dim = 0;  // 0: rows split over the group, 1: columns
-  int second_group_size =
-      1;  // two-step TP x GTP case: the smaller group, all-gathered first; else 1
-  bool crosses_domain = false;
-  int steps = 5;
-  bool use_syrk = true;
-  int elem_size = 4;  // bytes per element of the precision NS runs in (4 fp32, 2 bf16)
-  // The algorithms auto may pick: kStandard or kGram (pinned), kAuto (either; refined model).
-  NsAlgorithm algorithm = NsAlgorithm::kStandard;
-  // Gram matrices of the iterate one Gram-algorithm run forms: 1 + restarts
-  // (gram_ns_gram_count of the NS options; the model does not know the coefficients).
-  int gram_formations = 1;
-  auto operator<=>(const AutoKey&) const = default;
-};
-// Whether key lets auto pick algorithm a (its algorithm is a, or kAuto).
-inline bool auto_key_allows(const AutoKey& key, NsAlgorithm a) {
-  return key.algorithm == NsAlgorithm::kAuto || key.algorithm == a;
-}
-
 // The key of a weight of this layout (ranks ignored) orthogonalised with ns: the group distributed
 // mode reduces over and the one gathered first (distributes_over_gtp), the partition dim of the
 // former (0 when it is GTP), steps, syrk and the Gram formation count of ns. allowed: the
@@ -67,17 +45,6 @@ inline bool auto_key_allows(const AutoKey& key, NsAlgorithm a) {
 // elem_size: bytes per element of NS (4 fp32, 2 bf16). An unsharded layout: group_size 1.
 AutoKey auto_key(const ShardLayout& layout, const NsOptions& ns, NsAlgorithm allowed, bool crosses,
                  int elem_size = 4);
-
-// One candidate: a mode and the algorithm NS runs with.
-struct AutoChoice {
-  TpMode mode = TpMode::kDuplicated;
-  NsAlgorithm algorithm = NsAlgorithm::kStandard;
-  auto operator<=>(const AutoChoice&) const = default;
-};
-std::string to_string(const AutoChoice& choice);  // "distributed", "owner+gram"
-// A choice as one integer (mode * 4 + algorithm), for broadcasting plans; and back.
-std::int64_t to_code(const AutoChoice& choice);
-AutoChoice choice_from_code(std::int64_t code);
 
 enum class CostModel { kReference, kRefined };
 CostModel parse_cost_model(std::string_view name);  // "reference", "refined"; throws listing them

@@ -34,10 +34,6 @@
 
 namespace distmuon {
 
-namespace detail {
-class NsWorkspaces;  // the optimizer's scratch, kept across steps (internal)
-}  // namespace detail
-
 struct ShardLayout {
   Index m = 0, n = 0;         // full, unpadded weight shape
   int tp_dim = kNoPartition;  // kNoPartition when not TP-sharded (or TP of one rank)
@@ -91,13 +87,12 @@ using ScaleFn = std::function<double(Index, Index)>;
 // matrix on the unsplit side. Collective over the groups the mode uses.
 // u lives in compute's memory; shards and Gram matrices move over tp.data() and gtp.data(), which
 // must move compute's memory (Compute::data_communicator). NS scratch and the gathered buffers
-// come from `workspaces` when given (kept across calls by the optimizer: no allocation once every
-// shape has been seen), else from buffers allocated for this call. A non-finite input throws on
+// are allocated for this call (the optimizer keeps its own across calls: no allocation once every
+// shape has been seen). A non-finite input throws on
 // the CPU backend; on a device backend it is not checked here (no host wait): the rows of the
 // class it is in come out NaN, for the caller to check (Muon does, once per step).
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute,
-                         detail::NsWorkspaces* workspaces = nullptr);
+                         const ScaleFn& scale, Compute& compute);
 
 }  // namespace distmuon

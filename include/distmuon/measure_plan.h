@@ -31,14 +31,9 @@
 #include "distmuon/auto_mode.h"
 #include "distmuon/comm.h"
 #include "distmuon/cost_model.h"
+#include "distmuon/plan_mode.h"
 
 namespace distmuon {
-
-// How tp_mode=auto plans: by the cost model's estimate (the default) or by timing its leading
-// candidates.
-enum class PlanMode { kEstimate, kMeasure };
-PlanMode parse_plan_mode(std::string_view name);  // "estimate", "measure"; throws listing them
-const char* to_string(PlanMode mode);
 
 struct MeasurePlanOptions {
   int warmup = 1;         // untimed rounds

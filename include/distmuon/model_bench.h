@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "distmuon/bench.h"
 #include "distmuon/comm.h"

@@ -42,12 +42,14 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "distmuon/adamw.h"
+#include "distmuon/auto_choice.h"
 #include "distmuon/comm.h"
-#include "distmuon/cost_model.h"
+#include "distmuon/compute.h"
 #include "distmuon/matrix.h"
-#include "distmuon/measure_plan.h"
 #include "distmuon/newton_schulz.h"
-#include "distmuon/tp.h"
+#include "distmuon/plan_mode.h"
+#include "distmuon/precision.h"
+#include "distmuon/tp_mode.h"
 
 namespace distmuon {
 

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "distmuon/model_bench.h"
 
 namespace distmuon {

@@ -5,6 +5,8 @@
 #include <random>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "distmuon/bench.h"
 #include "distmuon/error.h"
 #include "distmuon/memory_check.h"

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "distmuon/agreement.h"
+#include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "optim/muon_impl.h"

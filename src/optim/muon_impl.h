@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "distmuon/layout.h"
 #include "distmuon/muon.h"
 #include "ns/ns_workspaces.h"
 #include "tp/sharded_ns.h"

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
 #include "optim/muon_names.h"

@@ -126,11 +126,9 @@ void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOpti
   orthogonalize_classes(full, ids, layout, {}, ns, scale, compute, workspaces);
 }
 
-}  // namespace detail
-
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute, detail::NsWorkspaces* workspaces) {
+                         const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
   DISTMUON_ASSERT(mode != TpMode::kAuto, "auto must be resolved before orthogonalising");
   DISTMUON_ASSERT(mode != TpMode::kOwner, "owner mode orthogonalises buckets (owner_ns.h)");
   DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
@@ -221,6 +219,14 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
   } else {
     orthogonalize_classes(u, ids, layout, {&tp, tp_side}, ns, scale, compute, ws);
   }
+}
+
+}  // namespace detail
+
+void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
+                         const Communicator& gtp, TpMode mode, const NsOptions& ns,
+                         const ScaleFn& scale, Compute& compute) {
+  detail::orthogonalize_shard(u, layout, tp, gtp, mode, ns, scale, compute, nullptr);
 }
 
 }  // namespace distmuon

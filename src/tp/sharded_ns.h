@@ -25,6 +25,13 @@ Index full_work_cols(const ShardLayout& layout);
 void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
                         const ScaleFn& scale, Compute& compute, NsWorkspaces& workspaces);
 
+// orthogonalize_shard (layout.h) with the caller's NS scratch and gathered buffers, kept across
+// calls (the optimizer's, the model benchmark's): no allocation once every shape has been seen.
+// workspaces null: buffers allocated for this call (what the public overload does).
+void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
+                         const Communicator& gtp, TpMode mode, const NsOptions& ns,
+                         const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces);
+
 // All-gathers this rank's equal shard along dim (0: rows, 1: columns) over group.data() into
 // full (compute's memory, contiguous, the gathered shape), the column interleave's staging from
 // workspaces.

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "distmuon/bench.h"
 #include "distmuon/error.h"
 #include "test_util.h"

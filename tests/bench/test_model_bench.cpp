@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "distmuon/error.h"
 #include "distmuon/model_bench.h"
 #include "distmuon/plots.h"

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "distmuon/muon.h"
+#include "distmuon/tp.h"
 #include "test_util.h"
 
 namespace distmuon::test {

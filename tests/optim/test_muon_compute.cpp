@@ -10,6 +10,7 @@
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
+#include "distmuon/tp.h"
 #include "optim_test_util.h"
 
 namespace distmuon {
