@@ -3,7 +3,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/install-deps.sh"
-# ccache (when installed): paths relative to the checkout, so any clone of it shares the cache.
+# ccache (when installed): paths relative to the checkout, so that this tree's builds share the
+# cache (a unity batch names its sources by absolute path: another clone compiles its own).
 # The tests' precompiled header (tests/CMakeLists.txt) is cacheable with the sloppiness ccache's
 # manual gives for it.
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=pch_defines,time_macros
