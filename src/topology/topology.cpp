@@ -97,13 +97,15 @@ Topology Topology::gather(const Communicator& world, const TopologyProbeOptions&
   // A probe that fails on one rank (a bad override file) fails every rank of the world, before
   // any group's collective: no rank is left waiting.
   DomainInfo mine;
+  bool ok = true;
   std::string why;
   try {
     mine = probe_domain(world.rank(), opts);
   } catch (const std::exception& e) {
+    ok = false;  // the flag decides, not the text: a failure without a message still fails
     why = e.what();
   }
-  world.agree_or_throw(why.empty(), "NVLink-domain probe", why);
+  world.agree_or_throw(ok, "NVLink-domain probe", why);
   return Topology(world, gather_domains(world, mine));
 }
 
