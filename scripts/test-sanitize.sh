@@ -30,4 +30,4 @@ export LSAN_OPTIONS="suppressions=$root/tests/sanitize/lsan.supp:print_suppressi
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OPENBLAS_NUM_THREADS=1
 cd "$root/build-sanitize"
-ctest --output-on-failure --timeout 600 --parallel "$(nproc)" -LE '^(package|bench)$' "$@"
+ctest --output-on-failure --timeout 600 --parallel "$(nproc)" -LE '^(package|bench|fault-matrix)$' "$@"

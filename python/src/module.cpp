@@ -1,8 +1,11 @@
 // distmuon._core: the C++ library for Python (docs/python.md). One file per concept: arrays
 // (zero-copy views), device (backends and their memory), ns, comm (+ the mpi4py and
 // torch.distributed backends), muon, plan. distmuon::Error arrives as distmuon.Error (a
-// RuntimeError) with the same message, CollectiveError as distmuon.CollectiveError (a subclass).
+// RuntimeError) with the same message, CollectiveError as distmuon.CollectiveError (a subclass)
+// carrying its scope: is_world (every rank of the world raised it), ranks (the world ranks of
+// the group that agreed on it, when known) and scope (described in words).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "arrays.h"
 #include "comm.h"
@@ -27,7 +30,13 @@ PYBIND11_MODULE(_core, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const distmuon::CollectiveError& e) {
-      py::set_error(collective, e.what());
+      // An instance with the scope's attributes: a program must abort the job unless is_world
+      // (docs/python.md, "Errors").
+      py::object raised = py::handle(collective.ptr())(e.what());
+      raised.attr("is_world") = e.scope().is_world();
+      raised.attr("ranks") = e.scope().ranks;
+      raised.attr("scope") = e.scope().describe();
+      PyErr_SetObject(collective.ptr(), raised.ptr());
     } catch (const distmuon::Error& e) {
       py::set_error(error, e.what());
     }

@@ -7,7 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <string>
@@ -20,6 +20,7 @@ namespace {
 
 constexpr const char* kPoints[] = {"optim-step", "checkpoint-between-files", "collective",
                                    "file-write", "measure-reset"};
+constexpr const char* kActions[] = {"throw", "exit", "kill", "oom", "nan"};
 
 struct FaultSpec {
   int rank = 0;
@@ -35,13 +36,18 @@ int env_rank() {
   return 0;
 }
 
-// RANK:POINT[:ACTION[:N]]; nullopt without the variable.
-std::optional<FaultSpec> parse_fault(const char* text) {
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  const std::string s(text);
+bool one_of(const std::string& s, const auto& names) {
+  for (const char* n : names)
+    if (s == n) return true;
+  return false;
+}
+
+// RANK:POINT[:ACTION[:N]]; nullopt for an empty text.
+std::optional<FaultSpec> parse_fault(const std::string& s) {
+  if (s.empty()) return std::nullopt;
   const auto bad = [&](const std::string& why) {
     return Error(fmt::format(
-        "DISTMUON_FAULT='{}': {} (expected RANK:POINT[:throw|exit|kill|oom[:N]])", s, why));
+        "DISTMUON_FAULT='{}': {} (expected RANK:POINT[:throw|exit|kill|oom|nan[:N]])", s, why));
   };
   std::vector<std::string> parts;
   for (std::size_t start = 0;;) {
@@ -56,16 +62,12 @@ std::optional<FaultSpec> parse_fault(const char* text) {
   f.rank = static_cast<int>(std::strtol(parts[0].c_str(), &end, 10));
   if (parts[0].empty() || *end != '\0' || f.rank < 0) throw bad("RANK is not a rank");
   f.point = parts[1];
-  bool known = false;
-  for (const char* p : kPoints)
-    known = known || f.point == p;
-  if (!known)
-    throw bad(
-        "unknown POINT (optim-step, checkpoint-between-files, collective, file-write, "
-        "measure-reset)");
+  if (!one_of(f.point, kPoints)) {
+    throw bad(fmt::format("unknown POINT ({})", fmt::join(kPoints, ", ")));
+  }
   if (parts.size() > 2) f.action = parts[2];
-  if (f.action != "throw" && f.action != "exit" && f.action != "kill" && f.action != "oom")
-    throw bad("unknown ACTION");
+  if (!one_of(f.action, kActions)) throw bad("unknown ACTION");
+  if (f.action == "nan" && f.point != "collective") throw bad("nan applies to collective only");
   if (parts.size() > 3) {
     f.nth = std::strtol(parts[3].c_str(), &end, 10);
     if (parts[3].empty() || *end != '\0' || f.nth < 1) throw bad("N is not a positive count");
@@ -73,25 +75,88 @@ std::optional<FaultSpec> parse_fault(const char* text) {
   return f;
 }
 
+// The armed fault (this rank's only) and the record of points reached.
+struct State {
+  std::mutex mutex;
+  std::optional<FaultSpec> spec;
+  long reached = 0;  // times spec->point was reached since it was armed
+  bool recording = false;
+  std::vector<std::string> sites;
+
+  void arm(std::optional<FaultSpec> f) {
+    spec = f && f->rank == env_rank() ? std::move(f) : std::nullopt;
+    reached = 0;
+  }
+};
+
+std::atomic<bool> g_watching{false};
+
+State& state() {
+  static State* s = [] {
+    auto* st = new State;  // never destroyed: points may be reached during static destruction
+    const char* env = std::getenv("DISTMUON_FAULT");
+    st->arm(parse_fault(env ? env : ""));
+    g_watching = st->spec.has_value();
+    return st;
+  }();
+  return *s;
+}
+
 }  // namespace
 
-void fault_point(const char* point) {
-  static const std::optional<FaultSpec> spec = [] {
-    std::optional<FaultSpec> f = parse_fault(std::getenv("DISTMUON_FAULT"));
-    if (f && f->rank != env_rank()) f.reset();
-    return f;
-  }();
-  static std::atomic<long> reached{0};
-  if (!spec || spec->point != point) return;
-  if (reached.fetch_add(1) + 1 != spec->nth) return;
+bool fault_watching() {
+  static const bool initialised = (state(), true);  // reads the variable once
+  (void)initialised;
+  return g_watching.load(std::memory_order_relaxed);
+}
+
+bool fault_point(const char* point, std::string_view site) {
+  if (!fault_watching()) return false;
+  State& s = state();
+  std::string action;
+  {
+    const std::lock_guard lock(s.mutex);
+    if (s.recording) s.sites.push_back(fmt::format("{}: {}", point, site));
+    if (!s.spec || s.spec->point != point || ++s.reached != s.spec->nth) return false;
+    action = s.spec->action;
+  }
   const int rank = env_rank();
-  std::fprintf(stderr, "distmuon: injected fault '%s' (%s) on rank %d\n", point,
-               spec->action.c_str(), rank);
+  std::fprintf(stderr, "distmuon: injected fault '%s' (%s) on rank %d\n", point, action.c_str(),
+               rank);
   std::fflush(stderr);
-  if (spec->action == "exit") std::_Exit(kFaultExitCode);
-  if (spec->action == "kill") std::raise(SIGKILL);
-  if (spec->action == "oom") throw std::bad_alloc();
+  if (action == "nan") return true;
+  if (action == "exit") std::_Exit(kFaultExitCode);
+  if (action == "kill") std::raise(SIGKILL);
+  if (action == "oom") throw std::bad_alloc();
   throw Error(fmt::format("injected fault '{}' on rank {} (DISTMUON_FAULT)", point, rank));
+}
+
+void arm_fault(const std::string& spec) {
+  State& s = state();
+  const std::lock_guard lock(s.mutex);
+  s.arm(parse_fault(spec));
+  g_watching = s.spec.has_value() || s.recording;
+}
+
+void disarm_fault() {
+  State& s = state();
+  const std::lock_guard lock(s.mutex);
+  s.arm(std::nullopt);
+  g_watching = s.recording;
+}
+
+void record_fault_sites(bool on) {
+  State& s = state();
+  const std::lock_guard lock(s.mutex);
+  s.recording = on;
+  if (on) s.sites.clear();
+  g_watching = s.spec.has_value() || s.recording;
+}
+
+std::vector<std::string> recorded_fault_sites() {
+  State& s = state();
+  const std::lock_guard lock(s.mutex);
+  return s.sites;
 }
 
 }  // namespace distmuon::detail

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <exception>
 
 #include "core/fault.h"
@@ -21,8 +23,8 @@ std::vector<std::vector<double>> run_candidates(const Communicator& world,
   }
   const std::string what = rounds.what + ": a timed run";
   std::vector<std::vector<double>> samples(tasks.size());
-  // The first rank-local failure of a reset or run; caught so that the other steps of this rank
-  // are skipped while every rank still reaches the agreement that follows.
+  // The first rank-local failure of a reset (or a time that is not finite); caught so that every
+  // rank still reaches the agreement that follows.
   std::string failed;
   const auto guarded = [&failed](const std::function<void()>& f) {
     if (!failed.empty()) return;
@@ -41,7 +43,10 @@ std::vector<std::vector<double>> run_candidates(const Communicator& world,
       const TimingSummary s = time_on_group(
           world, {0, 1},
           [&] {
-            if (task.run) guarded(task.run);
+            // Not guarded: a run is collectives over the candidate's groups, and a rank that
+            // left them midway would strand its partners there. Its exception ends this rank
+            // (a rank-local error: the program aborts the job, apps/distmuon/main.cpp).
+            if (task.run) task.run();
           },
           [&] {
             guarded([&] {
@@ -50,6 +55,9 @@ std::vector<std::vector<double>> run_candidates(const Communicator& world,
             });
             world.agree_or_throw(failed.empty(), what, failed);
           });
+      // A time that is not finite (a clock or a collective gone wrong) would decide the plan.
+      if (failed.empty() && !std::isfinite(s.median_s))
+        failed = fmt::format("its time on rank {} is not finite ({} s)", world.rank(), s.median_s);
       world.agree_or_throw(failed.empty(), what, failed);
       if (round >= rounds.warmup)
         samples[(j + static_cast<std::size_t>(round)) % tasks.size()].push_back(s.median_s);

@@ -8,7 +8,9 @@
 // - before each run, untimed: the fault point "measure-reset" (core/fault.h) and the task's reset,
 //   whose failure on any rank is agreed over the world before the run (whose collectives span the
 //   failing rank: the others would wait there for it); then a barrier, the run, and its time as
-//   the slowest rank's (time_on_group); a run's failure is agreed after it;
+//   the slowest rank's (time_on_group); a time that is not finite is agreed after the run, as a
+//   failure; a run's exception is not caught (a rank leaving the run's collectives midway would
+//   strand its partners there: it is a rank-local error, on which a program aborts the job);
 // - a reset made by copy_reset restores the run's input with backend copies and returns with the
 //   backend synchronised, so that the clock of the run after it sees none of the copies' work.
 
@@ -38,8 +40,9 @@ struct CandidateRounds {
 
 // Runs tasks in rounds as described above, collective over world (every rank passes as many
 // tasks, the same rounds). Returns per task its timed rounds' times in seconds (the slowest
-// rank's each; identical on every rank). A reset or run that throws on some ranks throws
-// CollectiveError on every rank, with the first failing rank's message; no later run starts.
+// rank's each; identical on every rank). A reset that throws, or a time that is not finite, on
+// some ranks throws CollectiveError on every rank, with the first failing rank's message; no
+// later run starts. A run that throws is this rank's own error (see above).
 std::vector<std::vector<double>> run_candidates(const Communicator& world,
                                                 std::span<const MeasureTask> tasks,
                                                 const CandidateRounds& rounds);

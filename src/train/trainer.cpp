@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <random>
 #include <utility>
 
@@ -131,8 +132,14 @@ StepRecord Trainer::step() {
   const CharBatch batch = s.data->train_batch(static_cast<std::uint64_t>(r.step), s.world.rank(),
                                               s.world.size(), s.config.train.batch);
   r.loss = s.model->forward_backward(batch);
+  // A loss that is not finite (the run diverged, or a reduction went wrong) ends the run on every
+  // rank: agreed within the optimizer's step, before anything is updated.
+  const std::string failure =
+      std::isfinite(r.loss)
+          ? std::string()
+          : fmt::format("train: the training loss of step {} is not finite ({})", r.step, r.loss);
   s.upload_grads();
-  s.muon->step(s.grads);
+  s.muon->step(s.grads, failure);
   s.download_values();
   const MuonStepStats stats = s.muon->last_step_stats();
   r.opt_ms = stats.total_s * 1e3;
@@ -143,7 +150,12 @@ StepRecord Trainer::step() {
 }
 
 double Trainer::evaluate() {
-  return impl_->model->evaluate(impl_->validation);
+  const double loss = impl_->model->evaluate(impl_->validation);
+  // Agreed: a loss that is not finite on some ranks only (a reduction gone wrong) would have the
+  // ranks report and decide differently.
+  impl_->world.agree_or_throw(std::isfinite(loss), "train: the validation loss",
+                              fmt::format("it is not finite ({})", loss));
+  return loss;
 }
 
 int Trainer::step_count() const {

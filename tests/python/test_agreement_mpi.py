@@ -210,6 +210,19 @@ def test_communicator_agree_or_throw():
         world.agree_or_throw(R != BAD, "check", "why" if R == BAD else "")
 
 
+def test_collective_error_carries_its_scope():
+    world = distmuon.communicator(COMM)
+    with pytest.raises(distmuon.CollectiveError) as raised:
+        world.agree_or_throw(R != BAD, "check")
+    assert raised.value.is_world and raised.value.ranks == list(range(G))
+    alone = world.split(R, 0)  # a group of this rank only: agreed there, not by the world
+    with pytest.raises(distmuon.CollectiveError) as raised:
+        alone.agree_or_throw(False, "alone")
+    assert not raised.value.is_world
+    assert raised.value.ranks == [R]
+    assert f"of {G}" in raised.value.scope, raised.value.scope
+
+
 def test_calibrate_output_checked_and_written_by_rank_0(tmp_path):
     folder = COMM.bcast(str(tmp_path) if R == 0 else None)
     # A folder as the output: refused on every rank before the measurements.
