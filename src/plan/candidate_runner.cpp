@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "core/fault.h"
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/timing.h"
 
@@ -48,9 +49,9 @@ std::vector<std::vector<double>> run_candidates(const Communicator& world,
               fault_point("measure-reset");  // docs/reliability.md
               if (task.reset) task.reset();
             });
-            world.agree_or_throw(failed.empty(), what, failed);
+            agree_or_throw(world, failed.empty(), what, failed);
           });
-      world.agree_or_throw(failed.empty(), what, failed);
+      agree_or_throw(world, failed.empty(), what, failed);
       if (round >= rounds.warmup)
         samples[(j + static_cast<std::size_t>(round)) % tasks.size()].push_back(s.median_s);
     }

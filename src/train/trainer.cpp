@@ -57,7 +57,7 @@ Trainer::Trainer(TrainConfig config, Communicator world)
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  w.agree_or_throw(failure.empty(), "train: setup", failure);
+  agree_or_throw(w, failure.empty(), "train: setup", failure);
   // One model on one data set: the configuration and the bytes each rank read are agreed on (a
   // data file that differs between the ranks' nodes would otherwise train each rank on its own).
   const std::span<const std::uint8_t> text = s.data->bytes();
