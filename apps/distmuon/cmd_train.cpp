@@ -7,6 +7,7 @@
 
 #include "cli_checks.h"
 #include "commands.h"
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
 #include "distmuon/memory_check.h"
@@ -148,7 +149,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
     } catch (const std::exception& e) {
       failure = e.what();
     }
-    ctx.world.agree_or_throw(failure.empty(), "train: options", failure);
+    agree_or_throw(ctx.world, failure.empty(), "train: options", failure);
     DeviceCliOption{config.train.device}.resolve(ctx.world);  // refused alike on every rank
 
     TrainRunOptions run{.log_jsonl = o->log,
@@ -203,7 +204,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
           plot_failure = e.what();
         }
       }
-      ctx.world.agree_or_throw(plot_failure.empty(), "train --plot", plot_failure);
+      agree_or_throw(ctx.world, plot_failure.empty(), "train --plot", plot_failure);
     }
   });
 }

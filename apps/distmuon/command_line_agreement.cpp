@@ -109,9 +109,8 @@ void agree_command_line(const Communicator& world, std::string_view text,
   if (world.size() == 1) return;
   const std::string key = failure.empty() ? std::string(text) : "error: " + std::string(failure);
   if (all_agree(world, fnv1a64(key.data(), key.size()))) return;  // the same (or the same error)
-  world.agree_or_throw(
-      failure.empty(), "the command line",
-      fmt::format("{} (the ranks must run one command with the same options)", failure));
+  agree_or_throw(world, failure.empty(), "the command line",
+                 fmt::format("{} (the ranks must run one command with the same options)", failure));
   agree_on(world, text, "the command line (every rank must run the same command and options)",
            first_difference);
 }

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "distmuon/agreement.h"
 #include "distmuon/comm.h"
 #include "distmuon/error.h"
 
@@ -43,7 +44,7 @@ auto check_on_every_rank(const Communicator& world, const std::string& what, F&&
     } catch (const std::exception& e) {
       why = e.what();
     }
-    world.agree_or_throw(why.empty(), what, why);
+    agree_or_throw(world, why.empty(), what, why);
   } else {
     std::optional<T> out;
     try {
@@ -51,7 +52,7 @@ auto check_on_every_rank(const Communicator& world, const std::string& what, F&&
     } catch (const std::exception& e) {
       why = e.what();
     }
-    world.agree_or_throw(why.empty(), what, why);
+    agree_or_throw(world, why.empty(), what, why);
     return std::move(*out);
   }
 }

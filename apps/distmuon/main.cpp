@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
         "{}: {}", ctx.world.size() > 1 ? fmt::format(" on rank {}", ctx.world.rank()) : "",
         e.what()));
     // Rank-local failures would leave the other ranks waiting in a collective; errors that every
-    // rank of the world agreed on (Communicator::agree_or_throw) end each rank on its own.
+    // rank of the world agreed on (agreement.h) end each rank on its own.
     if (ctx.world.size() > 1) ctx.world.abort(1);
     return 1;
   }

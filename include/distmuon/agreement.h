@@ -1,8 +1,10 @@
 #pragma once
-// Agreement across the ranks of a group: the two protocols that keep the ranks of a group running
-// the same collectives and turn an error on some ranks into an error on all (as
-// Communicator::agree_or_throw does for a rank-local flag, comm.h).
+// Agreement across the ranks of a group: the protocols that keep the ranks of a group running the
+// same collectives and turn an error on some ranks into an error on all. The only agreement layer
+// of distmuon: every other file agrees through these functions.
 //
+//  - agree_or_throw: every rank passes a rank-local flag (its own checks passed); when any rank
+//    fails, every rank throws CollectiveError naming the failing ranks and the first one's reason.
 //  - agree / agree_on: every rank passes a value (or its hash); when the ranks differ, every rank
 //    throws CollectiveError naming the operation, the ranks that differ from rank 0 and how.
 //  - decide_on_root: one rank decides (runs a function), every rank receives its decision; an
@@ -28,6 +30,13 @@
 #include "distmuon/error.h"
 
 namespace distmuon {
+
+// Throws CollectiveError on every rank, scoped to the group (error_scope), when any rank passes
+// ok == false: "<what> failed on rank(s) 1,3 of 4: <reason of rank 1>" (": <reason>" only when
+// the first failing rank gave one). One all-gather of a flag, and the reason's broadcast when a
+// rank failed.
+void agree_or_throw(const Communicator& group, bool ok, std::string_view what,
+                    std::string_view reason = {});
 
 // True on every rank when every rank passes the same hash and ok == true (ok: this rank's own
 // checks passed). Never throws for a mismatch. One all-reduce of three 64-bit integers.

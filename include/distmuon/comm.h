@@ -143,9 +143,6 @@ class Communicator {
   Communicator split(int color, int key) const;
   [[noreturn]] void abort(int code) const;
 
-  // Throws distmuon::Error on every rank when any rank passes ok == false; the message carries
-  // the failing ranks and the first failing rank's reason.
-  void agree_or_throw(bool ok, const std::string& what, const std::string& reason = {}) const;
   // The scope of an error agreed over this group (CollectiveError::scope).
   ErrorScope error_scope() const;
   // The ranks in `world` of this group's ranks, in group order, found without communicating: the

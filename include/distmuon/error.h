@@ -3,7 +3,7 @@
 //  - distmuon::Error: the caller's mistake or a failed external call (MPI, BLAS, file system).
 //    The message says what was attempted, with which shapes and on which rank.
 //  - distmuon::CollectiveError (an Error): one that the ranks of a group raised together, after
-//    agreeing on it (agreement.h, Communicator::agree_or_throw), with its scope (ErrorScope):
+//    agreeing on it (agreement.h: agree_or_throw, agree, ...), with its scope (ErrorScope):
 //    which group agreed on it (docs/reliability.md, "Failures and their scope").
 //  - DISTMUON_ASSERT: a broken internal invariant (a bug in distmuon). Always checked.
 
@@ -40,7 +40,7 @@ struct ErrorScope {
   std::string describe() const;
 };
 
-// An error that every rank of a group raised together (see Communicator::agree_or_throw), so no
+// An error that every rank of a group raised together (see agreement.h), so no
 // rank of that group is left waiting. When its scope is the world, a program may end each rank
 // normally; when it is a subgroup, the ranks outside it may be waiting for these ranks in a
 // collective, and the program must abort the job (the CLI does: apps/distmuon/main.cpp).

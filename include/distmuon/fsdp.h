@@ -49,7 +49,7 @@ struct ShardingWorkspace {
 
 // Collective over `group` (size G == sharding.group_size): full = the unpadded concatenation of
 // every rank's shard. shard must be [shard_rows, cols] and full [rows, cols]; the shapes are
-// checked on every rank together (Communicator::agree_or_throw), so a mismatch on one rank throws
+// checked on every rank together (agree_or_throw, agreement.h), so a mismatch on one rank throws
 // CollectiveError on all of them instead of hanging.
 void all_gather_rows(ConstMatrixView shard, const RowSharding& sharding, const Communicator& group,
                      MatrixView full, ShardingWorkspace& ws, Compute& compute);

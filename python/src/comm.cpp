@@ -3,6 +3,7 @@
 
 #include <pybind11/stl.h>
 
+#include "distmuon/agreement.h"
 #include "distmuon/tp.h"
 
 namespace distmuon::python {
@@ -20,10 +21,15 @@ void init_comm(py::module_& m) {
       .def(
           "all_reduce_sum", [](const Communicator& c, double v) { return c.all_reduce(v); },
           py::arg("value"), py::call_guard<py::gil_scoped_release>())
-      .def("agree_or_throw", &Communicator::agree_or_throw, py::arg("ok"), py::arg("what"),
-           py::arg("reason") = std::string(), py::call_guard<py::gil_scoped_release>(),
-           "Collective: raises CollectiveError on every rank when ok is False on any rank, "
-           "naming the failing ranks and the first one's reason")
+      .def(
+          "agree_or_throw",
+          [](const Communicator& c, bool ok, const std::string& what, const std::string& reason) {
+            agree_or_throw(c, ok, what, reason);
+          },
+          py::arg("ok"), py::arg("what"), py::arg("reason") = std::string(),
+          py::call_guard<py::gil_scoped_release>(),
+          "Collective: raises CollectiveError on every rank when ok is False on any rank, "
+          "naming the failing ranks and the first one's reason")
       .def("__repr__", [](const Communicator& c) {
         return "<distmuon.Communicator " + c.backend() + " rank " + std::to_string(c.rank()) +
                " of " + std::to_string(c.size()) + ">";

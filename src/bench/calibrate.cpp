@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "core/host.h"
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/topology.h"
 
@@ -179,7 +180,7 @@ CalibrationReport calibrate(const Communicator& group, const CalibrateOptions& o
   } catch (const Error& e) {
     why = e.what();
   }
-  group.agree_or_throw(why.empty(), "calibrate options", why);
+  agree_or_throw(group, why.empty(), "calibrate options", why);
   const int g = group.size();
   CalibrationReport rep;
   Calibration cal;

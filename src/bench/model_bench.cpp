@@ -205,7 +205,7 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
       why = e.what();
     }
   }
-  group.agree_or_throw(why.empty(), fmt::format("bench --model {}", config.model), why);
+  agree_or_throw(group, why.empty(), fmt::format("bench --model {}", config.model), why);
 
   ModelBenchReport rep;
   rep.model = config.model;

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "distmuon/agreement.h"
 #include "distmuon/bench.h"
 #include "distmuon/error.h"
 #include "distmuon/memory_check.h"
@@ -80,7 +81,7 @@ void validate(const Communicator& group, const TpBenchConfig& c) {
       why = e.what();
     }
   }
-  group.agree_or_throw(why.empty(), "tp bench configuration", why);
+  agree_or_throw(group, why.empty(), "tp bench configuration", why);
 }
 
 }  // namespace

@@ -36,6 +36,21 @@ std::string clip(std::string_view s) {
 
 }  // namespace
 
+void agree_or_throw(const Communicator& group, bool ok, std::string_view what,
+                    std::string_view reason) {
+  const std::int32_t mine = ok ? 0 : 1;
+  const std::vector<std::int32_t> flags = group.all_gather(mine);
+  std::vector<int> failed;
+  for (int r = 0; r < group.size(); ++r)
+    if (flags[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
+  if (failed.empty()) return;
+  const std::string first_reason = group.broadcast_string(std::string(reason), failed.front());
+  throw CollectiveError(
+      fmt::format("{} failed on rank(s) {} of {}{}{}", what, fmt::join(failed, ","), group.size(),
+                  first_reason.empty() ? "" : ": ", first_reason),
+      group.error_scope());
+}
+
 bool all_agree(const Communicator& group, std::uint64_t hash, bool ok) {
   // max(h), max(~h) = ~min(h) (~ reverses the order of signed integers), any failure.
   const auto h = std::bit_cast<std::int64_t>(hash);
@@ -106,7 +121,7 @@ void run_on_root(const Communicator& group, std::string_view what,
     }
   }
   // A failure without a message still fails: the flag, not the text, decides.
-  group.agree_or_throw(failure.empty(), std::string(what), failure);
+  agree_or_throw(group, failure.empty(), what, failure);
 }
 
 std::vector<std::string> all_gather_strings(const Communicator& group, const std::string& mine) {

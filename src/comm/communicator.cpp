@@ -100,21 +100,6 @@ void Communicator::abort(int code) const {
   std::abort();  // abort() of a backend must not return
 }
 
-void Communicator::agree_or_throw(bool ok, const std::string& what,
-                                  const std::string& reason) const {
-  const std::int32_t mine = ok ? 0 : 1;
-  const std::vector<std::int32_t> flags = all_gather(mine);
-  std::vector<int> failed;
-  for (int r = 0; r < size(); ++r)
-    if (flags[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
-  if (failed.empty()) return;
-  const std::string first_reason = broadcast_string(reason, failed.front());
-  throw CollectiveError(
-      fmt::format("{} failed on rank(s) {} of {}{}{}", what, fmt::join(failed, ","), size(),
-                  first_reason.empty() ? "" : ": ", first_reason),
-      error_scope());
-}
-
 ErrorScope Communicator::error_scope() const {
   GroupPlacement at = impl_->placement();
   ErrorScope scope;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 
 namespace distmuon {
@@ -24,7 +25,7 @@ void check_layout(const char* op, ConstMatrixView shard, ConstMatrixView full, c
     reason = fmt::format("full matrix {} is not the sharded {}", shape_str(full),
                          shape_str(s.rows, s.cols));
   }
-  group.agree_or_throw(reason.empty(), op, reason);
+  agree_or_throw(group, reason.empty(), op, reason);
 }
 
 }  // namespace
@@ -104,7 +105,7 @@ void all_reduce_mean(MatrixView m, const Communicator& group, Compute& compute) 
   std::string reason;
   if (!m.contiguous())
     reason = fmt::format("matrix {} with ld {} is not contiguous", shape_str(m.rows, m.cols), m.ld);
-  group.agree_or_throw(reason.empty(), "all_reduce_mean", reason);
+  agree_or_throw(group, reason.empty(), "all_reduce_mean", reason);
   data_plane(group, compute).all_reduce<float>({m.data, static_cast<std::size_t>(m.size())});
   compute.scale(m, 1.0f / static_cast<float>(group.size()));
 }

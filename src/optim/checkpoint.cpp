@@ -211,7 +211,7 @@ void Muon::save(const std::filesystem::path& dir) {
     } catch (const std::exception& e) {
       reason = e.what();
     }
-    s.world.agree_or_throw(reason.empty(), what, reason);
+    agree_or_throw(s.world, reason.empty(), what, reason);
 
     const std::vector<std::string> entries = all_gather_strings(s.world, entry.dump());
     run_on_root(s.world, what + " (manifest)", [&] {
@@ -388,7 +388,7 @@ void Muon::load(const std::filesystem::path& dir) {
   } catch (const std::exception& e) {
     reason = e.what();
   }
-  s.world.agree_or_throw(reason.empty(), fmt::format("Muon::load '{}'", dir.string()), reason);
+  agree_or_throw(s.world, reason.empty(), fmt::format("Muon::load '{}'", dir.string()), reason);
   restore(s, step, loaded);
 }
 

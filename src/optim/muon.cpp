@@ -306,7 +306,7 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
   std::string agreed = s.options_text;
   agreed.append(reinterpret_cast<const char*>(active.data()), active.size());
   if (all_agree(s.world, fnv1a64(agreed.data(), agreed.size()), reason.empty())) return;
-  s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
+  agree_or_throw(s.world, reason.empty(), "Muon::step", reason);
   nlohmann::json mine = {{"options", nlohmann::json::parse(s.options_text)},
                          {"active", std::vector<int>(active.begin(), active.end())}};
   agree_on(s.world, mine.dump(), "Muon::step: the options and the parameters with a gradient",
@@ -339,7 +339,7 @@ void Muon::Impl::check_updates(std::span<const std::uint8_t> active) const {
           s.params[which[k]].spec.name, bad->row, bad->col);
     }
   }
-  s.world.agree_or_throw(reason.empty(), "Muon::step", reason);
+  agree_or_throw(s.world, reason.empty(), "Muon::step", reason);
 }
 
 void Muon::step(std::span<const ConstMatrixView> grads) {

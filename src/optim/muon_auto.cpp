@@ -94,8 +94,8 @@ void plan_auto_modes(Muon::Impl& s) {
   } catch (const Error& e) {
     why = e.what();
   }
-  s.world.agree_or_throw(why.empty(), "tp_mode=auto: the NVLink-domain crossing of the groups",
-                         why);
+  agree_or_throw(s.world, why.empty(), "tp_mode=auto: the NVLink-domain crossing of the groups",
+                 why);
   s.world.all_reduce(std::span<std::int32_t>(crosses), ReduceOp::kMax);
   std::string text;
   for (std::size_t j = 0; j < todo.size(); ++j) {

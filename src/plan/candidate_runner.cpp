@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "core/fault.h"
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/timing.h"
 
@@ -53,12 +54,12 @@ std::vector<std::vector<double>> run_candidates(const Communicator& world,
               fault_point("measure-reset");  // docs/reliability.md
               if (task.reset) task.reset();
             });
-            world.agree_or_throw(failed.empty(), what, failed);
+            agree_or_throw(world, failed.empty(), what, failed);
           });
       // A time that is not finite (a clock or a collective gone wrong) would decide the plan.
       if (failed.empty() && !std::isfinite(s.median_s))
         failed = fmt::format("its time on rank {} is not finite ({} s)", world.rank(), s.median_s);
-      world.agree_or_throw(failed.empty(), what, failed);
+      agree_or_throw(world, failed.empty(), what, failed);
       if (round >= rounds.warmup)
         samples[(j + static_cast<std::size_t>(round)) % tasks.size()].push_back(s.median_s);
     }

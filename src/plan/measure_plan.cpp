@@ -315,7 +315,7 @@ MeasuredPlan plan_by_measuring(const Communicator& world, std::span<const AutoKe
                                MeasureTarget& target, const AutoModeResolver& resolver,
                                const MeasurePlanOptions& options) {
   const std::string why = check_inputs(keys, buckets, options);
-  world.agree_or_throw(why.empty(), "tp_mode=auto (measure)", why);
+  agree_or_throw(world, why.empty(), "tp_mode=auto (measure)", why);
   agree_on(world, inputs_text(keys, buckets), "tp_mode=auto (measure): the weights and buckets");
 
   const Distinct d = distinct_keys(keys);
@@ -354,7 +354,7 @@ MeasuredPlan plan_by_measuring(const Communicator& world, std::span<const AutoKe
     failed = e.what();
     tasks.clear();
   }
-  world.agree_or_throw(failed.empty(), "tp_mode=auto (measure): preparing the candidates", failed);
+  agree_or_throw(world, failed.empty(), "tp_mode=auto (measure): preparing the candidates", failed);
 
   MeasuredPlan plan;
   if (!tasks.empty() && world.rank() == 0) {

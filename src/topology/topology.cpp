@@ -105,7 +105,7 @@ Topology Topology::gather(const Communicator& world, const TopologyProbeOptions&
     ok = false;  // the flag decides, not the text: a failure without a message still fails
     why = e.what();
   }
-  world.agree_or_throw(ok, "NVLink-domain probe", why);
+  agree_or_throw(world, ok, "NVLink-domain probe", why);
   return Topology(world, gather_domains(world, mine));
 }
 

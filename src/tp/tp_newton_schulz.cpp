@@ -153,7 +153,7 @@ void newton_schulz_tp(MatrixView shard, int partition_dim, const Communicator& g
   }
   // A sharded call agrees (its ranks hold parts of one result); an unsharded one is rank-local.
   if (sharded) {
-    group.agree_or_throw(reason.empty(), "newton_schulz_tp", reason);
+    agree_or_throw(group, reason.empty(), "newton_schulz_tp", reason);
   } else if (!reason.empty()) {
     throw Error("newton_schulz_tp: " + reason);
   }

@@ -88,7 +88,7 @@ double ShardedCharLm::forward_backward(const CharBatch& local_batch) {
   } catch (const Error& e) {
     failure = e.what();
   }
-  group_.agree_or_throw(failure.empty(), "sharded charlm forward_backward", failure);
+  agree_or_throw(group_, failure.empty(), "sharded charlm forward_backward", failure);
 
   const std::vector<Matrix*> grads = grads_.list();
   for (std::size_t p = 0; p < params_.size(); ++p) {
@@ -115,7 +115,7 @@ double ShardedCharLm::evaluate(const CharBatch& local_batch) {
   } catch (const Error& e) {
     failure = e.what();
   }
-  group_.agree_or_throw(failure.empty(), "sharded charlm evaluate", failure);
+  agree_or_throw(group_, failure.empty(), "sharded charlm evaluate", failure);
   double totals[2] = {sum, static_cast<double>(local_batch.size())};
   group_.all_reduce<double>(totals);
   if (totals[1] == 0.0)

@@ -162,7 +162,7 @@ void Trainer::save_checkpoint(const fs::path& dir) {
       break;
     }
   }
-  w.agree_or_throw(failure.empty(), what, failure);
+  agree_or_throw(w, failure.empty(), what, failure);
   // Everything is written into a staging folder beside dir, which replaces dir only once it is
   // complete: until then dir keeps what it held (an earlier complete checkpoint stays loadable).
   const fs::path staging = staging_dir_of(dir);
@@ -188,7 +188,7 @@ void Trainer::save_checkpoint(const fs::path& dir) {
     } catch (const std::exception& e) {
       failure = e.what();
     }
-    w.agree_or_throw(failure.empty(), what, failure);
+    agree_or_throw(w, failure.empty(), what, failure);
     const std::vector<std::int64_t> sums = w.all_gather(static_cast<std::int64_t>(sum));
     const std::vector<std::int64_t> sizes = w.all_gather(size);
     detail::fault_point("checkpoint-between-files");  // docs/reliability.md
@@ -303,8 +303,8 @@ void Trainer::resume(const fs::path& where) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  w.agree_or_throw(failure.empty(), fmt::format("train: resuming from '{}'", where.string()),
-                   failure);
+  agree_or_throw(w, failure.empty(), fmt::format("train: resuming from '{}'", where.string()),
+                 failure);
   // Muon::load checks its own files on every rank and changes nothing on failure.
   s.muon->load(dir / "optimizer");
   std::size_t offset = 0;

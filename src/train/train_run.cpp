@@ -207,9 +207,9 @@ TrainSummary run_training(Trainer& trainer, const TrainRunOptions& options,
 
   agree_on_checkpoint_folder(w, options.checkpoint_dir, "train: the checkpoint folder");
   if (!options.resume_dir.empty()) trainer.resume(options.resume_dir);
-  w.agree_or_throw(trainer.step_count() <= schedule.steps, "train",
-                   fmt::format("the checkpoint is at step {}, beyond the run's {} steps",
-                               trainer.step_count(), schedule.steps));
+  agree_or_throw(w, trainer.step_count() <= schedule.steps, "train",
+                 fmt::format("the checkpoint is at step {}, beyond the run's {} steps",
+                             trainer.step_count(), schedule.steps));
   TrainSummary summary;
   summary.first_step = trainer.step_count();
   summary.unigram_entropy = trainer.unigram_entropy();

@@ -58,7 +58,7 @@ Trainer::Trainer(TrainConfig config, Communicator world)
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  w.agree_or_throw(failure.empty(), "train: setup", failure);
+  agree_or_throw(w, failure.empty(), "train: setup", failure);
   // One model on one data set: the configuration and the bytes each rank read are agreed on (a
   // data file that differs between the ranks' nodes would otherwise train each rank on its own).
   const std::span<const std::uint8_t> text = s.data->bytes();
@@ -153,8 +153,8 @@ double Trainer::evaluate() {
   const double loss = impl_->model->evaluate(impl_->validation);
   // Agreed: a loss that is not finite on some ranks only (a reduction gone wrong) would have the
   // ranks report and decide differently.
-  impl_->world.agree_or_throw(std::isfinite(loss), "train: the validation loss",
-                              fmt::format("it is not finite ({})", loss));
+  agree_or_throw(impl_->world, std::isfinite(loss), "train: the validation loss",
+                 fmt::format("it is not finite ({})", loss));
   return loss;
 }
 

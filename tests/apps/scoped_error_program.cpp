@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "distmuon/agreement.h"
 #include "distmuon/comm.h"
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   try {
     const ProcessGroups g = make_process_groups(world, 2, world.size() / 2);
     if (argc > 1 && std::string(argv[1]) == "gtp-check")
-      g.gtp.agree_or_throw(world.rank() != 3, "a check of the GTP group", "world rank 3's check");
+      agree_or_throw(g.gtp, world.rank() != 3, "a check of the GTP group", "world rank 3's check");
     // 16 x 16: columns over the TP group, then rows over the GTP group: 8 x 8 on each rank.
     Matrix w(8, 8), grad(8, 8);
     for (Index i = 0; i < 8; ++i)

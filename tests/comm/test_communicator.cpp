@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "distmuon/agreement.h"
 #include "distmuon/comm.h"
 #include "distmuon/error.h"
 #include "test_util.h"
@@ -140,11 +141,11 @@ TEST(Communicator, SplitByColorOrdersByKey) {
 
 TEST(Communicator, AgreeOrThrowRaisesOnEveryRank) {
   const Communicator& w = world();
-  EXPECT_NO_THROW(w.agree_or_throw(true, "nothing"));
+  EXPECT_NO_THROW(agree_or_throw(w, true, "nothing"));
 
   const int bad = w.size() - 1;
   try {
-    w.agree_or_throw(w.rank() != bad, "loading weights", w.rank() == bad ? "disk on fire" : "");
+    agree_or_throw(w, w.rank() != bad, "loading weights", w.rank() == bad ? "disk on fire" : "");
     ADD_FAILURE() << "agree_or_throw did not throw";
   } catch (const CollectiveError& e) {
     const std::string msg = e.what();
@@ -154,7 +155,7 @@ TEST(Communicator, AgreeOrThrowRaisesOnEveryRank) {
   }
   // Several failing ranks: all are listed, with the first one's reason.
   try {
-    w.agree_or_throw(false, "step", "reason of rank " + std::to_string(w.rank()));
+    agree_or_throw(w, false, "step", "reason of rank " + std::to_string(w.rank()));
     ADD_FAILURE() << "agree_or_throw did not throw";
   } catch (const CollectiveError& e) {
     const std::string msg = e.what();
@@ -186,7 +187,7 @@ TEST(LocalCommunicator, CollectivesAreCopiesOrNoOps) {
   EXPECT_EQ(c.broadcast_string("abc", 0), "abc");
   EXPECT_THROW(c.broadcast_string("abc", 1), Error);
   EXPECT_EQ(c.split(5, 0).size(), 1);
-  EXPECT_THROW(c.agree_or_throw(false, "local step", "why"), CollectiveError);
+  EXPECT_THROW(agree_or_throw(c, false, "local step", "why"), CollectiveError);
 }
 
 TEST(CountingCommunicator, CountsCallsAndPayloadBytes) {

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "core/dynamic_library.h"
+#include "distmuon/agreement.h"
 #include "distmuon/error.h"
 
 #ifndef DISTMUON_NCCL_DIR
@@ -239,8 +240,8 @@ class NcclComm final : public CommImpl {
     } catch (const Error& e) {
       why = e.what();
     }
-    host.agree_or_throw(why.empty(), "nccl: making the device current before ncclCommInitRank",
-                        why);
+    agree_or_throw(host, why.empty(), "nccl: making the device current before ncclCommInitRank",
+                   why);
     try {
       check(nccl().comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank",
             fmt::format("{} ranks, device {}", size_, device_));
@@ -248,7 +249,7 @@ class NcclComm final : public CommImpl {
       why = e.what();
     }
     try {
-      host.agree_or_throw(why.empty(), "nccl: ncclCommInitRank", why);
+      agree_or_throw(host, why.empty(), "nccl: ncclCommInitRank", why);
     } catch (const Error&) {
       if (comm_ != nullptr) nccl().comm_abort(comm_);
       comm_ = nullptr;
