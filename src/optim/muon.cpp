@@ -11,8 +11,8 @@
 #include "distmuon/error.h"
 #include "distmuon/hash.h"
 #include "optim/muon_impl.h"
-#include "optim/owner_ns.h"
 #include "optim/timed_comm.h"
+#include "tp/owner_ns.h"
 
 namespace distmuon {
 namespace {

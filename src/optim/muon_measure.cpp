@@ -8,8 +8,8 @@
 #include "distmuon/auto_mode.h"
 #include "distmuon/measure_plan.h"
 #include "optim/muon_impl.h"
-#include "optim/owner_ns.h"
 #include "plan/candidate_runner.h"
+#include "tp/owner_ns.h"
 
 namespace distmuon {
 namespace {

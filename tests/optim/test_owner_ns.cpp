@@ -16,8 +16,8 @@
 
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
-#include "optim/owner_ns.h"
 #include "optim_test_util.h"
+#include "tp/owner_ns.h"
 #include "tp/sharded_ns.h"
 
 namespace distmuon {

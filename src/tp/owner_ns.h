@@ -28,7 +28,7 @@
 
 #include "distmuon/comm.h"
 #include "distmuon/compute.h"
-#include "distmuon/cost_model.h"
+#include "distmuon/layout.h"
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
 #include "tp/sharded_ns.h"
