@@ -93,11 +93,4 @@ class OwnerOrthogonalizer {
   std::vector<int> last_owners_;
 };
 
-// Muon's state for tp_mode owner: the orthogonalizer (its assignment cache) and one update
-// buffer per owner-mode parameter, kept from the momentum pass until the bucketed NS is done.
-struct OwnerStep {
-  explicit OwnerStep(OwnerCostFn cost) : orth(std::move(cost)) {}
-  OwnerOrthogonalizer orth;
-};
-
 }  // namespace distmuon::detail
