@@ -84,15 +84,6 @@ Grid grid_of(const ShardLayout& l) {
   return {l.tp_on() ? l.tp_size : 1, l.gtp_size, l.tp_on() ? l.tp_rank : 0, l.gtp_rank};
 }
 
-// The ranks of a T x G grid (its TP and GTP groups' agreements reach all of them): their count
-// and the world's size (which world ranks they are is not known on one rank).
-ErrorScope grid_scope(const Grid& grid, const Communicator& tp, const Communicator& gtp) {
-  ErrorScope scope = (grid.G > 1 ? gtp : tp).error_scope();
-  scope.size = grid.T * grid.G;
-  scope.ranks.clear();
-  return scope;
-}
-
 // The TP block of rank j in a full work matrix.
 MatrixView tp_block(MatrixView full, const ShardLayout& l, int j) {
   const Index r_tp = l.padded_rows(), n_tp = l.n_tp();
@@ -221,9 +212,9 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
   Key key{first.tp_on() ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
           composition};
   // Every call: every rank of the grid must see the same composition and sit where its layout
-  // says. Two rounds (GTP, then TP) reach every rank of the grid, so all throw or none does. Only
-  // the assignment is cached: skipping the check on a rank that saw its composition before would
-  // leave a rank holding a different, new composition waiting in it.
+  // says (agree_on_tp_grid: all throw or none does). Only the assignment is cached: skipping the
+  // check on a rank that saw its composition before would leave a rank holding a different, new
+  // composition waiting in it.
   std::string reason;
   if (first.tp_on() && (tp.size() != grid.T || tp.rank() != grid.t)) {
     reason = fmt::format("TP group has rank {} of {}, the layouts say {} of {}", tp.rank(),
@@ -233,17 +224,11 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
     reason = fmt::format("GTP group has rank {} of {}, the layouts say {} of {}", gtp.rank(),
                          gtp.size(), grid.g, grid.G);
   }
-  const std::uint64_t hash = fnv1a64(composition.data(), composition.size());
-  bool ok = reason.empty();
-  if (grid.G > 1) ok = all_agree(gtp, hash, ok);
-  if (grid.T > 1) ok = all_agree(tp, hash, ok);
-  if (!ok) {
-    throw CollectiveError(
-        fmt::format(
-            "owner mode: the ranks of a {} x {} (TP x GTP) bucket of {} weights disagree on it{}{}",
-            grid.T, grid.G, items.size(), reason.empty() ? "" : "; on this rank: ", reason),
-        grid_scope(grid, tp, gtp));
-  }
+  const Communicator one = local_communicator();  // a dimension the layouts do not split
+  agree_on_tp_grid(
+      grid.T > 1 ? tp : one, grid.G > 1 ? gtp : one,
+      fnv1a64(composition.data(), composition.size()), reason.empty(),
+      fmt::format("owner mode: the composition of a bucket of {} weights", items.size()), reason);
   if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
   std::vector<double> costs;
   costs.reserve(items.size());
