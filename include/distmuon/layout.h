@@ -8,7 +8,8 @@
 // multiple of the GTP group and split by rows over the GTP group; its rows may form QKV blocks
 // (query groups of q, [gate,] k, v rows), each block type orthogonalised on its own.
 // newton_schulz_tp (tp.h) is the case of one group (TP only, no padding, no QKV split); Muon runs
-// every parameter not in owner mode through orthogonalize_shard.
+// every parameter not in owner mode through orthogonalize_shard (src/tp/weight_orthogonalizer.h:
+// the one entry point of a step's weights in every mode).
 //
 // Every mode is written as three steps:
 //   1. build a work matrix P from the local shard (gathered over none, one or both groups), and
