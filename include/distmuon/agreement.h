@@ -134,4 +134,16 @@ requires std::convertible_to<std::invoke_result_t<F>, T> T decide_on_root(const 
   }
 }
 
+// Agreement over a TP x GTP grid of ranks (a weight's T x G ranks, which no single group holds),
+// given this rank's two groups of it: tp (the T ranks with its GTP index) and gtp (the G ranks
+// with its TP index); a dimension of one rank is a group of one (local_communicator()). Passes on
+// every rank of the grid when every rank passes the same hash and ok == true (ok: this rank's
+// own checks passed), else throws CollectiveError on every rank of the grid:
+// "<what>: the ranks of a <T> x <G> (TP x GTP) grid disagree[; on this rank: <reason>]", scoped to
+// the grid's T x G ranks (which world ranks they are is not known on one rank). Two all_agree
+// rounds, over gtp then over tp with the first round's outcome folded into ok, so that a
+// difference within any column reaches every rank; a group of one costs nothing.
+void agree_on_tp_grid(const Communicator& tp, const Communicator& gtp, std::uint64_t hash, bool ok,
+                      std::string_view what, std::string_view reason = {});
+
 }  // namespace distmuon

@@ -103,11 +103,6 @@ CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profi
 CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile);
 CostEstimate estimate(const AutoKey& key, const HardwareProfile* profile, CostModel model);
 
-// LPT (longest processing time first): items in decreasing cost (ties: lower index first) each go
-// to the least-loaded of `ranks` bins (ties: lower bin). Returns the bin of each item.
-// Deterministic; its makespan is at most 4/3 - 1/(3 ranks) of the optimum.
-std::vector<int> lpt_assign(std::span<const double> costs, int ranks);
-
 // Owner mode for a bucket of weights that share their groups (every key with the same group
 // sizes, partition and domain crossing): LPT assigns each weight to one of the
 // group_size x second_group_size ranks on its FLOPs (the executor's assignment), the busiest

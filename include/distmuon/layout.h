@@ -1,6 +1,6 @@
 #pragma once
 // The layout of a sharded weight and the dispatcher that orthogonalises this rank's shard of it in
-// every TP mode but owner (owner mode orthogonalises a bucket of weights: src/optim/owner_ns.h).
+// every TP mode but owner (owner mode orthogonalises a bucket of weights: src/tp/owner_ns.h).
 //
 // A weight of full shape m x n may be split over a TP group along tp_dim (rows or columns, equal
 // TP shards of the weight padded with tp_pad zero rows or columns: uneven shards as torch.chunk
@@ -8,7 +8,8 @@
 // multiple of the GTP group and split by rows over the GTP group; its rows may form QKV blocks
 // (query groups of q, [gate,] k, v rows), each block type orthogonalised on its own.
 // newton_schulz_tp (tp.h) is the case of one group (TP only, no padding, no QKV split); Muon runs
-// every parameter not in owner mode through orthogonalize_shard.
+// every parameter not in owner mode through orthogonalize_shard (src/tp/weight_orthogonalizer.h:
+// the one entry point of a step's weights in every mode).
 //
 // Every mode is written as three steps:
 //   1. build a work matrix P from the local shard (gathered over none, one or both groups), and
@@ -23,6 +24,7 @@
 // the larger (distributes_over_gtp: the one place that decides, a tie distributes over GTP).
 
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -94,5 +96,12 @@ using ScaleFn = std::function<double(Index, Index)>;
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
                          const ScaleFn& scale, Compute& compute);
+
+// Owner mode's assignment of a bucket's weights to its ranks (the optimizer's, and the cost
+// model's estimate of it: estimate_owner_bucket in cost_model.h). LPT (longest processing time
+// first): items in decreasing cost (ties: lower index first) each go to the least-loaded of
+// `ranks` bins (ties: lower bin). Returns the bin of each item. Deterministic; its makespan is at
+// most 4/3 - 1/(3 ranks) of the optimum.
+std::vector<int> lpt_assign(std::span<const double> costs, int ranks);
 
 }  // namespace distmuon

@@ -9,7 +9,7 @@
 //  - distributed: keep the shard; normalise by the global Frobenius norm (one all-reduce of a
 //                 double) and all-reduce the Gram matrix once per step. partition_dim 0 iterates
 //                 on shard^T (Gram N x N), partition_dim 1 on the shard (Gram M x M).
-//  - owner:       for a list of weights (the optimizer's buckets, src/optim/owner_ns.h): each
+//  - owner:       for a list of weights (the optimizer's buckets, src/tp/owner_ns.h): each
 //                 full weight is gathered on one owner rank, orthogonalised there as in
 //                 duplicated mode (bit-equal result) and scattered back. Not a mode of one matrix:
 //                 newton_schulz_tp and the per-matrix traffic/FLOP functions reject it.

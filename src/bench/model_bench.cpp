@@ -18,8 +18,8 @@
 #include "distmuon/memory_check.h"
 #include "distmuon/topology.h"
 #include "ns/ns_workspaces.h"
-#include "optim/owner_ns.h"
 #include "plan/candidate_runner.h"
+#include "tp/owner_ns.h"
 #include "tp/sharded_ns.h"
 
 namespace distmuon {

@@ -8,8 +8,8 @@
 
 #include "distmuon/fsdp.h"
 #include "distmuon/layout.h"
-#include "optim/owner_ns.h"
 #include "plan/candidate_runner.h"
+#include "tp/owner_ns.h"
 
 namespace distmuon::detail {
 namespace {

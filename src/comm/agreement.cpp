@@ -186,4 +186,20 @@ std::string share_from_root(const Communicator& group, int root, std::string_vie
 }
 
 }  // namespace detail
+
+void agree_on_tp_grid(const Communicator& tp, const Communicator& gtp, std::uint64_t hash, bool ok,
+                      std::string_view what, std::string_view reason) {
+  const int t = tp.size(), g = gtp.size();
+  bool agreed = ok;
+  if (g > 1) agreed = all_agree(gtp, hash, agreed);
+  if (t > 1) agreed = all_agree(tp, hash, agreed);
+  if (agreed) return;
+  ErrorScope scope = (g > 1 ? gtp : tp).error_scope();
+  scope.size = t * g;
+  scope.ranks.clear();
+  throw CollectiveError(fmt::format("{}: the ranks of a {} x {} (TP x GTP) grid disagree{}{}", what,
+                                    t, g, reason.empty() ? "" : "; on this rank: ", reason),
+                        std::move(scope));
+}
+
 }  // namespace distmuon

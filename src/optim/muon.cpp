@@ -11,7 +11,6 @@
 #include "distmuon/error.h"
 #include "distmuon/hash.h"
 #include "optim/muon_impl.h"
-#include "optim/owner_ns.h"
 #include "optim/timed_comm.h"
 
 namespace distmuon {
@@ -55,34 +54,6 @@ detail::ScaleFn muon_scale_fn(const MuonOptions& o) {
   return [mode = o.scale_mode, extra = o.extra_scale_factor](Index m, Index n) {
     return muon_scale(mode, m, n) * extra;
   };
-}
-
-// The compute phase of one parameter's shard (see muon.h for the formulas): its orthogonalised
-// update into p.update. A non-finite NS input leaves it NaN (no throw: the ranks of the
-// parameter's groups are only part of the world); the step checks every update afterwards.
-void muon_update(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
-  const MatrixView w = p.spec.local;
-  p.update.ensure(*s.compute, w.rows, w.cols);
-  muon_direction(s, p, g, p.update.view());
-  detail::orthogonalize_shard(p.update.view(), p.layout, p.tp, p.gtp, *p.mode, s.ns_of(p),
-                              muon_scale_fn(s.options), *s.compute, &s.workspaces);
-}
-
-// tp_mode owner: the momentum direction of every listed parameter, then one bucketed
-// orthogonalisation of them all (owner_ns.h) into their p.update. The same arithmetic as
-// muon_update, per parameter.
-void owner_update(Muon::Impl& s, std::span<const std::size_t> owned,
-                  std::span<const ConstMatrixView> grads) {
-  if (!s.owner) s.owner = std::make_shared<detail::OwnerStep>(detail::ns_flops_cost(s.ns));
-  std::vector<detail::OwnerOrthogonalizer::Weight> weights;
-  for (const std::size_t i : owned) {
-    ParamState& p = s.params[i];
-    const MatrixView w = p.spec.local;
-    p.update.ensure(*s.compute, w.rows, w.cols);
-    muon_direction(s, p, grads[i], p.update.view());
-    weights.push_back({p.update.view(), &p.layout, &p.tp, &p.gtp, p.algorithm});
-  }
-  s.owner->orth.run(weights, s.ns, muon_scale_fn(s.options), *s.compute, &s.workspaces);
 }
 
 }  // namespace
@@ -362,17 +333,20 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   // The compute phase: every Muon update, nothing written but the updates. Code running over
   // the parameters' groups (a subset of the world) never throws for data: a non-finite NS input
   // leaves that update NaN, and one agreement over the world (check_updates) ends the phase.
-  std::vector<std::size_t> owned;  // tp_mode owner: orthogonalised together after the loop
+  // Per stepping Muon parameter its momentum direction into p.update, then every update
+  // orthogonalised in place by one call (its mode and algorithm: weight_orthogonalizer.h). A
+  // non-finite NS input leaves the update NaN (no throw: the ranks of the parameter's groups are
+  // only part of the world); check_updates finds it.
+  s.step_weights.clear();
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
     if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world above
-    if (*p.mode == TpMode::kOwner) {
-      owned.push_back(i);
-    } else {
-      muon_update(s, p, grads[i]);
-    }
+    const MatrixView w = p.spec.local;
+    p.update.ensure(*s.compute, w.rows, w.cols);
+    muon_direction(s, p, grads[i], p.update.view());
+    s.step_weights.push_back({p.update.view(), &p.layout, &p.tp, &p.gtp, *p.mode, p.algorithm});
   }
-  if (!owned.empty()) owner_update(s, owned, grads);
+  s.orthogonalizer.run(s.step_weights, s.ns, muon_scale_fn(s.options), *s.compute, &s.workspaces);
   s.check_updates(active);  // every backend: one batched check, one agreement over the world
   // The apply phase: rank-local, no collective.
   ++s.step;

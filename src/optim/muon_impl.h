@@ -12,6 +12,7 @@
 #include "distmuon/muon.h"
 #include "ns/ns_workspaces.h"
 #include "tp/sharded_ns.h"
+#include "tp/weight_orthogonalizer.h"
 
 namespace distmuon {
 
@@ -33,9 +34,6 @@ struct ParamState {
 };
 
 struct AutoState;  // muon_auto.cpp
-namespace detail {
-struct OwnerStep;  // owner_ns.h: tp_mode owner's orthogonalizer and update buffers
-}
 
 struct Muon::Impl {
   MuonOptions options;
@@ -58,9 +56,11 @@ struct Muon::Impl {
   mutable std::vector<ConstMatrixView> check_views;
   mutable std::vector<std::optional<MatrixIndex>> check_results;
   std::unique_ptr<AutoState, void (*)(AutoState*)> auto_state{nullptr, nullptr};
-  std::shared_ptr<detail::OwnerStep> owner;  // tp_mode owner, created on the first step
-  NsOptions ns_gram;                         // ns with the Gram algorithm
-  std::size_t plan_timed_runs = 0;           // plan measure: candidate runs timed
+  // The compute phase's orthogonalisation of every mode; holds owner mode's assignments.
+  detail::WeightOrthogonalizer orthogonalizer;
+  std::vector<detail::ShardedWeight> step_weights;  // the step's weights, kept across steps
+  NsOptions ns_gram;                                // ns with the Gram algorithm
+  std::size_t plan_timed_runs = 0;                  // plan measure: candidate runs timed
 
   Impl(MuonOptions o, Communicator w, Compute& c);
   // The rank-independent configuration: options and every parameter's global metadata.

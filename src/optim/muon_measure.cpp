@@ -8,7 +8,6 @@
 #include "distmuon/auto_mode.h"
 #include "distmuon/measure_plan.h"
 #include "optim/muon_impl.h"
-#include "optim/owner_ns.h"
 #include "plan/candidate_runner.h"
 
 namespace distmuon {
@@ -55,8 +54,8 @@ class MuonTarget final : public MeasureTarget {
   MeasureTask owner_task(std::size_t bucket, std::span<const NsAlgorithm> algorithms) override {
     struct Run {
       std::vector<std::shared_ptr<Scratch>> data;
-      std::vector<detail::OwnerOrthogonalizer::Weight> weights;
-      std::unique_ptr<detail::OwnerOrthogonalizer> orth;
+      std::vector<detail::ShardedWeight> weights;
+      detail::WeightOrthogonalizer orth;  // the step's entry point, its own owner assignments
     };
     auto r = std::make_shared<Run>();
     const std::vector<std::size_t>& b = buckets_[bucket];
@@ -64,12 +63,12 @@ class MuonTarget final : public MeasureTarget {
     for (std::size_t i = 0; i < b.size(); ++i) {
       ParamState& p = s_.params[params_[b[i]]];
       r->data.push_back(scratch(b[i]));
-      r->weights.push_back({r->data.back()->work.view(), &p.layout, &p.tp, &p.gtp, algorithms[i]});
+      r->weights.push_back(
+          {r->data.back()->work.view(), &p.layout, &p.tp, &p.gtp, TpMode::kOwner, algorithms[i]});
       copies.emplace_back(r->data.back()->source.view(), r->data.back()->work.view());
     }
-    r->orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(s_.ns));
     return {[this, r] {
-              r->orth->run(r->weights, s_.ns, kUnitScale, *s_.compute, &s_.workspaces);
+              r->orth.run(r->weights, s_.ns, kUnitScale, *s_.compute, &s_.workspaces);
               s_.compute->synchronize();
             },
             detail::copy_reset(*s_.compute, std::move(copies), r)};

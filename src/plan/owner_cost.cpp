@@ -42,23 +42,6 @@ double all_to_all_s(const std::vector<double>& send, const std::vector<double>& 
 
 }  // namespace
 
-std::vector<int> lpt_assign(std::span<const double> costs, int ranks) {
-  if (ranks < 1) throw Error(fmt::format("lpt_assign: {} ranks (must be >= 1)", ranks));
-  std::vector<std::size_t> order(costs.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return costs[a] > costs[b]; });
-  std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
-  std::vector<int> owner(costs.size(), 0);
-  for (const std::size_t i : order) {
-    // min_element returns the first (lowest) bin among equal loads.
-    const auto bin = std::min_element(load.begin(), load.end()) - load.begin();
-    owner[i] = static_cast<int>(bin);
-    load[static_cast<std::size_t>(bin)] += costs[i];
-  }
-  return owner;
-}
-
 OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
                                           std::span<const CostEstimate> estimates,
                                           const HardwareProfile* profile) {

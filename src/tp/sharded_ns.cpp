@@ -130,7 +130,7 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
                          const Communicator& gtp, TpMode mode, const NsOptions& ns,
                          const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
   DISTMUON_ASSERT(mode != TpMode::kAuto, "auto must be resolved before orthogonalising");
-  DISTMUON_ASSERT(mode != TpMode::kOwner, "owner mode orthogonalises buckets (owner_ns.h)");
+  DISTMUON_ASSERT(mode != TpMode::kOwner, "owner mode orthogonalises buckets (tp/owner_ns.h)");
   DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
   using detail::BufferRole;
   using detail::gather_shards_into;

@@ -223,5 +223,34 @@ TEST(Agreement, AllGatherStringsReturnsEveryRanksStringInRankOrder) {
   EXPECT_EQ(all_gather_strings(w, ""), std::vector<std::string>(w.size()));
 }
 
+// A T x G grid of the world (T = 2 when it has an even size > 1): tp = the ranks with the same
+// g = rank / T, gtp = the ranks with the same t = rank % T. A difference on one rank (its hash,
+// or its own check with a reason) ends every rank of the grid, whichever row and column it is in.
+TEST(Agreement, TpGridAgreementReachesEveryRankOfTheGrid) {
+  const Communicator& w = world();
+  const int T = w.size() % 2 == 0 ? 2 : 1, G = w.size() / T;
+  const Communicator tp = T > 1 ? w.split(w.rank() / T, w.rank()) : local_communicator();
+  const Communicator gtp = G > 1 ? w.split(w.rank() % T, w.rank()) : local_communicator();
+  EXPECT_NO_THROW(agree_on_tp_grid(tp, gtp, 42, true, "equal"));
+  const int odd = w.size() - 1;
+  for (const bool by_hash : {true, false}) {
+    if (by_hash && w.size() == 1) continue;  // one rank's hash agrees with itself
+    try {
+      agree_on_tp_grid(tp, gtp, by_hash && w.rank() == odd ? 7 : 42, by_hash || w.rank() != odd,
+                       "the bucket", w.rank() == odd ? "my own check failed" : "");
+      ADD_FAILURE() << "no throw on rank " << w.rank();
+    } catch (const CollectiveError& e) {
+      const std::string m = e.what();
+      EXPECT_TRUE(contains(m, fmt::format("the bucket: the ranks of a {} x {} (TP x GTP) grid "
+                                          "disagree",
+                                          T, G)))
+          << m;
+      EXPECT_EQ(contains(m, "on this rank: my own check failed"), w.rank() == odd) << m;
+      EXPECT_EQ(e.scope().size, w.size());
+    }
+  }
+  EXPECT_EQ(w.all_reduce<std::int32_t>(1), w.size());
+}
+
 }  // namespace
 }  // namespace distmuon

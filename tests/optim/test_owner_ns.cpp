@@ -1,6 +1,8 @@
 // Owner mode: LPT owners, and owner = duplicated bit for bit (relative error exactly 0) through
-// OwnerOrthogonalizer and through Muon, for every layout the optimizer supports, uneven buckets,
-// ranks that own nothing and unsharded weights mixed in; its traffic per bucket.
+// OwnerOrthogonalizer (src/tp/owner_ns.h), through the step's entry point WeightOrthogonalizer
+// (src/tp/weight_orthogonalizer.h, every mode in one call) and through Muon, for every layout the
+// optimizer supports, uneven buckets, ranks that own nothing and unsharded weights mixed in; its
+// traffic per bucket.
 //
 // Tolerance 0: owner mode gathers the full matrix on one rank and runs orthogonalize_full on it,
 // the code duplicated mode runs on the same gathered bits; the all-to-alls and all-gathers only
@@ -16,9 +18,10 @@
 
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
-#include "optim/owner_ns.h"
 #include "optim_test_util.h"
+#include "tp/owner_ns.h"
 #include "tp/sharded_ns.h"
+#include "tp/weight_orthogonalizer.h"
 
 namespace distmuon {
 namespace {
@@ -283,6 +286,48 @@ TEST(OwnerOrthogonalizer, UnevenBucketsAndRanksThatOwnNothing) {
   }
   // One weight: one owner (rank 0 of the grid), w - 1 ranks own nothing yet take part.
   EXPECT_EQ(check_orthogonalizer(single_case(w)), (std::vector<int>{w > 1 ? 0 : -1}));
+}
+
+// ---- WeightOrthogonalizer ----------------------------------------------------------------------
+
+// The step's entry point: every mode in one call (the modes cycled over the weights, owner among
+// them) equals each weight orthogonalised alone, bit for bit: orthogonalize_shard in its mode,
+// owner as duplicated. Its owners are those of the owner weights.
+TEST(WeightOrthogonalizer, EveryModeInOneCallEqualsEachWeightAlone) {
+  const std::vector<Case> cases = mixed_cases(test::world().size());
+  const TpMode modes[] = {TpMode::kOwner, TpMode::kDuplicated, TpMode::kDistributed,
+                          TpMode::kBlockwise};
+  for (NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+    Groups groups;
+    NsOptions ns, one;
+    one.algorithm = algorithm;
+    std::vector<detail::ShardLayout> layouts;
+    std::vector<Matrix> got, want;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const ProcessGroups& pg = groups.get(cases[i].l).pg;
+      layouts.push_back(shard_layout(cases[i].l, pg));
+      got.push_back(gradient(cases[i], i, 0, pg));
+      want.push_back(Matrix::from(got.back().view()));
+    }
+    std::vector<detail::ShardedWeight> weights;
+    std::size_t owned = 0;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const ProcessGroups& pg = groups.get(cases[i].l).pg;
+      const TpMode mode = modes[i % std::size(modes)];
+      owned += mode == TpMode::kOwner;
+      weights.push_back({got[i].view(), &layouts[i], &pg.tp, &pg.gtp, mode, algorithm});
+      detail::orthogonalize_shard(want[i].view(), layouts[i], pg.tp, pg.gtp,
+                                  mode == TpMode::kOwner ? TpMode::kDuplicated : mode, one,
+                                  spectral, cpu_compute());
+    }
+    detail::WeightOrthogonalizer orth;
+    orth.run(weights, ns, spectral, cpu_compute());
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(relative_error(got[i].view(), want[i].view()), 0.0)
+          << cases[i].l.label << " " << to_string(weights[i].mode) << " " << to_string(algorithm);
+    }
+    EXPECT_EQ(orth.last_owners().size(), owned);
+  }
 }
 
 // ---- Muon --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-#include "optim/owner_ns.h"
+#include "tp/owner_ns.h"
 
 #include <fmt/format.h>
 
@@ -6,17 +6,14 @@
 #include <numeric>
 
 #include "distmuon/agreement.h"
-#include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
+#include "distmuon/hash.h"
 
 namespace distmuon::detail {
 namespace {
 
-bool tp_on(const ShardLayout& l) {
-  return l.tp_dim != kNoPartition && l.tp_size > 1;
-}
 bool sharded(const ShardLayout& l) {
-  return tp_on(l) || l.gtp_size > 1;
+  return l.tp_on() || l.gtp_on();
 }
 std::size_t elems(Index rows, Index cols) {
   return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
@@ -84,16 +81,7 @@ struct Grid {
 };
 
 Grid grid_of(const ShardLayout& l) {
-  return {tp_on(l) ? l.tp_size : 1, l.gtp_size, tp_on(l) ? l.tp_rank : 0, l.gtp_rank};
-}
-
-// The ranks of a T x G grid (its TP and GTP groups' agreements reach all of them): their count
-// and the world's size (which world ranks they are is not known on one rank).
-ErrorScope grid_scope(const Grid& grid, const Communicator& tp, const Communicator& gtp) {
-  ErrorScope scope = (grid.G > 1 ? gtp : tp).error_scope();
-  scope.size = grid.T * grid.G;
-  scope.ranks.clear();
-  return scope;
+  return {l.tp_on() ? l.tp_size : 1, l.gtp_size, l.tp_on() ? l.tp_rank : 0, l.gtp_rank};
 }
 
 // The TP block of rank j in a full work matrix.
@@ -105,7 +93,7 @@ MatrixView tp_block(MatrixView full, const ShardLayout& l, int j) {
 // A one-line description of a layout (rank fields excluded): the composition key of a bucket.
 std::string describe(const ShardLayout& l) {
   return fmt::format("{}x{}:tp{}/{}+{}:gtp{}:pad{}:qkv{}", l.m, l.n, l.tp_dim,
-                     tp_on(l) ? l.tp_size : 1, l.tp_pad, l.gtp_size, l.pad, fmt::join(l.qkv, ","));
+                     l.tp_on() ? l.tp_size : 1, l.tp_pad, l.gtp_size, l.pad, fmt::join(l.qkv, ","));
 }
 
 }  // namespace
@@ -221,14 +209,14 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
   std::string composition = fmt::format("grid {}x{}", grid.T, grid.G);
   for (const OwnerItem& it : items)
     composition += fmt::format(";{}:{}", describe(*it.layout), to_string(it.algorithm));
-  Key key{tp_on(first) ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
+  Key key{first.tp_on() ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
           composition};
   // Every call: every rank of the grid must see the same composition and sit where its layout
-  // says. Two rounds (GTP, then TP) reach every rank of the grid, so all throw or none does. Only
-  // the assignment is cached: skipping the check on a rank that saw its composition before would
-  // leave a rank holding a different, new composition waiting in it.
+  // says (agree_on_tp_grid: all throw or none does). Only the assignment is cached: skipping the
+  // check on a rank that saw its composition before would leave a rank holding a different, new
+  // composition waiting in it.
   std::string reason;
-  if (tp_on(first) && (tp.size() != grid.T || tp.rank() != grid.t)) {
+  if (first.tp_on() && (tp.size() != grid.T || tp.rank() != grid.t)) {
     reason = fmt::format("TP group has rank {} of {}, the layouts say {} of {}", tp.rank(),
                          tp.size(), grid.t, grid.T);
   }
@@ -236,17 +224,11 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
     reason = fmt::format("GTP group has rank {} of {}, the layouts say {} of {}", gtp.rank(),
                          gtp.size(), grid.g, grid.G);
   }
-  const std::uint64_t hash = fnv1a64(composition.data(), composition.size());
-  bool ok = reason.empty();
-  if (grid.G > 1) ok = all_agree(gtp, hash, ok);
-  if (grid.T > 1) ok = all_agree(tp, hash, ok);
-  if (!ok) {
-    throw CollectiveError(
-        fmt::format(
-            "owner mode: the ranks of a {} x {} (TP x GTP) bucket of {} weights disagree on it{}{}",
-            grid.T, grid.G, items.size(), reason.empty() ? "" : "; on this rank: ", reason),
-        grid_scope(grid, tp, gtp));
-  }
+  const Communicator one = local_communicator();  // a dimension the layouts do not split
+  agree_on_tp_grid(
+      grid.T > 1 ? tp : one, grid.G > 1 ? gtp : one,
+      fnv1a64(composition.data(), composition.size()), reason.empty(),
+      fmt::format("owner mode: the composition of a bucket of {} weights", items.size()), reason);
   if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
   std::vector<double> costs;
   costs.reserve(items.size());
@@ -275,10 +257,10 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
                           compute, workspaces);
       continue;
     }
-    const CommImpl* tp = tp_on(*w.layout) ? &w.tp->impl() : nullptr;
+    const CommImpl* tp = w.layout->tp_on() ? &w.tp->impl() : nullptr;
     const CommImpl* gtp = w.layout->gtp_size > 1 ? &w.gtp->impl() : nullptr;
     auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& b) {
-      return (tp_on(*weights[b.index[0]].layout) ? &b.tp->impl() : nullptr) == tp &&
+      return (weights[b.index[0]].layout->tp_on() ? &b.tp->impl() : nullptr) == tp &&
              (weights[b.index[0]].layout->gtp_size > 1 ? &b.gtp->impl() : nullptr) == gtp;
     });
     if (it == buckets.end()) it = buckets.insert(buckets.end(), Bucket{w.tp, w.gtp, {}});
@@ -297,3 +279,24 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
 }
 
 }  // namespace distmuon::detail
+
+namespace distmuon {
+
+std::vector<int> lpt_assign(std::span<const double> costs, int ranks) {
+  if (ranks < 1) throw Error(fmt::format("lpt_assign: {} ranks (must be >= 1)", ranks));
+  std::vector<std::size_t> order(costs.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return costs[a] > costs[b]; });
+  std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
+  std::vector<int> owner(costs.size(), 0);
+  for (const std::size_t i : order) {
+    // min_element returns the first (lowest) bin among equal loads.
+    const auto bin = std::min_element(load.begin(), load.end()) - load.begin();
+    owner[i] = static_cast<int>(bin);
+    load[static_cast<std::size_t>(bin)] += costs[i];
+  }
+  return owner;
+}
+
+}  // namespace distmuon

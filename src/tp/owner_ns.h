@@ -28,7 +28,7 @@
 
 #include "distmuon/comm.h"
 #include "distmuon/compute.h"
-#include "distmuon/cost_model.h"
+#include "distmuon/layout.h"
 #include "distmuon/matrix.h"
 #include "distmuon/newton_schulz.h"
 #include "tp/sharded_ns.h"
@@ -91,13 +91,6 @@ class OwnerOrthogonalizer {
   };
   std::map<Key, std::vector<int>, KeyLess> cache_;
   std::vector<int> last_owners_;
-};
-
-// Muon's state for tp_mode owner: the orthogonalizer (its assignment cache) and one update
-// buffer per owner-mode parameter, kept from the momentum pass until the bucketed NS is done.
-struct OwnerStep {
-  explicit OwnerStep(OwnerCostFn cost) : orth(std::move(cost)) {}
-  OwnerOrthogonalizer orth;
 };
 
 }  // namespace distmuon::detail

@@ -1,0 +1,64 @@
+#pragma once
+// The one entry point that orthogonalises a step's sharded weights, whatever their modes:
+// blockwise, duplicated and distributed (each weight on its own: orthogonalize_shard,
+// sharded_ns.h), owner (every owner weight together, in buckets: OwnerOrthogonalizer,
+// owner_ns.h), each with the standard or the Gram Newton-Schulz algorithm. Muon::step's compute
+// phase calls it once per step with every stepping Muon weight; the measuring planner's owner
+// candidates run through it too.
+//
+// Order of the collectives (the same on every rank of a weight's groups): the weights not in
+// owner mode first, one after the other in the order given, then one owner run over all owner
+// weights (buckets in the order of their first weight).
+
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "distmuon/comm.h"
+#include "distmuon/compute.h"
+#include "distmuon/layout.h"
+#include "distmuon/matrix.h"
+#include "distmuon/newton_schulz.h"
+#include "distmuon/tp_mode.h"
+#include "ns/ns_workspaces.h"
+#include "tp/owner_ns.h"
+
+namespace distmuon::detail {
+
+// One weight of a step: this rank's update shard (shard_rows x n_tp, compute's memory, any ld),
+// orthogonalised and scaled in place.
+struct ShardedWeight {
+  MatrixView shard;
+  const ShardLayout* layout = nullptr;
+  const Communicator* tp = nullptr;   // this rank's TP group (any size when not TP-sharded)
+  const Communicator* gtp = nullptr;  // this rank's GTP group
+  TpMode mode = TpMode::kDuplicated;  // resolved: never auto
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;  // NS runs run()'s ns with this algorithm
+};
+
+// Holds what persists across steps: owner mode's orthogonalizer (its LPT assignment per bucket
+// composition). One per optimizer (or per timed candidate).
+class WeightOrthogonalizer {
+ public:
+  // cost: owner mode's per-weight estimate for LPT; empty: ns_flops_cost of the ns of the first
+  // run with an owner weight.
+  explicit WeightOrthogonalizer(OwnerCostFn cost = {}) : cost_(std::move(cost)) {}
+
+  // Orthogonalises and scales every weight in place (see the header for the order). Collective
+  // over each weight's groups; every rank of them passes its weights in the same order. NS
+  // scratch and the gathered buffers come from workspaces when given (kept across steps).
+  // A non-finite NS input: as orthogonalize_shard (layout.h).
+  void run(std::span<const ShardedWeight> weights, const NsOptions& ns, const ScaleFn& scale,
+           Compute& compute, NsWorkspaces* workspaces = nullptr);
+
+  // Owner index (t + T g) of each owner weight of the last run, in order; -1 for an unsharded one.
+  const std::vector<int>& last_owners() const { return last_owners_; }
+
+ private:
+  OwnerCostFn cost_;
+  std::optional<OwnerOrthogonalizer> owner_;        // from the first run with an owner weight
+  std::vector<OwnerOrthogonalizer::Weight> owned_;  // the owner weights of a run
+  std::vector<int> last_owners_;
+};
+
+}  // namespace distmuon::detail
