@@ -177,6 +177,10 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
     l.gtp_size = p.gtp.size();
     l.gtp_rank = p.gtp.rank();
   }
+  // The groups live on as p.tp and p.gtp (timed, with the backend's data plane): the spec keeps
+  // no second copy of them.
+  p.spec.tp_group.reset();
+  p.spec.gtp_group.reset();
   if (ps.tp_partition_dim != kNoPartition && ps.tp_partition_dim != 0 && ps.tp_partition_dim != 1) {
     throw Error(
         fmt::format("{}: TP partition dim {} (valid: none, 0, 1)", what, ps.tp_partition_dim));

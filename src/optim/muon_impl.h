@@ -19,8 +19,8 @@ namespace distmuon {
 struct ParamState {
   ParamState(ParamSpec s, Communicator tp_group, Communicator gtp_group)
       : spec(std::move(s)), tp(std::move(tp_group)), gtp(std::move(gtp_group)) {}
-  ParamSpec spec;  // spec.tp_group / gtp_group are unused: see tp, gtp
-  Communicator tp;
+  ParamSpec spec;   // as registered, without its groups (add_parameter moves them to tp, gtp)
+  Communicator tp;  // spec's TP group (a group of one when not TP-split), timed
   Communicator gtp;
   detail::ShardLayout layout;
   bool muon = false;

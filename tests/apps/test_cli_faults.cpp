@@ -32,9 +32,10 @@ using nlohmann::json;
 
 constexpr int kSteps = 6;          // checkpoints at steps 2, 4 and 6
 constexpr int kLimitSeconds = 60;  // a run that takes longer hangs (a healthy one takes ~2 s)
-// The all-reduce on which the collective faults fire: the 100th lands in step 3 of this config
-// (about 40 per step: the Gram all-reduce of each NS step of 5 weights, and agreements).
-constexpr int kCollectiveN = 100;
+// The collective on which the collective faults fire: the 200th lands in step 3 of this config
+// (every MPI collective counts: the Gram all-reduce of each NS step, agreements, the training
+// loop's reductions; the step-2 checkpoint is complete by the 150th).
+constexpr int kCollectiveN = 200;
 
 struct RunResult {
   int exit_code = -1;

@@ -195,8 +195,8 @@ TEST(MuonMeasure, WisdomNeedsPlanMeasure) {
   EXPECT_THROW(o.validate(), Error);
 }
 
-// A target whose runs count themselves; the last rank can fail building a task, fail a timed
-// run, or ask for more memory than there is.
+// A target whose runs count themselves; the last rank can fail building a task or ask for more
+// memory than there is, and every rank can fail a timed run.
 class FaultyTarget final : public MeasureTarget {
  public:
   enum class Fault { kNone, kBuild, kRun, kMemory };
@@ -216,8 +216,7 @@ class FaultyTarget final : public MeasureTarget {
     if (fault_ == Fault::kBuild && failing()) throw Error("no room for the copies here");
     return {[this] {
               // The third run on the failing rank (after runs that all ranks completed).
-              if (++runs == 3 && fault_ == Fault::kRun && failing())
-                throw Error("the timed run failed here");
+              if (++runs == 3 && fault_ == Fault::kRun) throw Error("the timed run failed here");
             },
             {}};
   }
@@ -248,12 +247,12 @@ TEST(MuonMeasure, AFailureOnOneRankReachesEveryRank) {
     EXPECT_GT(ok.runs, 3);
   }
   {
+    // A run's exception is not caught (candidate_runner.h): here every rank's third run throws,
+    // and each rank gets its own error, unwrapped. On one rank only it would be that rank's
+    // error, on which a program aborts the job (the fault matrix's throw cases inside timed runs:
+    // tests/train/test_fault_matrix.cpp).
     FaultyTarget run(FaultyTarget::Fault::kRun);
-    const std::string why = plan_error(run);
-    EXPECT_NE(why.find("a timed run failed on rank(s) " + std::to_string(test::world().size() - 1)),
-              std::string::npos)
-        << why;
-    EXPECT_NE(why.find("the timed run failed here"), std::string::npos) << why;
+    EXPECT_EQ(plan_error(run), "the timed run failed here");
     EXPECT_EQ(run.runs, 3);  // no rank timed anything after the failing run
   }
   {
