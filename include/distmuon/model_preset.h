@@ -21,8 +21,9 @@
 //    [experts, hidden].
 // Embeddings and the output head go to AdamW (Muon is for hidden matrices) and are not listed.
 //
-// Planning knows models only through these shapes; the demo trainer's own model ("train-default")
-// is provided by the trainer (train_config.h: model_weights).
+// Planning knows models only through these shapes. The demo trainer's default model is one more
+// spec, "train-default": its shapes are read from configs/train-default.json when the library is
+// built (train_default_weights; the trainer's charlm_muon_weights gives them for any config).
 
 #include <filesystem>
 #include <optional>
@@ -83,7 +84,16 @@ struct WeightShape {
   Index m = 0, n = 0;
   Index count = 0;
   bool expert = false;  // lives in the expert (MoE) groups
+  friend bool operator==(const WeightShape&, const WeightShape&) = default;
 };
 std::vector<WeightShape> muon_weights(const ModelPreset& model);
+
+// The demo trainer's default model (configs/train-default.json) as a model spec.
+inline constexpr std::string_view kTrainDefaultModel = "train-default";
+// Its Muon weights: input [H, C*E] once, fc1 [F, H] and fc2 [H, F] once per block.
+const std::vector<WeightShape>& train_default_weights();
+// The Muon weights of a model spec: "train-default" (any case), else a built-in preset name or a
+// preset JSON file (muon_weights(resolve_model(spec))).
+std::vector<WeightShape> model_weights(std::string_view spec);
 
 }  // namespace distmuon

@@ -73,14 +73,9 @@ double train_memory_bytes(const TrainConfig& config, int ranks);
 // The complete configuration as JSON (every field, so a run's log can record it).
 nlohmann::json to_json(const TrainConfig& config);
 
-// The training run's model as a model spec for planning and benchmarks (`plan --model`,
-// `bench --model`): the trainer provides its own weight shapes, planning knows only presets.
-inline constexpr std::string_view kTrainDefaultModel = "train-default";
 // The Muon weights of the character-level training model, from charlm_param_infos: input
-// [H, C*E] once, fc1 [F, H] and fc2 [H, F] once per block.
+// [H, C*E] once, fc1 [F, H] and fc2 [H, F] once per block. For the default config they are the
+// plan spec "train-default" (model_preset.h: model_weights, train_default_weights).
 std::vector<WeightShape> charlm_muon_weights(const CharLmConfig& config);
-// The Muon weights of a model spec: "train-default" (the embedded training config's model),
-// else a built-in preset name or a preset JSON file (muon_weights(resolve_model(spec))).
-std::vector<WeightShape> model_weights(std::string_view spec);
 
 }  // namespace distmuon

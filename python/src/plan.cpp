@@ -18,7 +18,6 @@
 #include "distmuon/hardware_profile.h"
 #include "distmuon/model_preset.h"
 #include "distmuon/plan.h"
-#include "distmuon/train_config.h"
 
 namespace distmuon::python {
 

@@ -197,6 +197,11 @@ ModelPreset resolve_model(std::string_view spec) {
       fmt::format("unknown model '{}': not a file and not a built-in preset ({})", spec, names));
 }
 
+std::vector<WeightShape> model_weights(std::string_view spec) {
+  if (lower(spec) == kTrainDefaultModel) return train_default_weights();
+  return muon_weights(resolve_model(spec));
+}
+
 std::vector<WeightShape> muon_weights(const ModelPreset& model) {
   model.validate();
   const Index h = model.hidden, d = model.resolved_head_dim(), layers = model.layers;

@@ -26,12 +26,4 @@ std::vector<WeightShape> charlm_muon_weights(const CharLmConfig& config) {
   return out;
 }
 
-std::vector<WeightShape> model_weights(std::string_view spec) {
-  std::string lower(spec);
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (lower == kTrainDefaultModel) return charlm_muon_weights(default_train_config().model);
-  return muon_weights(resolve_model(spec));
-}
-
 }  // namespace distmuon

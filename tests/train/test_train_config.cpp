@@ -7,6 +7,7 @@
 
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
+#include "distmuon/model_preset.h"
 #include "distmuon/train_config.h"
 
 namespace distmuon {
@@ -43,6 +44,19 @@ TEST(TrainConfig, DefaultIsTheEmbeddedFileAndValid) {
   const TrainConfig again = parse_train_config(to_json(c));
   EXPECT_EQ(again.model, c.model);
   EXPECT_EQ(to_json(again), to_json(c));
+}
+
+// The plan spec "train-default" (its shapes read from configs/train-default.json when the core
+// library is built) is the trainer's own model; another config gives other shapes.
+TEST(TrainConfig, TheTrainDefaultPlanSpecIsTheTrainersModel) {
+  EXPECT_EQ(train_default_weights(), charlm_muon_weights(default_train_config().model));
+  const TrainConfig tiny =
+      parse_train_config({{"model", {{"hidden", 32}, {"ffn", 64}, {"layers", 2}, {"context", 4}}}});
+  const std::vector<WeightShape> small = charlm_muon_weights(tiny.model);
+  ASSERT_EQ(small.size(), 3u);
+  EXPECT_EQ(small[0], (WeightShape{"input", 32, 4 * tiny.model.embed, 1, false}));
+  EXPECT_EQ(small[1], (WeightShape{"fc1", 64, 32, 2, false}));
+  EXPECT_EQ(small[2], (WeightShape{"fc2", 32, 64, 2, false}));
 }
 
 TEST(TrainConfig, OverridesMergeIntoDefaults) {

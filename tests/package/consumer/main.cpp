@@ -14,7 +14,7 @@ int main() {
   const auto sv = distmuon::singular_values(x.view());
   std::printf("sigma in [%.3f, %.3f]\n", sv.back(), sv.front());
   // The training model's Muon weights: input, fc1 and fc2 (docs/training.md).
-  const auto weights = distmuon::model_weights(distmuon::kTrainDefaultModel);
+  const auto weights = distmuon::charlm_muon_weights(distmuon::default_train_config().model);
   std::printf("train-default: %zu Muon weight shapes\n", weights.size());
   return sv.front() > 0.5 && sv.front() < 1.5 && weights.size() == 3 ? 0 : 1;
 }
