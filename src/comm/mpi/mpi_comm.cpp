@@ -96,34 +96,34 @@ class MpiComm final : public CommImpl {
           static_cast<char*>(recv) + static_cast<std::size_t>(rank_) * count * dtype_size(t), send,
           count * dtype_size(t));
     }
-    fault("all_gather", count, t, recv, count * static_cast<std::size_t>(size_));
+    const bool poison = fault("all_gather", count, t);
     check_mpi(MPI_Allgather(src, n, mpi_type(t), recv, n, mpi_type(t), comm_), "Allgather",
               detail(count, t));
-    poison_if_faulted(recv);
+    if (poison) make_nan(recv, count * static_cast<std::size_t>(size_), t);
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
-    fault("all_reduce", count, t, buf, count);
+    const bool poison = fault("all_reduce", count, t);
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count, "Allreduce"), mpi_type(t),
                             mpi_op(op), comm_),
               "Allreduce", detail(count, t));
-    poison_if_faulted(buf);
+    if (poison) make_nan(buf, count, t);
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                       ReduceOp op) override {
-    fault("reduce_scatter", count, t, recv, count);
+    const bool poison = fault("reduce_scatter", count, t);
     check_mpi(MPI_Reduce_scatter_block(send, recv, checked_count(count, "Reduce_scatter_block"),
                                        mpi_type(t), mpi_op(op), comm_),
               "Reduce_scatter_block", detail(count, t));
-    poison_if_faulted(recv);
+    if (poison) make_nan(recv, count, t);
   }
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
     if (root < 0 || root >= size_) {
       throw Error(fmt::format("MPI Bcast: root {} outside a group of {}", root, size_));
     }
-    fault("broadcast", count, t, buf, count);
+    const bool poison = fault("broadcast", count, t);
     check_mpi(MPI_Bcast(buf, checked_count(count, "Bcast"), mpi_type(t), root, comm_), "Bcast",
               detail(count, t));
-    poison_if_faulted(buf);
+    if (poison) make_nan(buf, count, t);
   }
   void all_to_all_v(const void* send, const std::size_t* send_counts,
                     const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
@@ -142,24 +142,24 @@ class MpiComm final : public CommImpl {
       sent += send_counts[r];
       received += recv_counts[r];
     }
-    std::size_t extent = 0;  // of recv, in elements
-    for (std::size_t r = 0; r < n; ++r)
-      extent = std::max(extent, recv_displs[r] + recv_counts[r]);
-    fault("all_to_all_v", received, t, recv, extent);
+    const bool poison = fault("all_to_all_v", received, t);
     check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(t), recv, rc.data(), rd.data(),
                             mpi_type(t), comm_),
               "Alltoallv",
               fmt::format("(sends {}, receives {} x {} on rank {} of {})", sent, received,
                           dtype_name(t), rank_, size_));
-    poison_if_faulted(recv);
+    if (poison) {
+      for (std::size_t r = 0; r < n; ++r)
+        make_nan(static_cast<char*>(recv) + recv_displs[r] * dtype_size(t), recv_counts[r], t);
+    }
   }
   void barrier() override {
-    fault("barrier", 0, DType::kU8, nullptr, 0);
+    fault("barrier", 0, DType::kU8);
     check_mpi(MPI_Barrier(comm_), "Barrier");
   }
   std::shared_ptr<CommImpl> split(int color, int key) override {
     if (color < 0) throw Error(fmt::format("MPI Comm_split: color {} must be non-negative", color));
-    fault("split", 0, DType::kU8, nullptr, 0);
+    fault("split", 0, DType::kU8);
     MPI_Comm out = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split(comm_, color, key, &out), "Comm_split",
               fmt::format("(color {}, key {})", color, key));
@@ -189,31 +189,20 @@ class MpiComm final : public CommImpl {
 
  private:
   // The fault hook of every collective (core/fault.h, docs/reliability.md): a thrown fault leaves
-  // before the collective; a nan fault makes this rank's result (elements [0, result_count) of
-  // result) NaN once the collective is done, for a floating-point type.
-  void fault(const char* op, std::size_t count, DType t, void* result, std::size_t result_count) {
-    poison_ = {};
-    if (!::distmuon::detail::fault_watching()) return;
-    const std::string site =
-        fmt::format("{} {} x {} over {} ranks", op, count, dtype_name(t), size_);
-    if (::distmuon::detail::fault_point("collective", site)) poison_ = {result, result_count, t};
+  // before the collective; true for a nan fault, whose caller then makes this rank's result NaN.
+  bool fault(const char* op, std::size_t count, DType t) const {
+    if (!::distmuon::detail::fault_watching()) return false;
+    return ::distmuon::detail::fault_point(
+        "collective", fmt::format("{} {} x {} over {} ranks", op, count, dtype_name(t), size_));
   }
-  void poison_if_faulted(void* result) {
-    if (poison_.data != result || result == nullptr) return;
-    const std::size_t n = poison_.count;
-    if (poison_.type == DType::kF32) {
-      std::fill_n(static_cast<float*>(result), n, std::numeric_limits<float>::quiet_NaN());
-    } else if (poison_.type == DType::kF64) {
-      std::fill_n(static_cast<double*>(result), n, std::numeric_limits<double>::quiet_NaN());
+  // n elements of type t at data become NaN (floating-point types; others are left as they are).
+  static void make_nan(void* data, std::size_t n, DType t) {
+    if (t == DType::kF32) {
+      std::fill_n(static_cast<float*>(data), n, std::numeric_limits<float>::quiet_NaN());
+    } else if (t == DType::kF64) {
+      std::fill_n(static_cast<double*>(data), n, std::numeric_limits<double>::quiet_NaN());
     }
-    poison_ = {};
   }
-  struct Poison {
-    void* data = nullptr;
-    std::size_t count = 0;
-    DType type = DType::kU8;
-  };
-  Poison poison_;
   std::string detail(std::size_t count, DType t) const {
     return fmt::format("({} x {} on rank {} of {})", count, dtype_name(t), rank_, size_);
   }
