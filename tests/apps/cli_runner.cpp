@@ -1,12 +1,12 @@
 #include "cli_runner.h"
 
+#include "test_util.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
-#include <sstream>
 
 namespace distmuon::test {
 
@@ -19,15 +19,10 @@ CliRun run_cli(int np, const std::string& args, const std::filesystem::path& log
                                                  DISTMUON_TEST_MPIEXEC, np, DISTMUON_TEST_MPI_FLAGS)
                                    : "";
   const std::string cmd =
-      fmt::format("{}timeout -k 5 60 {}{} {} > '{}' 2>&1", env.empty() ? "" : "env " + env + " ",
-                  launcher, DISTMUON_CLI, args, log.string());
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
+      fmt::format("{}timeout -k 5 60 {}{} {}", env.empty() ? "" : "env " + env + " ", launcher,
+                  DISTMUON_CLI, args);
+  const CommandRun run = run_command(cmd, log);
+  CliRun r{run.exit_code, run.output};
   if (r.exit_code == 124) ADD_FAILURE() << "timed out (a hang?): " << cmd << "\n" << r.output;
   return r;
 }

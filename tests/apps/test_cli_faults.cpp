@@ -7,10 +7,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -37,11 +35,7 @@ constexpr int kLimitSeconds = 60;  // a run that takes longer hangs (a healthy o
 // loop's reductions; the step-2 checkpoint is complete by the 150th).
 constexpr int kCollectiveN = 200;
 
-struct RunResult {
-  int exit_code = -1;
-  double seconds = 0;
-  std::string output;
-};
+using RunResult = distmuon::test::CommandRun;
 
 std::vector<json> read_log(const fs::path& p) {
   std::vector<json> lines;
@@ -103,16 +97,9 @@ class CliFaults : public ::testing::Test {
     const std::string env = fault.empty() ? "" : "DISTMUON_FAULT=" + fault + " ";
     const std::string cmd = fmt::format(
         "{}timeout -k 5 {} {} -np 2 --oversubscribe --bind-to none -x DISTMUON_FAULT --mca "
-        "odls_base_sigkill_timeout 0 {} train --config {} {} > '{}' 2>&1",
-        env, kLimitSeconds, DISTMUON_MPIEXEC, DISTMUON_CLI, (dir_ / "tiny.json").string(), args,
-        log.string());
-    const auto t0 = std::chrono::steady_clock::now();
-    const int status = std::system(cmd.c_str());
-    RunResult r;
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    r.output = read_text(log);
-    return r;
+        "odls_base_sigkill_timeout 0 {} train --config {} {}",
+        env, kLimitSeconds, DISTMUON_MPIEXEC, DISTMUON_CLI, (dir_ / "tiny.json").string(), args);
+    return distmuon::test::run_command(cmd, log);
   }
 
   void SetUp() override {

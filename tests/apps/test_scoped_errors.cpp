@@ -6,25 +6,19 @@
 // Every rank must end within the limit, with the error printed.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
+
+#include "test_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct ProgramRun {
-  int exit_code = 0;
-  double seconds = 0;
-  std::string output;
-};
+using ProgramRun = distmuon::test::CommandRun;
 
 // `mpirun -np 4 scoped_error_program [argument]` with DISTMUON_TOPOLOGY_FILE=topology, stopped
 // after 30 s (exit code 124, or 137 when it had to be killed: a hang).
@@ -34,17 +28,9 @@ ProgramRun run_program(const fs::path& dir, const std::string& topology,
   std::ofstream(file) << topology;
   const std::string cmd = fmt::format(
       "DISTMUON_TOPOLOGY_FILE='{}' timeout -k 5 30 {} -np 4 --oversubscribe --bind-to none -x "
-      "DISTMUON_TOPOLOGY_FILE --mca odls_base_sigkill_timeout 0 {} {} > '{}' 2>&1",
-      file.string(), DISTMUON_MPIEXEC, SCOPED_ERROR_PROGRAM, argument, log.string());
-  const auto t0 = std::chrono::steady_clock::now();
-  const int status = std::system(cmd.c_str());
-  ProgramRun r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  std::stringstream text;
-  text << std::ifstream(log).rdbuf();
-  r.output = text.str();
-  return r;
+      "DISTMUON_TOPOLOGY_FILE --mca odls_base_sigkill_timeout 0 {} {}",
+      file.string(), DISTMUON_MPIEXEC, SCOPED_ERROR_PROGRAM, argument);
+  return distmuon::test::run_command(cmd, log);
 }
 
 fs::path fresh_dir() {

@@ -1,7 +1,12 @@
 #include "test_util.h"
 
+#include <fmt/format.h>
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -48,6 +53,16 @@ std::string read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read " + path.string());
   return {std::istreambuf_iterator<char>(in), {}};
+}
+
+CommandRun run_command(const std::string& command, const std::filesystem::path& log) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = std::system(fmt::format("{} > '{}' 2>&1", command, log.string()).c_str());
+  CommandRun r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  r.output = read_text(log);
+  return r;
 }
 
 std::map<std::string, std::string> files_of(const std::filesystem::path& dir) {

@@ -51,6 +51,16 @@ Matrix slice_cols(ConstMatrixView m, Index c0, Index n);
 std::string read_text(const std::filesystem::path& path);
 std::map<std::string, std::string> files_of(const std::filesystem::path& dir);
 
+// How a shell command ended: its exit status (128 when a signal ended it), its wall time and what
+// it printed (stdout and stderr together).
+struct CommandRun {
+  int exit_code = -1;
+  double seconds = 0;
+  std::string output;
+};
+// Runs command through the shell with its stdout and stderr redirected into the file log.
+CommandRun run_command(const std::string& command, const std::filesystem::path& log);
+
 // True when the file starts with the PNG signature (plots drawn through gnuplot).
 bool is_png_file(const std::filesystem::path& path);
 

@@ -281,16 +281,12 @@ bool staging_left(const fs::path& dir) {
 std::uint64_t checkpoint_digest(const fs::path& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) return 0;
-  std::map<std::string, std::string> files;  // relative name -> bytes
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::string bytes = read_text(e.path());
-    if (e.path().filename() == "trainer.json") {
-      nlohmann::json meta = nlohmann::json::parse(bytes);
-      meta.erase("run_id");
-      bytes = meta.dump();
-    }
-    files[fs::relative(e.path(), dir).string()] = std::move(bytes);
+  std::map<std::string, std::string> files = files_of(dir);  // relative name -> bytes
+  for (auto& [name, bytes] : files) {
+    if (fs::path(name).filename() != "trainer.json") continue;
+    nlohmann::json meta = nlohmann::json::parse(bytes);
+    meta.erase("run_id");
+    bytes = meta.dump();
   }
   std::uint64_t h = kFnv1a64Basis;
   for (const auto& [name, bytes] : files) {

@@ -16,7 +16,6 @@
 // A case that runs past 30 s aborts the job, naming the case (a hang).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -319,28 +318,15 @@ std::string site_key(const std::string& label) {
   return std::regex_replace(label, std::regex(" [0-9]+ x "), " x ");
 }
 
-struct Launched {
-  int status = -1;
-  double seconds = 0;
-  std::string output;
-};
-
-Launched launch(const std::string& scenario, const fs::path& dir, const std::string& spec) {
-  const fs::path out = dir.parent_path() / "output.txt";
+test::CommandRun launch(const std::string& scenario, const fs::path& dir, const std::string& spec) {
   const std::string cmd = fmt::format(
       "DISTMUON_FAULT_MATRIX_CASE={} DISTMUON_FAULT_MATRIX_DIR='{}' DISTMUON_FAULT_MATRIX_SPEC={} "
       "timeout -k 5 {} {} -np {} --oversubscribe --bind-to none -x DISTMUON_FAULT_MATRIX_CASE "
       "-x DISTMUON_FAULT_MATRIX_DIR -x DISTMUON_FAULT_MATRIX_SPEC --mca odls_base_sigkill_timeout "
-      "0 {} --gtest_filter=FaultMatrixCase.Run > '{}' 2>&1",
+      "0 {} --gtest_filter=FaultMatrixCase.Run",
       scenario, dir.string(), spec, kCaseLimitSeconds, DISTMUON_MPIEXEC, kRanks,
-      fs::read_symlink("/proc/self/exe").string(), out.string());
-  const auto t0 = std::chrono::steady_clock::now();
-  const int status = std::system(cmd.c_str());
-  Launched r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  r.output = read_text(out);
-  return r;
+      fs::read_symlink("/proc/self/exe").string());
+  return run_command(cmd, dir.parent_path() / "output.txt");
 }
 
 // throw and exit at the first collective of each distinct site of each scenario, on each rank.
@@ -355,8 +341,8 @@ TEST(FaultMatrixLaunch, ThrowAndExitAtEveryDistinctSiteEndTheJob) {
     const fs::path work = root / s.name / "work";
     fs::remove_all(root / s.name);
     fs::create_directories(work);
-    const Launched clean = launch(s.name, work, "");
-    ASSERT_EQ(clean.status, 0) << clean.output;
+    const CommandRun clean = launch(s.name, work, "");
+    ASSERT_EQ(clean.exit_code, 0) << clean.output;
     const json sites = json::parse(read_text(root / s.name / "sites.json"));
     const auto saved = sites.at("saved").get<std::vector<std::uint64_t>>();
     std::map<std::string, int> cases;  // per kind
@@ -389,11 +375,11 @@ TEST(FaultMatrixLaunch, ThrowAndExitAtEveryDistinctSiteEndTheJob) {
           fs::remove_all(work);
           fs::create_directories(work);
           const std::string spec = fmt::format("{}:collective:{}:{}", r, kind, n);
-          const Launched run = launch(s.name, work, spec);
+          const CommandRun run = launch(s.name, work, spec);
           const std::string name = fmt::format("{} {} ({})", s.name, spec, distinct[d].first);
           std::vector<std::string> wrong;
-          if (run.status == 0) wrong.push_back("exit status 0");
-          if (run.status == 124 || run.status == 137 || run.seconds >= kCaseLimitSeconds)
+          if (run.exit_code == 0) wrong.push_back("exit status 0");
+          if (run.exit_code == 124 || run.exit_code == 137 || run.seconds >= kCaseLimitSeconds)
             wrong.push_back(fmt::format("a rank hung ({:.1f} s)", run.seconds));
           const std::string injected =
               fmt::format("injected fault 'collective' ({}) on rank {}", kind, r);
