@@ -210,6 +210,22 @@ double spectral(Index m, Index n) {
 
 // ---- OwnerOrthogonalizer -----------------------------------------------------------------------
 
+// The cases' layouts and their step-0 update shards, twice: one copy to run, one to compare.
+struct Shards {
+  std::vector<detail::ShardLayout> layouts;
+  std::vector<Matrix> run, reference;
+};
+Shards shards_of(const std::vector<Case>& cases, Groups& groups) {
+  Shards out;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const ProcessGroups& pg = groups.get(cases[i].l).pg;
+    out.layouts.push_back(shard_layout(cases[i].l, pg));
+    out.run.push_back(gradient(cases[i], i, 0, pg));
+    out.reference.push_back(Matrix::from(out.run.back().view()));
+  }
+  return out;
+}
+
 // Owner = duplicated on the same update shards, for both algorithms; the owners of each bucket
 // are LPT on the weights' NS FLOPs; unsharded weights have none. Returns the owners.
 std::vector<int> check_orthogonalizer(const std::vector<Case>& cases) {
@@ -217,14 +233,7 @@ std::vector<int> check_orthogonalizer(const std::vector<Case>& cases) {
   for (NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
     Groups groups;
     NsOptions ns;
-    std::vector<detail::ShardLayout> layouts;
-    std::vector<Matrix> owner_u, dup_u;
-    for (std::size_t i = 0; i < cases.size(); ++i) {
-      const ProcessGroups& pg = groups.get(cases[i].l).pg;
-      layouts.push_back(shard_layout(cases[i].l, pg));
-      owner_u.push_back(gradient(cases[i], i, 0, pg));
-      dup_u.push_back(Matrix::from(owner_u.back().view()));
-    }
+    auto [layouts, owner_u, dup_u] = shards_of(cases, groups);
     std::vector<detail::OwnerOrthogonalizer::Weight> weights;
     for (std::size_t i = 0; i < cases.size(); ++i) {
       const ProcessGroups& pg = groups.get(cases[i].l).pg;
@@ -301,14 +310,7 @@ TEST(WeightOrthogonalizer, EveryModeInOneCallEqualsEachWeightAlone) {
     Groups groups;
     NsOptions ns, one;
     one.algorithm = algorithm;
-    std::vector<detail::ShardLayout> layouts;
-    std::vector<Matrix> got, want;
-    for (std::size_t i = 0; i < cases.size(); ++i) {
-      const ProcessGroups& pg = groups.get(cases[i].l).pg;
-      layouts.push_back(shard_layout(cases[i].l, pg));
-      got.push_back(gradient(cases[i], i, 0, pg));
-      want.push_back(Matrix::from(got.back().view()));
-    }
+    auto [layouts, got, want] = shards_of(cases, groups);
     std::vector<detail::ShardedWeight> weights;
     std::size_t owned = 0;
     for (std::size_t i = 0; i < cases.size(); ++i) {
