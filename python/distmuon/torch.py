@@ -30,6 +30,8 @@ from ._arrays import core_matrix, cuda_ordered
 from . import _dtensor
 from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the same helper)
 from ._torch_state import build_state_dict, load_group_state, check_state_dict
+from . import _threads, _torch_live
+from ._log import drain as _drain_log
 
 # torch.optim.Muon's defaults (torch/optim/_muon.py, torch 2.13).
 TORCH_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -150,12 +152,11 @@ def _to_local(p, layout):
         return _Param(p, dt.layout, [dt.work.numpy()], None, dt)
     if p.device.type not in ("cpu", "cuda"):
         raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU and CUDA parameters")
-    if p.dtype == torch.float32:
-        if not p.is_contiguous():
-            raise Error(f"a strided {tuple(p.shape)} float32 parameter; distmuon updates "
-                        "contiguous parameters in place")
+    if p.dtype == torch.float32 and p.is_contiguous():
         return _Param(p, layout, _as_matrices(p.data), None)
-    if p.dtype in _LOW_PRECISION:  # the float32 working copy, on the parameter's device
+    # Low precision or strided (a transposed or channels_last parameter): a contiguous float32
+    # working copy, on the parameter's device, copied in before and back after each step.
+    if p.dtype in _LOW_PRECISION or p.dtype == torch.float32:
         work = torch.empty(p.shape, dtype=torch.float32, device=p.device)
         return _Param(p, layout, _as_matrices(work), work)
     raise Error(f"a parameter of {p.dtype}; distmuon.torch updates float32, bfloat16 and "
@@ -289,6 +290,13 @@ class Muon(torch.optim.Optimizer):
                  ns_steps=_TORCH_DEFAULTS["ns_steps"], adjust_lr_fn=None, *,
                  adamw_lr=1e-3, adamw_weight_decay=0.0, adamw_betas=(0.9, 0.95),
                  adamw_eps=1e-8, process_group=None, tp_mode="auto", device=None, **options):
+        # The arguments as given: deepcopy and pickle build the copy from them (_torch_live).
+        self._init_kwargs = dict(
+            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+            ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
+            adjust_lr_fn=adjust_lr_fn, adamw_lr=adamw_lr, adamw_weight_decay=adamw_weight_decay,
+            adamw_betas=adamw_betas, adamw_eps=adamw_eps, process_group=process_group,
+            tp_mode=tp_mode, device=device, **options)
         if isinstance(lr, torch.Tensor):
             if lr.numel() != 1:
                 raise ValueError("Tensor lr must be 1-element")
@@ -298,6 +306,13 @@ class Muon(torch.optim.Optimizer):
                 raise ValueError(f"{name} should be >= 0 but is: {v}")
         if adjust_lr_fn not in _ADJUST_LR:
             raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
+        # Where torch's maths diverges, refused with the reason (docs/python.md).
+        if momentum > 1:
+            raise ValueError(f"momentum should be <= 1 but is: {momentum} (above 1 the momentum "
+                             "buffer grows geometrically at every step)")
+        if not eps > 0:
+            raise ValueError(f"eps should be > 0 but is: {eps} (with eps 0 a zero update is "
+                             "divided by zero)")
         if "coefficients" in options:  # distmuon's name for a built-in set
             if ns_coefficients is not TORCH_NS_COEFFICIENTS:
                 raise ValueError("give ns_coefficients or coefficients, not both")
@@ -321,13 +336,17 @@ class Muon(torch.optim.Optimizer):
         self._cores = []   # per param group: (core, [_Param])
         self._pushed = []  # per param group: the options last given to its core (JSON text)
         self._pushed_keys = []  # per param group: _group_key of the group when last pushed
+        self._steps = []  # per param group: the "step" tensors of its parameters' state
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, adamw_lr=adamw_lr,
                         adamw_weight_decay=adamw_weight_decay, adamw_betas=adamw_betas,
                         adamw_eps=adamw_eps, use_muon=True,
                         extra_scale_factor=options.pop("extra_scale_factor", 1.0))
-        super().__init__(params, defaults)
+        try:
+            super().__init__(params, defaults)
+        finally:
+            _drain_log(self._world.rank)
 
     @property
     def world(self):
@@ -407,6 +426,7 @@ class Muon(torch.optim.Optimizer):
         self._cores.append((core, entries))
         self._pushed.append(json.dumps(opts, sort_keys=True))
         self._pushed_keys.append(None)
+        self._steps.append(_torch_live.attach(self.state, entries, core))
 
     def _check_group(self, gi, group, core, entries, finite):
         """This rank's gradients of param group gi (None where a parameter has none) and active
@@ -450,11 +470,21 @@ class Muon(torch.optim.Optimizer):
         first group's C++ step and before any update, so that a refusal on one rank raises
         distmuon.CollectiveError on every rank and no group has stepped. Each group's C++ step
         also agrees its options and which parameters have a gradient (docs/python.md)."""
+        try:
+            return self._step(closure)
+        finally:
+            _drain_log(self._world.rank)
+
+    def _step(self, closure):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         checked, failure = [], ""
+        try:
+            _threads.sync()  # BLAS threads: the program's or torch's count (docs/python.md)
+        except Exception as e:
+            failure = f"distmuon.torch.Muon: {e}"
         for gi, (group, (core, entries)) in enumerate(zip(self.param_groups, self._cores)):
             # The C++ step checks its own gradients' values; those of the later groups are
             # checked here too, so that group 0 does not step when a later group cannot.
@@ -474,6 +504,7 @@ class Muon(torch.optim.Optimizer):
                 core._core.step([] if why or grads is None else grads, why,
                                 [] if why or active is None else active)
                 self._write_back(entries, active)
+            _torch_live.refresh_steps(self._steps[gi], core)
         return loss
 
     @staticmethod
@@ -510,6 +541,19 @@ class Muon(torch.optim.Optimizer):
         for group, saved, (core, entries) in zip(self.param_groups,
                                                  state_dict["param_groups"], self._cores):
             load_group_state(group, saved, state_dict["state"], core, entries)
+        for steps, (core, _) in zip(self._steps, self._cores):
+            _torch_live.refresh_steps(steps, core)
+
+    def __deepcopy__(self, memo):
+        """A new optimizer over deep copies of the parameters (as torch's optimizers copy),
+        sharing the process groups, with this one's state. Collective, as construction is."""
+        return _torch_live.deep_copy(self, memo)
+
+    def __getstate__(self):
+        return _torch_live.pickled(self)
+
+    def __setstate__(self, saved):
+        _torch_live.unpickle(self, saved)
 
     def save(self, path):
         """Checkpoints of the C++ format, one sub-directory per param group. Collective."""

@@ -59,8 +59,10 @@ void MuonOptions::validate() const {
       throw Error(fmt::format("Muon option {} = {} is invalid; valid: {}", field, value, valid));
   };
   check(std::isfinite(lr) && lr >= 0, "lr", fmt::format("{}", lr), "a finite number >= 0");
-  check(momentum >= 0 && momentum < 1, "momentum", fmt::format("{}", momentum),
-        "0 <= momentum < 1");
+  // momentum 1 keeps the buffer as it is (torch.optim.Muon's lerp with weight 0); above 1 the
+  // buffer would grow geometrically with every step.
+  check(momentum >= 0 && momentum <= 1, "momentum", fmt::format("{}", momentum),
+        "0 <= momentum <= 1");
   check(std::isfinite(weight_decay) && weight_decay >= 0, "weight_decay",
         fmt::format("{}", weight_decay), "a finite number >= 0");
   check(std::isfinite(eps) && eps > 0, "eps", fmt::format("{}", eps), "a finite number > 0");
