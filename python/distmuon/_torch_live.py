@@ -127,7 +127,20 @@ def _rebuild(opt, param_groups, kwargs, state):
     from .torch import Muon
 
     Muon.__init__(opt, param_groups, **kwargs)
-    opt.load_state_dict(state)
+    if state is not None:
+        opt.load_state_dict(state)
+
+
+def _state_of(opt):
+    """opt's state_dict(), or None when no group has a state yet (meta-device parameters before
+    the first step); a mix cannot be copied."""
+    made = [core is not None for core, _ in opt._cores]
+    if not any(made) and made:
+        return None
+    if not all(made):
+        raise TypeError("distmuon.torch.Muon: an optimizer with meta-device parameters in some "
+                        "groups cannot be copied before its first step")
+    return opt.state_dict()
 
 
 def deep_copy(opt, memo):
@@ -139,7 +152,7 @@ def deep_copy(opt, memo):
     kwargs = copy.deepcopy(opt._init_kwargs, memo)
     new = type(opt).__new__(type(opt))
     memo[id(opt)] = new
-    _rebuild(new, groups, kwargs, opt.state_dict())
+    _rebuild(new, groups, kwargs, _state_of(opt))
     return new
 
 
@@ -163,7 +176,7 @@ def pickled(opt):
                         "cannot be pickled (save its state_dict() instead)")
     kwargs = dict(opt._init_kwargs, process_group=_pickled_group(opt._init_kwargs["process_group"]))
     return {"kwargs": kwargs, "param_groups": [dict(g) for g in opt.param_groups],
-            "state": opt.state_dict()}
+            "state": _state_of(opt)}
 
 
 def unpickle(opt, saved):

@@ -125,6 +125,10 @@ def _as_matrices(t):
     return [a.reshape(-1, 1) if t.dim() <= 1 else a]
 
 
+def _on_meta(p):
+    return (p._local_tensor if _dtensor.is_dtensor(p) else p).device.type == "meta"
+
+
 def _check_layout(layout):
     """Rank-local: raises Error unless layout is a Layout whose groups can become communicators
     (checked before the agreement: making them is collective)."""
@@ -150,6 +154,10 @@ def _to_local(p, layout):
     if _dtensor.is_dtensor(p):  # FSDP2 / TP: layout and updated tensor from the placements
         dt = _dtensor.entry(p, layout, Layout)
         return _Param(p, dt.layout, [dt.work.numpy()], None, dt)
+    if p.device.type == "meta":
+        raise Error("a parameter still on the meta device at the first step (materialise it in "
+                    "place first: torch.__future__.set_swap_module_params_on_conversion(True) "
+                    "before model.to_empty(device=...) keeps the parameters the optimizer holds)")
     if p.device.type not in ("cpu", "cuda"):
         raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU and CUDA parameters")
     if p.dtype == torch.float32 and p.is_contiguous():
@@ -331,6 +339,9 @@ class Muon(torch.optim.Optimizer):
         self._world = communicator(process_group)
         self._group_comms = {} if process_group is None else {
             id(process_group): (process_group, self._world)}
+        # torch.optim.Muon runs any schedule: refuse only one that reverses, diverges or blows up
+        # a direction, warn once about one that merely ends outside its band (docs/python.md).
+        options.setdefault("schedule_check", "warn")
         self._options = dict(options, tp_mode=tp_mode)
         self._device = device
         self._cores = []   # per param group: (core, [_Param])
@@ -371,12 +382,47 @@ class Muon(torch.optim.Optimizer):
         group.setdefault("initial_lr", group["lr"])  # AdamW's schedule factor (see _adamw_factor)
         gi = len(self.param_groups) - 1
         try:
-            self._add_core(group, gi)
+            self._add_group(group, gi)
         except BaseException:
             self.param_groups.pop()
             raise
 
+    def _add_group(self, group, gi):
+        """A group's C++ optimizer, or a placeholder when its parameters are on the meta device
+        (every rank alike, agreed): its C++ optimizer and state are made at the first step, as
+        torch.optim.Muon makes its state then (_materialize)."""
+        deferred = any(_on_meta(p) for p in group["params"])
+        n = self._world.all_reduce_sum(float(deferred)) if self._world.size > 1 else \
+            float(deferred)
+        if 0 < n < self._world.size:
+            raise Error(f"distmuon.torch.Muon: param group {gi} has meta-device parameters on "
+                        f"{int(n)} of {self._world.size} ranks (every rank or none)")
+        if deferred:
+            self._install(gi, None, [], {})
+        else:
+            self._install(gi, *self._add_core(group, gi))
+
+    def _install(self, gi, core, entries, opts):
+        """Keeps a group's C++ optimizer at index gi (a new group, or a deferred one made) and
+        puts its parameters' state into self.state."""
+        parts = ((core, entries), json.dumps(opts, sort_keys=True), None,
+                 _torch_live.attach(self.state, entries, core) if core is not None else [])
+        for store, value in zip((self._cores, self._pushed, self._pushed_keys, self._steps),
+                                parts):
+            if gi == len(store):
+                store.append(value)
+            else:
+                store[gi] = value
+
+    def _materialize(self):
+        """Makes the C++ optimizers of the groups deferred at construction (collective)."""
+        for gi, (group, (core, _)) in enumerate(zip(self.param_groups, self._cores)):
+            if core is None:
+                self._install(gi, *self._add_core(group, gi))
+
     def _add_core(self, group, gi):
+        """(core, entries, options) of a param group: checked on this rank, agreed, then
+        registered with the C++ optimizer (the C++ checks agreed too). Collective."""
         what = f"distmuon.torch.Muon: param group {gi}"
         # This rank's checks first, agreed before anything collective (an mpi4py group's
         # communicator is made by MPI_Comm_dup on every rank).
@@ -423,10 +469,7 @@ class Muon(torch.optim.Optimizer):
         except Exception as e:
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
-        self._cores.append((core, entries))
-        self._pushed.append(json.dumps(opts, sort_keys=True))
-        self._pushed_keys.append(None)
-        self._steps.append(_torch_live.attach(self.state, entries, core))
+        return core, entries, opts
 
     def _check_group(self, gi, group, core, entries, finite):
         """This rank's gradients of param group gi (None where a parameter has none) and active
@@ -480,6 +523,7 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._materialize()
         checked, failure = [], ""
         try:
             _threads.sync()  # BLAS threads: the program's or torch's count (docs/python.md)
@@ -517,21 +561,30 @@ class Muon(torch.optim.Optimizer):
             elif e.dt is not None and e.indices and active[e.indices[0]]:
                 _dtensor.write_back([e.dt])  # DTensor: a staged update into its local tensor
 
+    def _check_made(self, what):
+        deferred = [gi for gi, (core, _) in enumerate(self._cores) if core is None]
+        if deferred:
+            raise Error(f"distmuon.torch.Muon.{what}: param group(s) {deferred} hold meta-device "
+                        "parameters, whose state is made at the first step (step first)")
+
     def plan(self):
         """Per matrix of every group: name, muon, rows, cols, tp/gtp sizes, mode, algorithm
         (the modes auto chose appear after the first step)."""
-        return [info for core, _ in self._cores for info in core.parameters()]
+        return [info for core, _ in self._cores if core is not None
+                for info in core.parameters()]
 
     def state_dict(self):
         """torch's format: {"state": {index: {"step", "momentum_buffer" | "exp_avg",
         "exp_avg_sq"}}, "param_groups": [{hyper-parameters..., "params": [index, ...]}]};
         the state tensors are float32 copies shaped like their parameters."""
+        self._check_made("state_dict")
         return build_state_dict(self.param_groups, self._cores)
 
     def load_state_dict(self, state_dict):
         """Restores a state_dict() of this optimizer (same groups and parameters on this rank).
         Collective: everything is checked on every rank and agreed before anything changes; a
         refusal raises on every rank (distmuon.CollectiveError) and changes nothing."""
+        self._materialize()
         failure = ""
         try:
             check_state_dict(state_dict, self.param_groups, self._cores)
@@ -559,11 +612,13 @@ class Muon(torch.optim.Optimizer):
         """Checkpoints of the C++ format, one sub-directory per param group. Collective."""
         import os
 
+        self._check_made("save")
         for gi, (core, _) in enumerate(self._cores):
             core.save(os.path.join(str(path), f"group{gi}"))
 
     def load(self, path):
         import os
 
+        self._materialize()
         for gi, (core, _) in enumerate(self._cores):
             core.load(os.path.join(str(path), f"group{gi}"))

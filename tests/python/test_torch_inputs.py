@@ -2,9 +2,13 @@
 torch.optim.Muon"): each works, equal to the computation on the contiguous parameter (bit-equal:
 the same arithmetic on the same values) or to torch.optim.Muon, or is refused with its reason.
 """
+import logging
+
 import pytest
 import torch
+import torch.optim._muon as torch_muon
 
+import distmuon
 import distmuon.torch as dmt
 
 
@@ -66,3 +70,105 @@ def test_momentum_one_keeps_the_buffer_as_torch_does():
 def test_diverging_values_refused_with_their_reason(kw, why):
     with pytest.raises(ValueError, match=why):
         dmt.Muon([torch.nn.Parameter(torch.zeros(4, 4))], **kw)
+
+
+def _fp32_zeropower(grad, ns_coefficients, ns_steps, eps):
+    """torch.optim.Muon's Newton-Schulz (torch/optim/_muon.py) in float32 instead of bf16."""
+    a, b, c = ns_coefficients
+    x = grad.float()
+    if grad.size(0) > grad.size(1):
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        g = x @ x.T
+        x = a * x + (b * g + c * g @ g) @ x
+    return x.T if grad.size(0) > grad.size(1) else x
+
+
+# Schedules torch runs that end outside their band (under-converged): run, with one warning.
+UNDER = [dict(ns_steps=1), dict(ns_steps=2), dict(ns_steps=3),
+         dict(ns_coefficients=(1.5, -0.5, 0.0))]  # the classic cubic, 5 steps
+
+
+@pytest.mark.parametrize("kw", UNDER)
+def test_under_converging_schedules_run_as_torch_runs_them(kw, monkeypatch, caplog):
+    """Within 1e-5 relative of torch.optim.Muon with its NS in fp32 after 5 steps (fp32 rounding
+    of different GEMMs; a few NS steps amplify it little)."""
+    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz", _fp32_zeropower)
+    torch.manual_seed(7)
+    w0 = [torch.randn(32, 20), torch.randn(16, 40)]
+    ours = [torch.nn.Parameter(w.clone()) for w in w0]
+    theirs = [torch.nn.Parameter(w.clone()) for w in w0]
+    with caplog.at_level(logging.WARNING, logger="distmuon"):
+        opt = dmt.Muon(ours, lr=0.02, **kw)
+        ref = torch.optim.Muon(theirs, lr=0.02, **kw)
+        for s in range(5):
+            g = torch.Generator().manual_seed(s)
+            for p, q in zip(ours, theirs):
+                p.grad = torch.randn(p.shape, generator=g)
+                q.grad = p.grad.clone()
+            opt.step()
+            ref.step()
+    for p, q in zip(ours, theirs):
+        assert float((p - q).detach().norm() / q.detach().norm()) < 1e-5
+    warned = [r.getMessage() for r in caplog.records if r.name == "distmuon"]
+    assert len(warned) <= 1 and all("does not fully orthogonalise" in w for w in warned)
+
+
+def test_schedule_warning_once_and_strict_refusal(caplog):
+    odd = (1.5, -0.5, 0.0)
+    with caplog.at_level(logging.WARNING, logger="distmuon"):
+        for _ in range(2):
+            dmt.Muon([torch.nn.Parameter(torch.zeros(4, 4))], ns_coefficients=odd, ns_steps=4)
+    warned = [r.getMessage() for r in caplog.records if r.name == "distmuon"]
+    assert len(warned) == 1 and "at 4 steps does not fully orthogonalise" in warned[0]
+    with pytest.raises(distmuon.Error, match="does not orthogonalise: it maps"):
+        dmt.Muon([torch.nn.Parameter(torch.zeros(4, 4))], ns_coefficients=odd, ns_steps=4,
+                 schedule_check="strict")
+
+
+@pytest.mark.parametrize("coefficients,why", [
+    ((4.0, -7.0, 2.5), "reversed or cancelled direction"),   # p(1) < 0
+    ((3.0, 0.0, 0.0), "a blown-up direction"),               # x -> 3x: 1 -> 3^5
+])
+def test_reversing_or_blowing_up_schedules_refused(coefficients, why):
+    with pytest.raises(distmuon.Error, match=why):
+        dmt.Muon([torch.nn.Parameter(torch.zeros(4, 4))], ns_coefficients=coefficients)
+
+
+def test_meta_parameters_get_their_state_at_the_first_step():
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)  # to_empty keeps the objects
+    try:
+        with torch.device("meta"):
+            m = torch.nn.Linear(12, 8)
+        opt = dmt.Muon(m.parameters(), lr=0.02, adamw_lr=0.01)
+        assert len(opt.state) == 0
+        with pytest.raises(distmuon.Error, match="state is made at the first step"):
+            opt.state_dict()
+        m.to_empty(device="cpu")
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    torch.manual_seed(2)
+    ref = torch.nn.Linear(12, 8)
+    with torch.no_grad():
+        m.weight.copy_(ref.weight)
+        m.bias.copy_(ref.bias)
+    ref_opt = dmt.Muon(ref.parameters(), lr=0.02, adamw_lr=0.01)
+    for s in range(2):
+        x = torch.randn(4, 12, generator=torch.Generator().manual_seed(s))
+        for model, o in ((m, opt), (ref, ref_opt)):
+            o.zero_grad()
+            model(x).square().sum().backward()
+            o.step()
+    assert torch.equal(m.weight, ref.weight) and torch.equal(m.bias, ref.bias)
+    assert torch.equal(opt.state[m.weight]["momentum_buffer"],
+                       ref_opt.state[ref.weight]["momentum_buffer"])
+
+
+def test_parameters_left_on_meta_refused_at_the_first_step():
+    with torch.device("meta"):
+        w = torch.nn.Parameter(torch.empty(4, 4))
+    opt = dmt.Muon([w])
+    with pytest.raises(distmuon.Error, match="still on the meta device"):
+        opt.step()
