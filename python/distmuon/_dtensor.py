@@ -26,6 +26,10 @@ import torch
 from ._core import Error
 
 
+# The local tensors distmuon steps: float32 in place, bfloat16 / float16 through float32 copies.
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def is_dtensor(t):
     try:
         from torch.distributed.tensor import DTensor
@@ -154,10 +158,10 @@ def entry(p, user_layout, layout_cls):
     local = p._local_tensor
     if p.dim() not in (1, 2):
         raise Error(f"{what} is {p.dim()}-D (1-D or 2-D DTensors only)")
-    if local.dtype != torch.float32 or local.device.type != "cpu" or not local.is_contiguous():
+    if local.dtype not in _DTYPES or local.device.type != "cpu" or not local.is_contiguous():
         raise Error(f"{what}: its local tensor is {local.dtype} on {local.device}"
                     f"{'' if local.is_contiguous() else ', strided'}; distmuon updates contiguous "
-                    "CPU float32 tensors")
+                    "CPU float32, bfloat16 and float16 tensors")
     full = tuple(p.shape) if p.dim() == 2 else (p.shape[0], 1)
     if user_layout is not None:
         if (user_layout.rows, user_layout.cols) != full:
@@ -175,8 +179,10 @@ def entry(p, user_layout, layout_cls):
     lo = _muon_layout(p, base, full, what)
     shape = _shard_shape(lo)
     local2 = local.view(-1, 1) if p.dim() == 1 else local
-    if tuple(local2.shape) == shape:
+    if tuple(local2.shape) == shape and local.dtype == torch.float32:
         return Entry(lo, local, local2, None, staged=False, flat=p.dim() == 1)
+    # Staged: a shorter shard (zero-padded) or a low-precision one (a float32 copy, written back
+    # rounded to the parameter's dtype, as distmuon.torch steps a plain bfloat16 parameter).
     r, c = local2.shape
     if r > shape[0] or c > shape[1]:
         raise Error(f"{what}: local tensor {tuple(local.shape)} exceeds the shard {shape} of "
@@ -210,10 +216,10 @@ def read_grad(e, p, finite=False):
             return None, (f"has a gradient with placements {g.placements}, the parameter "
                           f"{p.placements} (redistribute it first)")
         gl = g._local_tensor
-    if gl.dtype != torch.float32 or gl.device.type != "cpu" or not gl.is_contiguous():
+    if gl.dtype != e.local.dtype or gl.device.type != "cpu" or not gl.is_contiguous():
         return None, (f"has a local gradient {gl.dtype} on {gl.device}"
                       f"{'' if gl.is_contiguous() else ', strided'}; expected contiguous CPU "
-                      "float32")
+                      f"{e.local.dtype} (the parameter's dtype)")
     if gl.shape != e.local.shape:
         return None, (f"has a local gradient {tuple(gl.shape)}, the local weight "
                       f"{tuple(e.local.shape)}")
