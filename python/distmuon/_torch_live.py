@@ -36,7 +36,8 @@ def _dtensor_view(e, p, t):
 
 def _views(entry, core):
     """{name: view} of entry's state in core (a distmuon.Muon), or None where none can be."""
-    if not core.backend.host_memory or len(entry.indices) != 1:
+    if not core.backend.host_memory or len(entry.indices) != 1 or \
+            (entry.dt is not None and entry.dt.batch):
         return None
     mats = core.state_tensors(entry.indices[0])
     out = {}

@@ -153,7 +153,7 @@ def _to_local(p, layout):
         _check_layout(layout)
     if _dtensor.is_dtensor(p):  # FSDP2 / TP: layout and updated tensor from the placements
         dt = _dtensor.entry(p, layout, Layout)
-        return _Param(p, dt.layout, [dt.work.numpy()], None, dt)
+        return _Param(p, dt.layout, _as_matrices(dt.work), None, dt)
     if p.device.type == "meta":
         raise Error("a parameter still on the meta device at the first step (materialise it in "
                     "place first: torch.__future__.set_swap_module_params_on_conversion(True) "
@@ -181,7 +181,7 @@ def _read_grad(entry):
         a, why = _dtensor.read_grad(entry.dt, p)
         if why:
             raise Error(why)
-        return [a]
+        return [a[k] for k in range(a.shape[0])] if a.ndim == 3 else [a]
     if g.dtype is torch.float32 and p.dtype is torch.float32 and g.layout is torch.strided and \
             g.device == p.device and g.shape == p.shape and g.is_contiguous():
         return _as_matrices(g)  # the common case: read where it lies
