@@ -42,7 +42,7 @@ class Net(nn.Module):
         super().__init__()
         self.a = nn.Linear(12, 10)
         self.b = nn.Linear(10, 6)
-        # 4-D: flattened to 4 x 27 (not as a DTensor: distmuon takes 1-D and 2-D DTensors)
+        # 4-D: flattened to 4 x 27 (not as a DTensor: distmuon takes 1-D to 3-D DTensors)
         self.conv = nn.Conv2d(3, 4, 3) if conv else None
 
     def forward(self, x, img):
