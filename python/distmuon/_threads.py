@@ -9,7 +9,9 @@ its threads the way PyTorch does, so the package follows, in this order:
   3. torch.get_num_threads() when torch is imported (which itself follows OMP_NUM_THREADS and
      torch.set_num_threads), read again before each optimizer step / newton_schulz call;
   4. OMP_NUM_THREADS;
-  5. the cores this process may run on (OpenBLAS's own default).
+  5. the cores this process may run on (OpenBLAS's own default), shared by the processes that
+     the launcher started on this machine (mpirun's OMPI_COMM_WORLD_LOCAL_SIZE, torchrun's
+     LOCAL_WORLD_SIZE, MPICH's MPI_LOCALNRANKS), at least 1 each.
 
 sync() applies the rule before a call into the library runs its products; it costs one
 torch.get_num_threads() and a comparison when nothing changed.
@@ -77,7 +79,13 @@ def wanted():
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(1, min(cores, _MAX)), "cores"
+    local = 1
+    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS"):
+        text = os.environ.get(var, "")
+        if text.isdigit() and int(text) > 0:
+            local = int(text)
+            break
+    return max(1, min(cores // local, _MAX)), "cores"
 
 
 def sync():

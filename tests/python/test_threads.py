@@ -18,7 +18,8 @@ import torch
 
 import distmuon
 
-_VARS = ("DISTMUON_BLAS_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+_VARS = ("DISTMUON_BLAS_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+         "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 _PROBE = r"""
 import json, sys
@@ -62,6 +63,7 @@ def test_threads_follow_torch_and_the_setter():
     ({"OMP_NUM_THREADS": "2"}, 2),                                   # no torch imported
     ({"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"}, 2),
     ({"DISTMUON_BLAS_THREADS": "1", "OPENBLAS_NUM_THREADS": "2"}, 1),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "100000"}, 1),                   # the cores shared: 1 each
 ])
 def test_threads_follow_the_environment(env, want):
     assert _probe(env)["plain"] == want
