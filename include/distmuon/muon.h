@@ -72,7 +72,11 @@ struct MuonOptions {
   std::string coefficients = "quintic";  // a built-in set (coefficient_set_names()) or "custom"
   std::string custom_coefficients;       // "a,b,c;a,b,c;..." when coefficients == "custom"
   int steps = 5;                         // Newton-Schulz steps
-  double eps = 1e-15;                    // NS normalisation: X / max(||X||_F, eps) (> 0)
+  // JSON "schedule_check": "strict" (refuse a schedule that ends outside its band at `steps`) or
+  // "warn" (refuse only one that reverses, diverges or blows up a direction; warn once about one
+  // that under- or over-converges: CoefficientSet::warn_outside_band). distmuon.torch.Muon: warn.
+  bool schedule_warns = false;
+  double eps = 1e-15;  // NS normalisation: X / max(||X||_F, eps) (> 0)
   bool use_syrk = true;
   // JSON "ns_algorithm": standard (the default: every tp_mode, auto included, gives duplicated's
   // result; owner mode bit for bit), gram, or auto (opt-in speed-up: with tp_mode auto the cost

@@ -50,6 +50,10 @@ struct CoefficientSet {
   // (check_schedule; docs/optimizer.md lists each set's band and supported step counts).
   double band_lo = kCustomBandLo;
   double band_hi = kCustomBandHi;
+  // A schedule that ends outside its band without reversing, diverging or blowing up a direction
+  // (ScheduleCheck::refused false: it under- or over-converges) is warned about once per process
+  // instead of refused (torch.optim.Muon runs any schedule; distmuon.torch.Muon sets this).
+  bool warn_outside_band = false;
 
   // The coefficients of step `step` (0-based).
   const NsCoefficients& at(int step) const;
@@ -59,7 +63,8 @@ struct CoefficientSet {
   // exceeds kMaxCoefficientMagnitude.
   void validate_values() const;
   // Throws distmuon::Error when the schedule run for `steps` steps does not orthogonalise
-  // (check_schedule), naming the set, the step count, the reason and the supported step counts.
+  // (check_schedule), naming the set, the step count, the reason and the supported step counts;
+  // with warn_outside_band, only when it is refused (ScheduleCheck::refused), else logs a warning.
   void validate_schedule(int steps) const;
 };
 
@@ -72,12 +77,16 @@ struct CoefficientSet {
 //  - the final value lies in [band_lo, band_hi] for sigma >= kScheduleSigmaFloor, and in
 //    (0, band_hi] below it (the smallest directions are amplified, never reversed or blown up).
 inline constexpr double kScheduleSigmaFloor = 0.01;
+// A final value above this blows that direction up (the update more than twice as large along it
+// as an orthogonal update): refused even with warn_outside_band.
+inline constexpr double kScheduleBlowUp = 2.0;
 // Step counts 1..kScheduleCheckedSteps are tried to list the ones a set supports.
 inline constexpr int kScheduleCheckedSteps = 20;
 
 struct ScheduleCheck {
   bool ok = false;
-  std::string problem;                // why not (empty when ok)
+  bool refused = false;  // reverses, cancels, diverges or blows up (> kScheduleBlowUp) a direction
+  std::string problem;   // why not (empty when ok)
   double final_lo = 0, final_hi = 0;  // the final values for sigma in [kScheduleSigmaFloor, 1]
 };
 // The check at `steps` (>= 1) steps. Does not throw.

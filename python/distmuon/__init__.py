@@ -30,10 +30,13 @@ _wrap_module(_core)  # argument type errors in plain words, not pybind11's overl
 from ._arrays import as_array, _is_torch, backend_for, core_matrix, cuda_ordered, \
     is_low_precision
 from ._core import CollectiveError, Communicator, Error, ProcessGroups
+from ._threads import blas_threads, set_blas_threads, sync as _sync_threads
+from ._log import drain as _drain_log
 
 __all__ = [
     "Error", "CollectiveError", "Communicator", "ProcessGroups", "newton_schulz", "communicator",
     "process_groups", "Muon", "plan", "Plan", "profiles", "calibrate", "coefficient_sets",
+    "set_blas_threads", "blas_threads",
 ]
 
 
@@ -61,7 +64,17 @@ def newton_schulz(x, coefficients="quintic", steps=5, algorithm="standard", syrk
     backend's default (fp32 on the CPU, bf16 on CUDA; docs/precision.md).
     Returns the result (same kind as x).
     """
+    try:
+        return _newton_schulz(x, coefficients, steps, algorithm, syrk, gram_restart, out,
+                              inplace, allow_copy, device, precision)
+    finally:
+        _drain_log()
+
+
+def _newton_schulz(x, coefficients, steps, algorithm, syrk, gram_restart, out, inplace,
+                   allow_copy, device, precision):
     precision = _precision_name(precision, "newton_schulz")
+    _sync_threads()
     custom = []
     if not isinstance(coefficients, str):
         try:
@@ -218,11 +231,15 @@ class Muon:
         if "precision" in options:
             options["precision"] = _precision_name(options["precision"], "Muon")
         self.world = communicator(comm)
+        _sync_threads()
         # The backend of every parameter and gradient: "cpu" (None), "opaque" (CPU tensors
         # staged through the device path) or "cuda" / "cuda:N" (CUDA tensors where they lie, on
         # PyTorch's current stream of that device at construction).
         self.backend, self.device, self._cuda = _muon_backend(device)
-        self._core = _core.MuonCore(_options_json(options), self.world, self.backend)
+        try:
+            self._core = _core.MuonCore(_options_json(options), self.world, self.backend)
+        finally:
+            _drain_log(self.world.rank)
         self._shards = []
         # One Communicator per group object: parameters passed the same group share it (owner
         # mode buckets weights by their groups), and an mpi4py group is duplicated once.
@@ -272,6 +289,7 @@ class Muon:
         arrays = []
         if not failure:
             try:
+                _sync_threads()
                 if not isinstance(grads, (list, tuple)):
                     raise TypeError(f"Muon.step: grads takes a list of arrays, got "
                                     f"{type(grads).__name__}")
@@ -279,8 +297,11 @@ class Muon:
                     arrays.append(self._matrix(g, f"gradient {i}"))
             except Exception as e:  # any refusal, whatever its type, is agreed on
                 failure = f"{type(e).__name__}: {e}"
-        with cuda_ordered(*self._cuda or (None,)):
-            self._core.step([] if failure else arrays, failure)
+        try:
+            with cuda_ordered(*self._cuda or (None,)):
+                self._core.step([] if failure else arrays, failure)
+        finally:
+            _drain_log(self.world.rank)
 
     def _check_device(self, t, what):
         """Raises Error unless t is on this optimizer's device (host memory for cpu / opaque)."""
@@ -372,11 +393,17 @@ class Muon:
 
     def save(self, path):
         """Checkpoint directory (the C++ format: manifest.json + per-rank files). Collective."""
-        self._core.save(os.fspath(path))
+        try:
+            self._core.save(os.fspath(path))
+        finally:
+            _drain_log(self.world.rank)
 
     def load(self, path):
         """Loads a checkpoint written by save() here or by the C++ Muon::save. Collective."""
-        self._core.load(os.fspath(path))
+        try:
+            self._core.load(os.fspath(path))
+        finally:
+            _drain_log(self.world.rank)
 
 
 def _muon_backend(device):
@@ -430,8 +457,11 @@ def plan(shapes=None, group_size=8, *, model=None, profile="none", crosses_domai
         else:
             rows.append((str(s[0]), int(s[1]), int(s[2]), int(s[3]), bool(s[4]) if len(s) > 4
                          else False))
-    text, table = _core.plan(rows, model or "", group_size, profile, crosses_domain,
-                             partition_dim, steps, syrk, elem_size, algorithm, cost_model)
+    try:
+        text, table = _core.plan(rows, model or "", group_size, profile, crosses_domain,
+                                 partition_dim, steps, syrk, elem_size, algorithm, cost_model)
+    finally:
+        _drain_log()
     j = json.loads(text)
     return Plan(weights=j["weights"], totals=j["totals"], units=j["units"],
                 options=j.get("options"), table=table)
@@ -449,6 +479,10 @@ def calibrate(comm=None, name="calibrated", sizes=(), max_bytes=0, out=None, dev
     written is refused on every rank before the measurements. Collective over comm. Returns
     (profile, report text). device: the backend measured ("cpu", "opaque" or "cuda")."""
     backend = backend_for([], device, "calibrate")[0]
-    text, report = _core.calibrate(communicator(comm), name, list(sizes), int(max_bytes),
-                                   None if out is None else os.fspath(out), backend)
+    _sync_threads()
+    try:
+        text, report = _core.calibrate(communicator(comm), name, list(sizes), int(max_bytes),
+                                       None if out is None else os.fspath(out), backend)
+    finally:
+        _drain_log()
     return json.loads(text), report

@@ -24,6 +24,11 @@ from typing import Any, Optional
 import torch
 
 from ._core import Error
+from . import _dtensor_batch
+
+
+# The local tensors distmuon steps: float32 in place, bfloat16 / float16 through float32 copies.
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def is_dtensor(t):
@@ -48,6 +53,7 @@ class Entry:
     grad_work: Optional[torch.Tensor]  # staged only: the padded gradient
     staged: bool
     flat: bool  # 1-D: registered as a k x 1 column
+    batch: bool = False  # 3-D: each local slice a whole matrix (_dtensor_batch.py)
 
 
 def _shard_dims(p, what):
@@ -152,12 +158,14 @@ def entry(p, user_layout, layout_cls):
     from the placements only."""
     what = "a DTensor parameter"
     local = p._local_tensor
+    if p.dim() == 3:
+        return _dtensor_batch.entry(p, user_layout, layout_cls, _shard_dims, Entry, _DTYPES)
     if p.dim() not in (1, 2):
-        raise Error(f"{what} is {p.dim()}-D (1-D or 2-D DTensors only)")
-    if local.dtype != torch.float32 or local.device.type != "cpu" or not local.is_contiguous():
+        raise Error(f"{what} is {p.dim()}-D (1-D, 2-D and 3-D DTensors only)")
+    if local.dtype not in _DTYPES or local.device.type != "cpu" or not local.is_contiguous():
         raise Error(f"{what}: its local tensor is {local.dtype} on {local.device}"
                     f"{'' if local.is_contiguous() else ', strided'}; distmuon updates contiguous "
-                    "CPU float32 tensors")
+                    "CPU float32, bfloat16 and float16 tensors")
     full = tuple(p.shape) if p.dim() == 2 else (p.shape[0], 1)
     if user_layout is not None:
         if (user_layout.rows, user_layout.cols) != full:
@@ -175,8 +183,10 @@ def entry(p, user_layout, layout_cls):
     lo = _muon_layout(p, base, full, what)
     shape = _shard_shape(lo)
     local2 = local.view(-1, 1) if p.dim() == 1 else local
-    if tuple(local2.shape) == shape:
+    if tuple(local2.shape) == shape and local.dtype == torch.float32:
         return Entry(lo, local, local2, None, staged=False, flat=p.dim() == 1)
+    # Staged: a shorter shard (zero-padded) or a low-precision one (a float32 copy, written back
+    # rounded to the parameter's dtype, as distmuon.torch steps a plain bfloat16 parameter).
     r, c = local2.shape
     if r > shape[0] or c > shape[1]:
         raise Error(f"{what}: local tensor {tuple(local.shape)} exceeds the shard {shape} of "
@@ -210,10 +220,10 @@ def read_grad(e, p, finite=False):
             return None, (f"has a gradient with placements {g.placements}, the parameter "
                           f"{p.placements} (redistribute it first)")
         gl = g._local_tensor
-    if gl.dtype != torch.float32 or gl.device.type != "cpu" or not gl.is_contiguous():
+    if gl.dtype != e.local.dtype or gl.device.type != "cpu" or not gl.is_contiguous():
         return None, (f"has a local gradient {gl.dtype} on {gl.device}"
                       f"{'' if gl.is_contiguous() else ', strided'}; expected contiguous CPU "
-                      "float32")
+                      f"{e.local.dtype} (the parameter's dtype)")
     if gl.shape != e.local.shape:
         return None, (f"has a local gradient {tuple(gl.shape)}, the local weight "
                       f"{tuple(e.local.shape)}")
@@ -221,6 +231,8 @@ def read_grad(e, p, finite=False):
         return None, "has a non-finite gradient"
     if not e.staged:
         return (gl.view(-1, 1) if e.flat else gl).detach().numpy(), ""
+    if e.batch:
+        return _dtensor_batch.stage(e, gl), ""
     if e.local.numel() > 0:
         r, c = _local2(e).shape
         e.work[:r, :c].copy_(_local2(e))
@@ -231,7 +243,9 @@ def read_grad(e, p, finite=False):
 def write_back(entries):
     """After a step: the staged updates into the parameters' local tensors."""
     for e in entries:
-        if e is not None and e.staged and e.local.numel() > 0:
+        if e is not None and e.batch and e.staged:
+            _dtensor_batch.write_back(e)
+        elif e is not None and e.staged and e.local.numel() > 0:
             r, c = _local2(e).shape
             _local2(e).copy_(e.work[:r, :c])
 
@@ -240,6 +254,8 @@ def wrap_state(e, p, t):
     """A state tensor t (the work tensor's shape) as a DTensor with p's mesh and placements."""
     from torch.distributed.tensor import DTensor
 
+    if e.batch:
+        return _dtensor_batch.wrap_state(e, p, t)
     r, c = _local2(e).shape
     local = t[:r, :c].clone().view(e.local.shape)
     return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
@@ -255,6 +271,8 @@ def unwrap_state(e, p, s, what):
                         f"parameter {tuple(p.shape)} with {p.placements} (load it through "
                         "torch.distributed.checkpoint into this optimizer's state_dict())")
         s = s._local_tensor
+    if e.batch:
+        return _dtensor_batch.unwrap_state(e, s, what)
     s = s.detach().to(torch.float32)
     if s.numel() != e.local.numel() or (not e.flat and tuple(s.shape) != tuple(e.local.shape)):
         raise Error(f"{what}: local state {tuple(s.shape)}, the local weight "

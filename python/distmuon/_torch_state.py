@@ -29,7 +29,8 @@ def param_state(entry, core):
     for k, name in enumerate(_state_names(entry)):
         mats = [m[k] for m in per_matrix]
         if entry.dt is not None:  # DTensor: state as a DTensor like the parameter
-            st[name] = _dtensor.wrap_state(entry.dt, entry.p, torch.from_numpy(mats[0].copy()))
+            local = np.stack(mats) if len(mats) > 1 else mats[0].copy()  # a 3-D one: stacked
+            st[name] = _dtensor.wrap_state(entry.dt, entry.p, torch.from_numpy(local))
             continue
         full = np.stack(mats) if len(mats) > 1 else mats[0].copy()
         st[name] = torch.from_numpy(np.ascontiguousarray(full).reshape(entry.logical_shape)).to(
@@ -42,8 +43,10 @@ def set_param_state(entry, core, st):
     per_matrix = [core.state_tensors(i) for i in entry.indices]
     for k, name in enumerate(_state_names(entry)):
         if entry.dt is not None:  # DTensor: its local state, padded as registered
-            core._core.write_state(entry.indices[0], k, np.ascontiguousarray(
-                _dtensor.unwrap_state(entry.dt, entry.p, st[name], _WHAT).numpy()))
+            local = _dtensor.unwrap_state(entry.dt, entry.p, st[name], _WHAT).numpy()
+            parts = [local] if len(entry.indices) == 1 and local.ndim == 2 else list(local)
+            for i, part in zip(entry.indices, parts):
+                core._core.write_state(i, k, np.ascontiguousarray(part))
             continue
         src = st[name].detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
         if len(per_matrix) > 1:

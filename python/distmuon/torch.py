@@ -30,6 +30,8 @@ from ._arrays import core_matrix, cuda_ordered
 from . import _dtensor
 from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the same helper)
 from ._torch_state import build_state_dict, load_group_state, check_state_dict
+from . import _threads, _torch_live
+from ._log import drain as _drain_log
 
 # torch.optim.Muon's defaults (torch/optim/_muon.py, torch 2.13).
 TORCH_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -123,6 +125,10 @@ def _as_matrices(t):
     return [a.reshape(-1, 1) if t.dim() <= 1 else a]
 
 
+def _on_meta(p):
+    return (p._local_tensor if _dtensor.is_dtensor(p) else p).device.type == "meta"
+
+
 def _check_layout(layout):
     """Rank-local: raises Error unless layout is a Layout whose groups can become communicators
     (checked before the agreement: making them is collective)."""
@@ -147,15 +153,18 @@ def _to_local(p, layout):
         _check_layout(layout)
     if _dtensor.is_dtensor(p):  # FSDP2 / TP: layout and updated tensor from the placements
         dt = _dtensor.entry(p, layout, Layout)
-        return _Param(p, dt.layout, [dt.work.numpy()], None, dt)
+        return _Param(p, dt.layout, _as_matrices(dt.work), None, dt)
+    if p.device.type == "meta":
+        raise Error("a parameter still on the meta device at the first step (materialise it in "
+                    "place first: torch.__future__.set_swap_module_params_on_conversion(True) "
+                    "before model.to_empty(device=...) keeps the parameters the optimizer holds)")
     if p.device.type not in ("cpu", "cuda"):
         raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU and CUDA parameters")
-    if p.dtype == torch.float32:
-        if not p.is_contiguous():
-            raise Error(f"a strided {tuple(p.shape)} float32 parameter; distmuon updates "
-                        "contiguous parameters in place")
+    if p.dtype == torch.float32 and p.is_contiguous():
         return _Param(p, layout, _as_matrices(p.data), None)
-    if p.dtype in _LOW_PRECISION:  # the float32 working copy, on the parameter's device
+    # Low precision or strided (a transposed or channels_last parameter): a contiguous float32
+    # working copy, on the parameter's device, copied in before and back after each step.
+    if p.dtype in _LOW_PRECISION or p.dtype == torch.float32:
         work = torch.empty(p.shape, dtype=torch.float32, device=p.device)
         return _Param(p, layout, _as_matrices(work), work)
     raise Error(f"a parameter of {p.dtype}; distmuon.torch updates float32, bfloat16 and "
@@ -172,7 +181,7 @@ def _read_grad(entry):
         a, why = _dtensor.read_grad(entry.dt, p)
         if why:
             raise Error(why)
-        return [a]
+        return [a[k] for k in range(a.shape[0])] if a.ndim == 3 else [a]
     if g.dtype is torch.float32 and p.dtype is torch.float32 and g.layout is torch.strided and \
             g.device == p.device and g.shape == p.shape and g.is_contiguous():
         return _as_matrices(g)  # the common case: read where it lies
@@ -289,6 +298,13 @@ class Muon(torch.optim.Optimizer):
                  ns_steps=_TORCH_DEFAULTS["ns_steps"], adjust_lr_fn=None, *,
                  adamw_lr=1e-3, adamw_weight_decay=0.0, adamw_betas=(0.9, 0.95),
                  adamw_eps=1e-8, process_group=None, tp_mode="auto", device=None, **options):
+        # The arguments as given: deepcopy and pickle build the copy from them (_torch_live).
+        self._init_kwargs = dict(
+            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+            ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
+            adjust_lr_fn=adjust_lr_fn, adamw_lr=adamw_lr, adamw_weight_decay=adamw_weight_decay,
+            adamw_betas=adamw_betas, adamw_eps=adamw_eps, process_group=process_group,
+            tp_mode=tp_mode, device=device, **options)
         if isinstance(lr, torch.Tensor):
             if lr.numel() != 1:
                 raise ValueError("Tensor lr must be 1-element")
@@ -298,6 +314,13 @@ class Muon(torch.optim.Optimizer):
                 raise ValueError(f"{name} should be >= 0 but is: {v}")
         if adjust_lr_fn not in _ADJUST_LR:
             raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
+        # Where torch's maths diverges, refused with the reason (docs/python.md).
+        if momentum > 1:
+            raise ValueError(f"momentum should be <= 1 but is: {momentum} (above 1 the momentum "
+                             "buffer grows geometrically at every step)")
+        if not eps > 0:
+            raise ValueError(f"eps should be > 0 but is: {eps} (with eps 0 a zero update is "
+                             "divided by zero)")
         if "coefficients" in options:  # distmuon's name for a built-in set
             if ns_coefficients is not TORCH_NS_COEFFICIENTS:
                 raise ValueError("give ns_coefficients or coefficients, not both")
@@ -316,18 +339,25 @@ class Muon(torch.optim.Optimizer):
         self._world = communicator(process_group)
         self._group_comms = {} if process_group is None else {
             id(process_group): (process_group, self._world)}
+        # torch.optim.Muon runs any schedule: refuse only one that reverses, diverges or blows up
+        # a direction, warn once about one that merely ends outside its band (docs/python.md).
+        options.setdefault("schedule_check", "warn")
         self._options = dict(options, tp_mode=tp_mode)
         self._device = device
         self._cores = []   # per param group: (core, [_Param])
         self._pushed = []  # per param group: the options last given to its core (JSON text)
         self._pushed_keys = []  # per param group: _group_key of the group when last pushed
+        self._steps = []  # per param group: the "step" tensors of its parameters' state
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, adamw_lr=adamw_lr,
                         adamw_weight_decay=adamw_weight_decay, adamw_betas=adamw_betas,
                         adamw_eps=adamw_eps, use_muon=True,
                         extra_scale_factor=options.pop("extra_scale_factor", 1.0))
-        super().__init__(params, defaults)
+        try:
+            super().__init__(params, defaults)
+        finally:
+            _drain_log(self._world.rank)
 
     @property
     def world(self):
@@ -352,12 +382,47 @@ class Muon(torch.optim.Optimizer):
         group.setdefault("initial_lr", group["lr"])  # AdamW's schedule factor (see _adamw_factor)
         gi = len(self.param_groups) - 1
         try:
-            self._add_core(group, gi)
+            self._add_group(group, gi)
         except BaseException:
             self.param_groups.pop()
             raise
 
+    def _add_group(self, group, gi):
+        """A group's C++ optimizer, or a placeholder when its parameters are on the meta device
+        (every rank alike, agreed): its C++ optimizer and state are made at the first step, as
+        torch.optim.Muon makes its state then (_materialize)."""
+        deferred = any(_on_meta(p) for p in group["params"])
+        n = self._world.all_reduce_sum(float(deferred)) if self._world.size > 1 else \
+            float(deferred)
+        if 0 < n < self._world.size:
+            raise Error(f"distmuon.torch.Muon: param group {gi} has meta-device parameters on "
+                        f"{int(n)} of {self._world.size} ranks (every rank or none)")
+        if deferred:
+            self._install(gi, None, [], {})
+        else:
+            self._install(gi, *self._add_core(group, gi))
+
+    def _install(self, gi, core, entries, opts):
+        """Keeps a group's C++ optimizer at index gi (a new group, or a deferred one made) and
+        puts its parameters' state into self.state."""
+        parts = ((core, entries), json.dumps(opts, sort_keys=True), None,
+                 _torch_live.attach(self.state, entries, core) if core is not None else [])
+        for store, value in zip((self._cores, self._pushed, self._pushed_keys, self._steps),
+                                parts):
+            if gi == len(store):
+                store.append(value)
+            else:
+                store[gi] = value
+
+    def _materialize(self):
+        """Makes the C++ optimizers of the groups deferred at construction (collective)."""
+        for gi, (group, (core, _)) in enumerate(zip(self.param_groups, self._cores)):
+            if core is None:
+                self._install(gi, *self._add_core(group, gi))
+
     def _add_core(self, group, gi):
+        """(core, entries, options) of a param group: checked on this rank, agreed, then
+        registered with the C++ optimizer (the C++ checks agreed too). Collective."""
         what = f"distmuon.torch.Muon: param group {gi}"
         # This rank's checks first, agreed before anything collective (an mpi4py group's
         # communicator is made by MPI_Comm_dup on every rank).
@@ -404,9 +469,7 @@ class Muon(torch.optim.Optimizer):
         except Exception as e:
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
-        self._cores.append((core, entries))
-        self._pushed.append(json.dumps(opts, sort_keys=True))
-        self._pushed_keys.append(None)
+        return core, entries, opts
 
     def _check_group(self, gi, group, core, entries, finite):
         """This rank's gradients of param group gi (None where a parameter has none) and active
@@ -450,11 +513,22 @@ class Muon(torch.optim.Optimizer):
         first group's C++ step and before any update, so that a refusal on one rank raises
         distmuon.CollectiveError on every rank and no group has stepped. Each group's C++ step
         also agrees its options and which parameters have a gradient (docs/python.md)."""
+        try:
+            return self._step(closure)
+        finally:
+            _drain_log(self._world.rank)
+
+    def _step(self, closure):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._materialize()
         checked, failure = [], ""
+        try:
+            _threads.sync()  # BLAS threads: the program's or torch's count (docs/python.md)
+        except Exception as e:
+            failure = f"distmuon.torch.Muon: {e}"
         for gi, (group, (core, entries)) in enumerate(zip(self.param_groups, self._cores)):
             # The C++ step checks its own gradients' values; those of the later groups are
             # checked here too, so that group 0 does not step when a later group cannot.
@@ -474,6 +548,7 @@ class Muon(torch.optim.Optimizer):
                 core._core.step([] if why or grads is None else grads, why,
                                 [] if why or active is None else active)
                 self._write_back(entries, active)
+            _torch_live.refresh_steps(self._steps[gi], core)
         return loss
 
     @staticmethod
@@ -486,21 +561,30 @@ class Muon(torch.optim.Optimizer):
             elif e.dt is not None and e.indices and active[e.indices[0]]:
                 _dtensor.write_back([e.dt])  # DTensor: a staged update into its local tensor
 
+    def _check_made(self, what):
+        deferred = [gi for gi, (core, _) in enumerate(self._cores) if core is None]
+        if deferred:
+            raise Error(f"distmuon.torch.Muon.{what}: param group(s) {deferred} hold meta-device "
+                        "parameters, whose state is made at the first step (step first)")
+
     def plan(self):
         """Per matrix of every group: name, muon, rows, cols, tp/gtp sizes, mode, algorithm
         (the modes auto chose appear after the first step)."""
-        return [info for core, _ in self._cores for info in core.parameters()]
+        return [info for core, _ in self._cores if core is not None
+                for info in core.parameters()]
 
     def state_dict(self):
         """torch's format: {"state": {index: {"step", "momentum_buffer" | "exp_avg",
         "exp_avg_sq"}}, "param_groups": [{hyper-parameters..., "params": [index, ...]}]};
         the state tensors are float32 copies shaped like their parameters."""
+        self._check_made("state_dict")
         return build_state_dict(self.param_groups, self._cores)
 
     def load_state_dict(self, state_dict):
         """Restores a state_dict() of this optimizer (same groups and parameters on this rank).
         Collective: everything is checked on every rank and agreed before anything changes; a
         refusal raises on every rank (distmuon.CollectiveError) and changes nothing."""
+        self._materialize()
         failure = ""
         try:
             check_state_dict(state_dict, self.param_groups, self._cores)
@@ -510,16 +594,31 @@ class Muon(torch.optim.Optimizer):
         for group, saved, (core, entries) in zip(self.param_groups,
                                                  state_dict["param_groups"], self._cores):
             load_group_state(group, saved, state_dict["state"], core, entries)
+        for steps, (core, _) in zip(self._steps, self._cores):
+            _torch_live.refresh_steps(steps, core)
+
+    def __deepcopy__(self, memo):
+        """A new optimizer over deep copies of the parameters (as torch's optimizers copy),
+        sharing the process groups, with this one's state. Collective, as construction is."""
+        return _torch_live.deep_copy(self, memo)
+
+    def __getstate__(self):
+        return _torch_live.pickled(self)
+
+    def __setstate__(self, saved):
+        _torch_live.unpickle(self, saved)
 
     def save(self, path):
         """Checkpoints of the C++ format, one sub-directory per param group. Collective."""
         import os
 
+        self._check_made("save")
         for gi, (core, _) in enumerate(self._cores):
             core.save(os.path.join(str(path), f"group{gi}"))
 
     def load(self, path):
         import os
 
+        self._materialize()
         for gi, (core, _) in enumerate(self._cores):
             core.load(os.path.join(str(path), f"group{gi}"))

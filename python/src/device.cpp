@@ -170,6 +170,9 @@ void init_device(py::module_& m) {
   m.def("backend", &make_backend, py::arg("name"), py::arg("cuda_device") = -1,
         py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("backend_names", &compute_backend_names);
+  // OpenBLAS threads of this process (the Python package chooses the count: _threads.py).
+  m.def("set_blas_threads", &set_blas_threads, py::arg("threads"));
+  m.def("blas_threads", &blas_threads);
 }
 
 }  // namespace distmuon::python

@@ -1,9 +1,10 @@
 // distmuon._core: the C++ library for Python (docs/python.md). One file per concept: arrays
 // (zero-copy views), device (backends and their memory), ns, comm (+ the mpi4py and
-// torch.distributed backends), muon, plan. distmuon::Error arrives as distmuon.Error (a
-// RuntimeError) with the same message, CollectiveError as distmuon.CollectiveError (a subclass)
-// carrying its scope: is_world (every rank of the world raised it), ranks (the world ranks of
-// the group that agreed on it, when known) and scope (described in words).
+// torch.distributed backends), muon, plan, log (the library's log lines, for Python's logging).
+// distmuon::Error arrives as distmuon.Error (a RuntimeError) with the same message,
+// CollectiveError as distmuon.CollectiveError (a subclass) carrying its scope: is_world (every
+// rank of the world raised it), ranks (the world ranks of the group that agreed on it, when
+// known) and scope (described in words).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,6 +18,7 @@ void init_ns(py::module_& m);
 void init_muon(py::module_& m);
 void init_plan(py::module_& m);
 void init_comm_collectives(py::module_& m);
+void init_log(py::module_& m);
 }  // namespace distmuon::python
 
 PYBIND11_MODULE(_core, m) {
@@ -41,6 +43,7 @@ PYBIND11_MODULE(_core, m) {
       py::set_error(error, e.what());
     }
   });
+  init_log(m);
   init_arrays(m);
   init_device(m);
   init_ns(m);

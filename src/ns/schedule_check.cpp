@@ -1,10 +1,12 @@
 // The check of a coefficient schedule at the step count it runs (newton_schulz.h): the composed
 // per-step polynomials applied to singular values across (0, 1].
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 
 #include "distmuon/error.h"
 #include "distmuon/newton_schulz.h"
@@ -66,15 +68,19 @@ std::vector<ScheduleCheck> run_checks(const CoefficientSet& set, int up_to, bool
         worst_below_sigma = grid[i];
       }
     }
+    c.refused = !broken.empty() || c.final_hi > kScheduleBlowUp || worst_below > kScheduleBlowUp;
     if (!broken.empty()) {
       c.problem = broken;
     } else if (!(c.final_lo >= set.band_lo && c.final_hi <= set.band_hi)) {
       c.problem = fmt::format(
-          "it maps singular values in [{}, 1] to [{:.4g}, {:.4g}], outside its band [{}, {}]",
-          kScheduleSigmaFloor, c.final_lo, c.final_hi, set.band_lo, set.band_hi);
+          "it maps singular values in [{}, 1] to [{:.4g}, {:.4g}], outside its band [{}, {}]{}",
+          kScheduleSigmaFloor, c.final_lo, c.final_hi, set.band_lo, set.band_hi,
+          c.final_hi > kScheduleBlowUp ? " (a blown-up direction of the update)" : "");
     } else if (!(worst_below <= set.band_hi)) {
-      c.problem = fmt::format("it maps singular value {:.4g} to {:.4g}, above its band [{}, {}]",
-                              worst_below_sigma, worst_below, set.band_lo, set.band_hi);
+      c.problem =
+          fmt::format("it maps singular value {:.4g} to {:.4g}, above its band [{}, {}]{}",
+                      worst_below_sigma, worst_below, set.band_lo, set.band_hi,
+                      worst_below > kScheduleBlowUp ? " (a blown-up direction of the update)" : "");
     }
     c.ok = c.problem.empty();
     if (every_step || step + 1 == up_to) out.push_back(std::move(c));
@@ -102,21 +108,38 @@ struct Accepted {
   std::vector<NsCoefficients> table;
   CoefficientSet::Tail tail;
   double band_lo, band_hi;
+  bool warn_outside_band;
   int steps;
+
+  bool same(const CoefficientSet& s, int k) const {
+    return steps == k && tail == s.tail && band_lo == s.band_lo && band_hi == s.band_hi &&
+           warn_outside_band == s.warn_outside_band && table == s.table;
+  }
 };
 
 bool remembered(const CoefficientSet& s, int steps, bool remember) {
   thread_local std::vector<Accepted> accepted;
   for (const Accepted& a : accepted) {
-    if (a.steps == steps && a.tail == s.tail && a.band_lo == s.band_lo && a.band_hi == s.band_hi &&
-        a.table == s.table)
-      return true;
+    if (a.same(s, steps)) return true;
   }
   if (remember) {
     if (accepted.size() >= 8) accepted.erase(accepted.begin());
-    accepted.push_back({s.table, s.tail, s.band_lo, s.band_hi, steps});
+    accepted.push_back({s.table, s.tail, s.band_lo, s.band_hi, s.warn_outside_band, steps});
   }
   return false;
+}
+
+// Whether a schedule accepted outside its band is warned about for the first time in this
+// process (once per schedule and step count, whichever thread).
+bool first_warning(const CoefficientSet& s, int steps) {
+  static std::mutex mutex;
+  static std::vector<Accepted> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Accepted& a : warned) {
+    if (a.same(s, steps)) return false;
+  }
+  warned.push_back({s.table, s.tail, s.band_lo, s.band_hi, s.warn_outside_band, steps});
+  return true;
 }
 
 }  // namespace
@@ -140,7 +163,14 @@ std::vector<int> supported_steps(const CoefficientSet& set, int up_to) {
 void CoefficientSet::validate_schedule(int steps) const {
   if (remembered(*this, steps, false)) return;
   const ScheduleCheck c = check_schedule(*this, steps);
-  if (!c.ok) {
+  if (!c.ok && warn_outside_band && !c.refused) {
+    if (first_warning(*this, steps)) {
+      spdlog::warn(
+          "Newton-Schulz coefficient set '{}' at {} steps does not fully orthogonalise: {}; "
+          "it runs as asked ('{}' lands in its band at {})",
+          name, steps, c.problem, name, format_steps(supported_steps(*this)));
+    }
+  } else if (!c.ok) {
     throw Error(fmt::format(
         "Newton-Schulz coefficient set '{}' at {} steps does not orthogonalise: {}; '{}' "
         "supports {} (of 1-{} checked; docs/optimizer.md lists each set's band)",

@@ -59,8 +59,10 @@ void MuonOptions::validate() const {
       throw Error(fmt::format("Muon option {} = {} is invalid; valid: {}", field, value, valid));
   };
   check(std::isfinite(lr) && lr >= 0, "lr", fmt::format("{}", lr), "a finite number >= 0");
-  check(momentum >= 0 && momentum < 1, "momentum", fmt::format("{}", momentum),
-        "0 <= momentum < 1");
+  // momentum 1 keeps the buffer as it is (torch.optim.Muon's lerp with weight 0); above 1 the
+  // buffer would grow geometrically with every step.
+  check(momentum >= 0 && momentum <= 1, "momentum", fmt::format("{}", momentum),
+        "0 <= momentum <= 1");
   check(std::isfinite(weight_decay) && weight_decay >= 0, "weight_decay",
         fmt::format("{}", weight_decay), "a finite number >= 0");
   check(std::isfinite(eps) && eps > 0, "eps", fmt::format("{}", eps), "a finite number > 0");
@@ -92,6 +94,7 @@ NsOptions MuonOptions::ns_options(Precision backend_default) const {
   } else {
     o.coefficients = coefficient_set(coefficients);  // throws, listing the valid names
   }
+  o.coefficients.warn_outside_band = schedule_warns;
   o.steps = steps;
   o.eps = eps;
   o.use_syrk = use_syrk;
@@ -110,6 +113,7 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"coefficients", o.coefficients},
                      {"custom_coefficients", o.custom_coefficients},
                      {"steps", o.steps},
+                     {"schedule_check", o.schedule_warns ? "warn" : "strict"},
                      {"eps", o.eps},
                      {"use_syrk", o.use_syrk},
                      {"ns_algorithm", to_string(o.ns_algorithm)},
@@ -178,6 +182,16 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   o.steps = option<int>(j, "steps");
   // Absent in options written before eps was an option: keep the default.
   if (j.contains("eps")) o.eps = option<double>(j, "eps");
+  // Absent in options written before schedule_check was an option: strict.
+  o.schedule_warns = false;
+  if (j.contains("schedule_check")) {
+    const std::string v = option<std::string>(j, "schedule_check");
+    if (v != "strict" && v != "warn") {
+      throw Error(fmt::format(
+          "MuonOptions: option 'schedule_check' = '{}' is invalid; valid: strict, warn", v));
+    }
+    o.schedule_warns = v == "warn";
+  }
   o.use_syrk = option<bool>(j, "use_syrk");
   // Absent in options written before the Gram algorithm existed: keep the defaults.
   if (j.contains("ns_algorithm"))

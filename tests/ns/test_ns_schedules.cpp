@@ -272,5 +272,32 @@ TEST(NsSchedules, TheReportedSchedulesAreRefused) {
   EXPECT_NEAR(q.final_hi, 1.032, 0.005);
 }
 
+// warn_outside_band (distmuon.torch.Muon's schedule_check "warn"): a schedule that only ends
+// outside its band runs; one that reverses, diverges or blows up a direction is still refused.
+TEST(NsSchedules, WarnOutsideBandRefusesOnlyReversalsAndBlowUps) {
+  const auto error_of = [](CoefficientSet set, int steps) {
+    set.warn_outside_band = true;
+    NsOptions o;
+    o.coefficients = set;
+    o.steps = steps;
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(error_of(coefficient_set("quintic"), 6), "(accepted)");  // shrunk ~10x: warned
+  EXPECT_EQ(error_of(parse_custom_coefficients("3.4445,-4.7750,2.0315"), 1), "(accepted)");
+  EXPECT_EQ(error_of(parse_custom_coefficients("1.5,-0.5,0"), 5), "(accepted)");  // cubic
+  EXPECT_NE(error_of(coefficient_set("aol"), 5).find("reversed or cancelled"), std::string::npos);
+  EXPECT_NE(error_of(parse_custom_coefficients("100,100,100"), 5).find("diverges"),
+            std::string::npos);
+  const std::string up = error_of(parse_custom_coefficients("3,0,0"), 5);  // 1 -> 243
+  EXPECT_NE(up.find("a blown-up direction"), std::string::npos) << up;
+  EXPECT_FALSE(check_schedule(coefficient_set("quintic"), 6).refused);
+  EXPECT_TRUE(check_schedule(parse_custom_coefficients("3,0,0"), 5).refused);
+}
+
 }  // namespace
 }  // namespace distmuon

@@ -36,7 +36,13 @@ TEST(MuonOptions, InvalidValuesListTheValidOnes) {
     edit(o);
     return error_of([&] { o.validate(); });
   };
-  EXPECT_NE(invalid([](MuonOptions& o) { o.momentum = 1.0; }).find("momentum"), std::string::npos);
+  EXPECT_NE(invalid([](MuonOptions& o) { o.momentum = 1.5; }).find("0 <= momentum <= 1"),
+            std::string::npos);
+  EXPECT_NE(invalid([](MuonOptions& o) {
+              o.schedule_warns = true;
+              o.steps = 0;
+            }).find("steps"),
+            std::string::npos);
   EXPECT_NE(invalid([](MuonOptions& o) { o.lr = -1; }).find("lr"), std::string::npos);
   EXPECT_NE(invalid([](MuonOptions& o) { o.cost_model = "magic"; }).find("refined, reference"),
             std::string::npos);
@@ -79,10 +85,19 @@ TEST(MuonOptions, JsonRoundTrip) {
   o.scale_mode = ScaleMode::kUnitRmsNorm;
   o.tp_mode = TpMode::kDistributed;
   o.adamw.beta1 = 0.8;
+  o.schedule_warns = true;
   const nlohmann::json j = o;
+  EXPECT_EQ(j.at("schedule_check"), "warn");
   const MuonOptions back = j.get<MuonOptions>();
   EXPECT_EQ(nlohmann::json(back), j);
   EXPECT_EQ(back.scale_mode, ScaleMode::kUnitRmsNorm);
+  EXPECT_TRUE(back.schedule_warns);
+  nlohmann::json odd = j;
+  odd["schedule_check"] = "sometimes";
+  EXPECT_NE(error_of([&] { (void)odd.get<MuonOptions>(); }).find("valid: strict, warn"),
+            std::string::npos);
+  odd.erase("schedule_check");  // options written before the key existed: strict
+  EXPECT_FALSE(odd.get<MuonOptions>().schedule_warns);
 }
 
 TEST(MuonOptions, ScaleFactors) {

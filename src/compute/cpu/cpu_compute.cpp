@@ -26,7 +26,8 @@ std::once_flag threads_once;
 void init_threads() {
   std::call_once(threads_once, [] {
     int threads = 1;
-    if (const char* env = std::getenv("DISTMUON_BLAS_THREADS")) {
+    const char* env = std::getenv("DISTMUON_BLAS_THREADS");
+    if (env != nullptr && *env != '\0') {  // set and not empty (an empty value is unset)
       char* end = nullptr;
       const long v = std::strtol(env, &end, 10);
       if (end == env || *end != '\0' || v < 1 || v > 1024) {
