@@ -1,4 +1,4 @@
-// CPU compute backend over CBLAS (OpenBLAS).
+// CPU compute backend over CBLAS (OpenBLAS); bf16 products through oneDNN (bf16_gemm.h).
 #include <cblas.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "compute/cpu/bf16_gemm.h"
 #include "compute/shape_checks.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/compute.h"
@@ -89,11 +90,20 @@ class CpuCompute final : public Compute {
       return;
     }
     std::unique_lock<std::mutex> lock;
+    if (precision == Precision::kBf16 && detail::onednn_bf16_enabled()) {
+      // bf16 copies of the operands (one when b is a), multiplied by oneDNN's bf16 kernels.
+      lock = std::unique_lock(scratch_mutex_);
+      const int threads = openblas_get_num_threads();
+      const detail::Bf16Matrix a16 = bf16_copy(0, a, threads);
+      const detail::Bf16Matrix b16 = same_matrix(a, b) ? a16 : bf16_copy(1, b, threads);
+      detail::onednn_bf16_gemm(ta, tb, alpha, a16, b16, beta, c, threads);
+      return;
+    }
     if (precision != Precision::kFp32) {
       // The emulation: sgemm (fp32 products and accumulation, fp32 output) on copies of the
       // operands rounded as the GPU rounds them (precision.h). One copy when b is a.
       lock = std::unique_lock(scratch_mutex_);
-      const bool same = a.data == b.data && a.rows == b.rows && a.cols == b.cols && a.ld == b.ld;
+      const bool same = same_matrix(a, b);
       const ConstMatrixView ra = rounded(0, a, precision);
       b = same ? ra : rounded(1, b, precision);
       a = ra;
@@ -115,6 +125,17 @@ class CpuCompute final : public Compute {
       return;
     }
     std::unique_lock<std::mutex> lock;
+    if (precision == Precision::kBf16 && detail::onednn_bf16_enabled()) {
+      // oneDNN has no syrk: the full product of one bf16 copy with itself, mirrored so that c is
+      // exactly symmetric, as ssyrk's.
+      lock = std::unique_lock(scratch_mutex_);
+      const int threads = openblas_get_num_threads();
+      const detail::Bf16Matrix a16 = bf16_copy(0, a, threads);
+      const Trans other = ta == Trans::kNo ? Trans::kYes : Trans::kNo;
+      detail::onednn_bf16_gemm(ta, other, alpha, a16, a16, beta, c, threads);
+      mirror_upper(c);
+      return;
+    }
     if (precision != Precision::kFp32) {
       lock = std::unique_lock(scratch_mutex_);
       a = rounded(0, a, precision);
@@ -272,17 +293,35 @@ class CpuCompute final : public Compute {
  private:
   static constexpr std::size_t kAlign = 64;
 
-  // A contiguous copy of a with every element rounded to `precision`, in scratch buffer `slot`
-  // (0 or 1): this backend's memory (allocate, so it is counted), kept and grown when a larger
-  // operand comes, so that repeated products of one shape allocate nothing. scratch_mutex_ held.
-  ConstMatrixView rounded(int slot, ConstMatrixView a, Precision precision) {
+  static bool same_matrix(ConstMatrixView a, ConstMatrixView b) {
+    return a.data == b.data && a.rows == b.rows && a.cols == b.cols && a.ld == b.ld;
+  }
+
+  // Scratch buffer `slot` (0 or 1) grown to at least `count` floats: this backend's memory
+  // (allocate, so it is counted), kept and grown when a larger operand comes, so that repeated
+  // products of one shape allocate nothing. scratch_mutex_ held.
+  float* scratch(int slot, std::size_t count) {
     Scratch& s = scratch_[slot];
-    const auto count = static_cast<std::size_t>(a.rows * a.cols);
     if (count > s.count) {
       float* grown = allocate(count);  // throws when it cannot; the old buffer stays valid
       release(s.data, s.count);
       s = {grown, count};
     }
+    return s.data;
+  }
+
+  // A contiguous bf16 copy of a in scratch buffer `slot` (bf16_gemm.h's rounding).
+  detail::Bf16Matrix bf16_copy(int slot, ConstMatrixView a, int threads) {
+    const auto count = static_cast<std::size_t>(a.rows * a.cols);
+    auto* out = reinterpret_cast<std::uint16_t*>(scratch(slot, (count + 1) / 2));
+    detail::to_bf16(a, out, threads);
+    return {out, a.rows, a.cols};
+  }
+
+  // A contiguous copy of a with every element rounded to `precision`, in scratch buffer `slot`.
+  ConstMatrixView rounded(int slot, ConstMatrixView a, Precision precision) {
+    Scratch& s = scratch_[slot];
+    scratch(slot, static_cast<std::size_t>(a.rows * a.cols));
     for (Index i = 0; i < a.rows; ++i) {
       const float* src = a.data + i * a.ld;
       float* dst = s.data + i * a.cols;
@@ -296,7 +335,7 @@ class CpuCompute final : public Compute {
     float* data = nullptr;
     std::size_t count = 0;
   };
-  Scratch scratch_[2];  // the rounded operands of a tf32 or bf16 product
+  Scratch scratch_[2];  // the rounded (or bf16) copies of a reduced-precision product's operands
   std::mutex scratch_mutex_;
 };
 
