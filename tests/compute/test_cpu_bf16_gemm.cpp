@@ -101,27 +101,40 @@ TEST(CpuBf16Gemm, EveryTranspositionAndOddShapeWithinFp32AccumulationOfRoundedOp
 }
 
 // syrk (either side: X X^T of a wide X, X^T X of a tall one) and the gemm of a with itself: one
-// bf16 copy serves both operands, c is exactly symmetric, within the bound above.
+// bf16 copy serves both operands, c is exactly symmetric, within the bound above. Orders 515 and
+// 1030 are computed in 2 and 4 row panels of unequal heights (bf16_gemm.h).
 TEST(CpuBf16Gemm, SyrkIsSymmetricWithinFp32AccumulationOfRoundedOperands) {
-  const Matrix wide = test::random_matrix(41, 77, 3), tall = test::random_matrix(77, 41, 4);
-  for (const Trans t : {Trans::kNo, Trans::kYes}) {
-    const Matrix& a = t == Trans::kNo ? wide : tall;
-    const Trans other = t == Trans::kNo ? Trans::kYes : Trans::kNo;
-    Matrix c0 = test::random_matrix(41, 41, 5);
-    for (Index i = 0; i < 41; ++i) {  // a symmetric prior c for beta != 0
-      for (Index j = 0; j < i; ++j)
-        c0(i, j) = c0(j, i);
+  struct Case {
+    Index n, k;
+  };
+  std::uint64_t seed = 30;
+  for (const Case s : {Case{41, 77}, Case{515, 9}, Case{1030, 5}}) {
+    for (const Trans t : {Trans::kNo, Trans::kYes}) {
+      const Matrix a = t == Trans::kNo ? test::random_matrix(s.n, s.k, ++seed)
+                                       : test::random_matrix(s.k, s.n, ++seed);
+      const Trans other = t == Trans::kNo ? Trans::kYes : Trans::kNo;
+      Matrix c0 = test::random_matrix(s.n, s.n, ++seed);
+      for (Index i = 0; i < s.n; ++i) {  // a symmetric prior c for beta != 0
+        for (Index j = 0; j < i; ++j)
+          c0(i, j) = c0(j, i);
+      }
+      for (const float beta : {2.0f, 0.0f}) {
+        Matrix c = c0;
+        if (beta == 0.0f) c(s.n - 1, s.n - 1) = std::numeric_limits<float>::quiet_NaN();
+        cpu_compute().syrk(t, 0.5f, a.view(), beta, c.view(), Precision::kBf16);
+        const std::string what =
+            fmt::format("syrk {}x{} t {} beta {}", s.n, s.k, t == Trans::kYes, beta);
+        expect_rounded_product(t, other, 0.5f, a.view(), a.view(), beta, c0.view(), c.view(), what);
+        for (Index i = 0; i < s.n; ++i) {
+          for (Index j = 0; j < i; ++j)
+            ASSERT_EQ(c(i, j), c(j, i)) << what << " at " << i << "," << j;
+        }
+      }
+      if (s.n > 100) continue;
+      Matrix g(s.n, s.n);
+      cpu_compute().gemm(t, other, 1.0f, a.view(), a.view(), 0.0f, g.view(), Precision::kBf16);
+      expect_rounded_product(t, other, 1.0f, a.view(), a.view(), 0.0f, g.view(), g.view(), "a a^T");
     }
-    Matrix c = c0;
-    cpu_compute().syrk(t, 0.5f, a.view(), 2.0f, c.view(), Precision::kBf16);
-    expect_rounded_product(t, other, 0.5f, a.view(), a.view(), 2.0f, c0.view(), c.view(), "syrk");
-    for (Index i = 0; i < 41; ++i) {
-      for (Index j = 0; j < i; ++j)
-        ASSERT_EQ(c(i, j), c(j, i)) << i << "," << j;
-    }
-    Matrix g(41, 41);
-    cpu_compute().gemm(t, other, 1.0f, a.view(), a.view(), 0.0f, g.view(), Precision::kBf16);
-    expect_rounded_product(t, other, 1.0f, a.view(), a.view(), 0.0f, g.view(), g.view(), "a a^T");
   }
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <mutex>
@@ -56,17 +57,30 @@ const char* status_text(dnnl_status_t s) {
   }
 }
 
-// op(x)'s descriptor: x is stored contiguous row-major (x.rows x x.cols); op(x) is rows x cols
-// of the product, the transpose read through strides.
+// op(x)'s descriptor: x is stored row-major (x.rows x x.cols, leading dimension x.ld); op(x) is
+// rows x cols of the product, the transpose read through strides.
 memory::desc operand(const Bf16Matrix& x, Trans t) {
-  const memory::dim r = x.rows, c = x.cols;
-  if (t == Trans::kNo) return memory::desc({r, c}, memory::data_type::bf16, {c, 1});
-  return memory::desc({c, r}, memory::data_type::bf16, {1, c});
+  const memory::dim r = x.rows, c = x.cols, ld = x.ld;
+  if (t == Trans::kNo) return memory::desc({r, c}, memory::data_type::bf16, {ld, 1});
+  return memory::desc({c, r}, memory::data_type::bf16, {1, ld});
+}
+
+// Rows [r0, r0 + count) of op(a), as a matrix of a's storage.
+Bf16Matrix op_rows(const Bf16Matrix& a, Trans t, Index r0, Index count) {
+  if (t == Trans::kNo) return {a.data + r0 * a.ld, count, a.cols, a.ld};
+  return {a.data + r0, a.rows, count, a.ld};
+}
+
+// Row panels of a syrk of order n: one (a full product) below 512, where the panels' smaller
+// products lose more rate than they save work.
+Index syrk_panels(Index n) {
+  return n >= 1024 ? 4 : (n >= 512 ? 2 : 1);
 }
 
 dnnl::matmul::primitive_desc matmul_desc(const memory::desc& a, const memory::desc& b,
                                          const memory::desc& c, float alpha, float beta) {
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // the caller's kept buffer
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
     dnnl::post_ops ops;
@@ -139,7 +153,7 @@ void to_bf16(ConstMatrixView a, std::uint16_t* out, int threads) {
 }
 
 void onednn_bf16_gemm(Trans ta, Trans tb, float alpha, Bf16Matrix a, Bf16Matrix b, float beta,
-                      MatrixView c, int threads) {
+                      MatrixView c, const Bf16Scratchpad& scratchpad, int threads) {
   const memory::desc da = operand(a, ta), db = operand(b, tb);
   const memory::desc dc({c.rows, c.cols}, memory::data_type::f32, {c.ld, 1});
   try {
@@ -147,11 +161,17 @@ void onednn_bf16_gemm(Trans ta, Trans tb, float alpha, Bf16Matrix a, Bf16Matrix 
     // cache keeps one per shape, transposition, scale and thread count).
     const ScopedOmpThreads scoped(threads);
     Engine& e = engine();
-    const dnnl::matmul product(matmul_desc(da, db, dc, alpha, beta));
+    const dnnl::matmul::primitive_desc pd = matmul_desc(da, db, dc, alpha, beta);
+    const dnnl::matmul product(pd);
     memory ma(da, e.engine, const_cast<std::uint16_t*>(a.data));
     memory mb(db, e.engine, const_cast<std::uint16_t*>(b.data));
     memory mc(dc, e.engine, c.data);
-    product.execute(e.stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    const memory::desc dpad = pd.scratchpad_desc();
+    memory mpad(dpad, e.engine, scratchpad(dpad.get_size()));
+    product.execute(e.stream, {{DNNL_ARG_SRC, ma},
+                               {DNNL_ARG_WEIGHTS, mb},
+                               {DNNL_ARG_DST, mc},
+                               {DNNL_ARG_SCRATCHPAD, mpad}});
     e.stream.wait();
   } catch (const dnnl::error& err) {
     const Index m = ta == Trans::kNo ? a.rows : a.cols, k = ta == Trans::kNo ? a.cols : a.rows;
@@ -159,6 +179,41 @@ void onednn_bf16_gemm(Trans ta, Trans tb, float alpha, Bf16Matrix a, Bf16Matrix 
     throw Error(fmt::format("bf16 product on the CPU (op(a) {} x op(b) {} into c {}): {}",
                             shape_str(m, k), shape_str(k, n), shape_str(c.rows, c.cols),
                             status_text(err.status)));
+  }
+}
+
+std::size_t bf16_syrk_work(Index n) {
+  const Index t = syrk_panels(n);
+  return t == 1 ? 0 : static_cast<std::size_t>((n + t - 1) / t * n);
+}
+
+void onednn_bf16_syrk_upper(Trans ta, float alpha, Bf16Matrix a, float beta, MatrixView c,
+                            float* work, const Bf16Scratchpad& scratchpad, int threads) {
+  const Index n = c.rows;
+  const Trans other = ta == Trans::kNo ? Trans::kYes : Trans::kNo;
+  const Index t = syrk_panels(n);
+  if (t == 1) {
+    onednn_bf16_gemm(ta, other, alpha, a, a, beta, c, scratchpad, threads);
+    return;
+  }
+  // Each panel into contiguous work (oneDNN's AMX kernels want a dense output), then its upper
+  // part into c.
+  const Index bs = (n + t - 1) / t;
+  for (Index r0 = 0; r0 < n; r0 += bs) {
+    const Index rows = std::min(bs, n - r0), cols = n - r0;
+    const MatrixView panel{work, rows, cols, cols};
+    onednn_bf16_gemm(ta, other, alpha, op_rows(a, ta, r0, rows), op_rows(a, ta, r0, cols), 0.0f,
+                     panel, scratchpad, threads);
+    for (Index i = 0; i < rows; ++i) {
+      const float* src = panel.data + i * cols;
+      float* dst = c.data + (r0 + i) * c.ld + r0;
+      if (beta == 0.0f) {
+        std::copy(src + i, src + cols, dst + i);
+      } else {
+        for (Index j = i; j < cols; ++j)
+          dst[j] = src[j] + beta * dst[j];
+      }
+    }
   }
 }
 

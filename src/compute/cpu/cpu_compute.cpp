@@ -96,7 +96,7 @@ class CpuCompute final : public Compute {
       const int threads = openblas_get_num_threads();
       const detail::Bf16Matrix a16 = bf16_copy(0, a, threads);
       const detail::Bf16Matrix b16 = same_matrix(a, b) ? a16 : bf16_copy(1, b, threads);
-      detail::onednn_bf16_gemm(ta, tb, alpha, a16, b16, beta, c, threads);
+      detail::onednn_bf16_gemm(ta, tb, alpha, a16, b16, beta, c, onednn_scratchpad_, threads);
       return;
     }
     if (precision != Precision::kFp32) {
@@ -126,13 +126,12 @@ class CpuCompute final : public Compute {
     }
     std::unique_lock<std::mutex> lock;
     if (precision == Precision::kBf16 && detail::onednn_bf16_enabled()) {
-      // oneDNN has no syrk: the full product of one bf16 copy with itself, mirrored so that c is
-      // exactly symmetric, as ssyrk's.
+      // The upper triangle from one bf16 copy, mirrored as ssyrk's.
       lock = std::unique_lock(scratch_mutex_);
       const int threads = openblas_get_num_threads();
       const detail::Bf16Matrix a16 = bf16_copy(0, a, threads);
-      const Trans other = ta == Trans::kNo ? Trans::kYes : Trans::kNo;
-      detail::onednn_bf16_gemm(ta, other, alpha, a16, a16, beta, c, threads);
+      float* work = scratch(1, detail::bf16_syrk_work(n));
+      detail::onednn_bf16_syrk_upper(ta, alpha, a16, beta, c, work, onednn_scratchpad_, threads);
       mirror_upper(c);
       return;
     }
@@ -297,7 +296,7 @@ class CpuCompute final : public Compute {
     return a.data == b.data && a.rows == b.rows && a.cols == b.cols && a.ld == b.ld;
   }
 
-  // Scratch buffer `slot` (0 or 1) grown to at least `count` floats: this backend's memory
+  // Scratch buffer `slot` grown to at least `count` floats: this backend's memory
   // (allocate, so it is counted), kept and grown when a larger operand comes, so that repeated
   // products of one shape allocate nothing. scratch_mutex_ held.
   float* scratch(int slot, std::size_t count) {
@@ -315,7 +314,7 @@ class CpuCompute final : public Compute {
     const auto count = static_cast<std::size_t>(a.rows * a.cols);
     auto* out = reinterpret_cast<std::uint16_t*>(scratch(slot, (count + 1) / 2));
     detail::to_bf16(a, out, threads);
-    return {out, a.rows, a.cols};
+    return {out, a.rows, a.cols, a.cols};
   }
 
   // A contiguous copy of a with every element rounded to `precision`, in scratch buffer `slot`.
@@ -335,7 +334,12 @@ class CpuCompute final : public Compute {
     float* data = nullptr;
     std::size_t count = 0;
   };
-  Scratch scratch_[2];  // the rounded (or bf16) copies of a reduced-precision product's operands
+  // 0 and 1: the rounded (or bf16) copies of a reduced-precision product's operands (1 also a bf16
+  // syrk's panels); 2: oneDNN's working memory.
+  Scratch scratch_[3];
+  const detail::Bf16Scratchpad onednn_scratchpad_ = [this](std::size_t bytes) -> void* {
+    return scratch(2, (bytes + sizeof(float) - 1) / sizeof(float));
+  };
   std::mutex scratch_mutex_;
 };
 
