@@ -185,7 +185,8 @@ TEST(Precision, ProductsAreSgemmOnRoundedOperands) {
   EXPECT_EQ(opaque->default_precision(), Precision::kFp32);
 }
 
-// The rounded copies are scratch the backend keeps: once grown, products allocate nothing.
+// The rounded copies (and oneDNN's working memory) are scratch the backend keeps: once grown,
+// products allocate nothing.
 TEST(Precision, ScratchIsKeptAcrossProducts) {
   const Matrix a = test::random_matrix(40, 50, 3);
   Matrix c(40, 40);
@@ -193,6 +194,8 @@ TEST(Precision, ScratchIsKeptAcrossProducts) {
   cpu_compute().syrk(Trans::kNo, 1.0f, a.view(), 0.0f, c.view(), Precision::kTf32);
   cpu_compute().gemm(Trans::kNo, Trans::kYes, 1.0f, a.view(), a.view(), 0.0f, c.view(),
                      Precision::kBf16);
+  cpu_compute().gemm(Trans::kYes, Trans::kNo, 1.0f, a.view(), a.view(), 0.0f,
+                     Matrix(50, 50).view(), Precision::kBf16);
   const MemoryStats before = cpu_compute().memory_stats();
   for (int i = 0; i < 3; ++i) {
     cpu_compute().syrk(Trans::kNo, 1.0f, a.view(), 0.0f, c.view(), Precision::kTf32);
