@@ -143,6 +143,16 @@ __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void ro
 
 }  // namespace
 
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void round_row_to_bf16(
+    float* row, Index cols) {
+  for (Index j = 0; j < cols; ++j) {
+    const auto bits = std::bit_cast<std::uint32_t>(row[j]);
+    const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    const bool special = (bits & 0x7f800000u) == 0x7f800000u;  // Inf and NaN kept (round_to)
+    row[j] = std::bit_cast<float>(special ? bits : rounded);
+  }
+}
+
 void to_bf16(ConstMatrixView a, std::uint16_t* out, int threads) {
   const Index rows = a.rows, cols = a.cols;
   // Rows split over the threads when the copy is large enough to pay for waking them.

@@ -31,6 +31,9 @@ void to_bf16(ConstMatrixView a, std::uint16_t* out, int threads);
 // allocates nothing once the buffer has grown.
 using Bf16Scratchpad = std::function<void*(std::size_t bytes)>;
 
+// row[0, cols) rounded to bf16 in place (round_to(kBf16, v) of each element; vectorised).
+void round_row_to_bf16(float* row, Index cols);
+
 // c = alpha op(a) op(b) + beta c (op(a) m x k, op(b) k x n), fp32 accumulation and output, on
 // `threads` threads. beta = 0 overwrites c (NaN in c does not propagate).
 void onednn_bf16_gemm(Trans ta, Trans tb, float alpha, Bf16Matrix a, Bf16Matrix b, float beta,

@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -207,6 +209,10 @@ class CpuCompute final : public Compute {
     if (precision == Precision::kFp32) return;
     for (Index i = 0; i < a.rows; ++i) {
       float* row = a.data + i * a.ld;
+      if (precision == Precision::kBf16) {
+        detail::round_row_to_bf16(row, a.cols);  // round_to's bits, vectorised
+        continue;
+      }
       for (Index j = 0; j < a.cols; ++j)
         row[j] = round_to(precision, row[j]);
     }
@@ -232,6 +238,12 @@ class CpuCompute final : public Compute {
   std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {
     for (Index i = 0; i < a.rows; ++i) {
       const float* row = a.data + i * a.ld;
+      // A branch-free scan of the row first (the compiler vectorises it; every step checks its
+      // updates), then the element's place only in a row that has one.
+      std::uint32_t special = 0;
+      for (Index j = 0; j < a.cols; ++j)
+        special |= (std::bit_cast<std::uint32_t>(row[j]) & 0x7f800000u) == 0x7f800000u;
+      if (special == 0) continue;
       for (Index j = 0; j < a.cols; ++j) {
         if (!std::isfinite(row[j])) return MatrixIndex{i, j};
       }
