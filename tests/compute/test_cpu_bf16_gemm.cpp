@@ -101,14 +101,18 @@ TEST(CpuBf16Gemm, EveryTranspositionAndOddShapeWithinFp32AccumulationOfRoundedOp
 }
 
 // syrk (either side: X X^T of a wide X, X^T X of a tall one) and the gemm of a with itself: one
-// bf16 copy serves both operands, c is exactly symmetric, within the bound above. Orders 515 and
-// 1030 are computed in 2 and 4 row panels of unequal heights (bf16_gemm.h).
+// bf16 copy serves both operands, c is exactly symmetric, within the bound above. At one thread
+// orders 515 and 1030 are computed in 2 and 4 row panels of unequal heights (bf16_gemm.h); at two
+// threads (the BLAS thread count, which oneDNN follows) as one product.
 TEST(CpuBf16Gemm, SyrkIsSymmetricWithinFp32AccumulationOfRoundedOperands) {
   struct Case {
     Index n, k;
+    int threads;
   };
+  const int threads_before = blas_threads();
   std::uint64_t seed = 30;
-  for (const Case s : {Case{41, 77}, Case{515, 9}, Case{1030, 5}}) {
+  for (const Case s : {Case{41, 77, 1}, Case{515, 9, 1}, Case{1030, 5, 1}, Case{515, 9, 2}}) {
+    set_blas_threads(s.threads);
     for (const Trans t : {Trans::kNo, Trans::kYes}) {
       const Matrix a = t == Trans::kNo ? test::random_matrix(s.n, s.k, ++seed)
                                        : test::random_matrix(s.k, s.n, ++seed);
@@ -122,8 +126,8 @@ TEST(CpuBf16Gemm, SyrkIsSymmetricWithinFp32AccumulationOfRoundedOperands) {
         Matrix c = c0;
         if (beta == 0.0f) c(s.n - 1, s.n - 1) = std::numeric_limits<float>::quiet_NaN();
         cpu_compute().syrk(t, 0.5f, a.view(), beta, c.view(), Precision::kBf16);
-        const std::string what =
-            fmt::format("syrk {}x{} t {} beta {}", s.n, s.k, t == Trans::kYes, beta);
+        const std::string what = fmt::format("syrk {}x{} t {} beta {} threads {}", s.n, s.k,
+                                             t == Trans::kYes, beta, s.threads);
         expect_rounded_product(t, other, 0.5f, a.view(), a.view(), beta, c0.view(), c.view(), what);
         for (Index i = 0; i < s.n; ++i) {
           for (Index j = 0; j < i; ++j)
@@ -136,6 +140,7 @@ TEST(CpuBf16Gemm, SyrkIsSymmetricWithinFp32AccumulationOfRoundedOperands) {
       expect_rounded_product(t, other, 1.0f, a.view(), a.view(), 0.0f, g.view(), g.view(), "a a^T");
     }
   }
+  set_blas_threads(threads_before);
 }
 
 // The conversion is round_to's, bit for bit: ties to even, a value past the largest bf16 to Inf,

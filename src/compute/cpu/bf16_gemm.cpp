@@ -71,9 +71,13 @@ Bf16Matrix op_rows(const Bf16Matrix& a, Trans t, Index r0, Index count) {
   return {a.data + r0, a.rows, count, a.ld};
 }
 
-// Row panels of a syrk of order n: one (a full product) below 512, where the panels' smaller
-// products lose more rate than they save work.
-Index syrk_panels(Index n) {
+// Row panels of a syrk of order n. Measured (bench_newton_schulz's BM_product, docs/precision.md):
+// at one thread 4 panels take half the time of the full product at order 1024; at two threads on
+// 2 shared cores the panels' shorter parallel regions lost to it (60 ms against 37), so the full
+// product there. One panel (the full product) below order 512, where the panels' smaller products
+// lose more rate than they save work.
+Index syrk_panels(Index n, int threads) {
+  if (threads > 1) return 1;
   return n >= 1024 ? 4 : (n >= 512 ? 2 : 1);
 }
 
@@ -192,8 +196,8 @@ void onednn_bf16_gemm(Trans ta, Trans tb, float alpha, Bf16Matrix a, Bf16Matrix 
   }
 }
 
-std::size_t bf16_syrk_work(Index n) {
-  const Index t = syrk_panels(n);
+std::size_t bf16_syrk_work(Index n, int threads) {
+  const Index t = syrk_panels(n, threads);
   return t == 1 ? 0 : static_cast<std::size_t>((n + t - 1) / t * n);
 }
 
@@ -201,7 +205,7 @@ void onednn_bf16_syrk_upper(Trans ta, float alpha, Bf16Matrix a, float beta, Mat
                             float* work, const Bf16Scratchpad& scratchpad, int threads) {
   const Index n = c.rows;
   const Trans other = ta == Trans::kNo ? Trans::kYes : Trans::kNo;
-  const Index t = syrk_panels(n);
+  const Index t = syrk_panels(n, threads);
   if (t == 1) {
     onednn_bf16_gemm(ta, other, alpha, a, a, beta, c, scratchpad, threads);
     return;

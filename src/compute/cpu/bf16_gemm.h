@@ -40,12 +40,13 @@ void onednn_bf16_gemm(Trans ta, Trans tb, float alpha, Bf16Matrix a, Bf16Matrix 
                       MatrixView c, const Bf16Scratchpad& scratchpad, int threads);
 
 // The upper triangle (diagonal included) of c = alpha op(a) op(a)^T + beta c, n x n, c's lower
-// triangle left as it was (the caller mirrors it). oneDNN has no syrk: c is split into row panels,
-// each the product of its rows of op(a) with op(a)'s rows from the panel's first on (5/8 of a full
-// product's work for 4 panels), computed into `work` (bf16_syrk_work(n) floats) and copied into c.
+// triangle left as it was (the caller mirrors it). oneDNN has no syrk: at one thread c is split
+// into row panels, each the product of its rows of op(a) with op(a)'s rows from the panel's first
+// on (5/8 of a full product's work for 4 panels), computed into `work` (bf16_syrk_work(n, threads)
+// floats) and copied into c; with more threads, or below order 512, one full product.
 void onednn_bf16_syrk_upper(Trans ta, float alpha, Bf16Matrix a, float beta, MatrixView c,
                             float* work, const Bf16Scratchpad& scratchpad, int threads);
-std::size_t bf16_syrk_work(Index n);
+std::size_t bf16_syrk_work(Index n, int threads);
 
 // Whether bf16 products run on oneDNN's kernels in this process: oneDNN has a bf16 matmul kernel
 // for this CPU other than its reference code, and DISTMUON_CPU_BF16 is unset or "onednn"

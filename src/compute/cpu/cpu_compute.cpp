@@ -132,7 +132,7 @@ class CpuCompute final : public Compute {
       lock = std::unique_lock(scratch_mutex_);
       const int threads = openblas_get_num_threads();
       const detail::Bf16Matrix a16 = bf16_copy(0, a, threads);
-      float* work = scratch(1, detail::bf16_syrk_work(n));
+      float* work = scratch(1, detail::bf16_syrk_work(n, threads));
       detail::onednn_bf16_syrk_upper(ta, alpha, a16, beta, c, work, onednn_scratchpad_, threads);
       mirror_upper(c);
       return;
