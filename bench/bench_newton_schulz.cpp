@@ -59,6 +59,29 @@ void BM_sgemm(benchmark::State& state) {
       2.0 * s * s * l, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
+// The products of NS on 1024x4096 at fp32 (OpenBLAS sgemm / ssyrk) and bf16 (oneDNN's bf16
+// kernels, the operands' bf16 copies included): arguments m, n, k of c[m, n] = a[m, k] b[k, n],
+// syrk (1: c = a a^T of a[m, k], n = m) or gemm (0), precision (0 fp32, 2 bf16).
+void BM_product(benchmark::State& state) {
+  const Index m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool syrk = state.range(3) != 0;
+  const Precision p = state.range(4) == 2 ? Precision::kBf16 : Precision::kFp32;
+  const Matrix a = gaussian(m, k, 1), b = gaussian(k, n, 2);
+  Matrix c(m, n);
+  for (auto _ : state) {
+    if (syrk) {
+      cpu_compute().syrk(Trans::kNo, 1.0f, a.view(), 0.0f, c.view(), p);
+    } else {
+      cpu_compute().gemm(Trans::kNo, Trans::kNo, 1.0f, a.view(), b.view(), 0.0f, c.view(), p);
+    }
+    benchmark::DoNotOptimize(c.data());
+  }
+  // A syrk counted as the full product it replaces (a time-to-result rate).
+  state.counters["gflops"] = benchmark::Counter(
+      2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.SetLabel(fmt::format("{} {}", syrk ? "syrk" : "gemm", to_string(p)));
+}
+
 void BM_newton_schulz(benchmark::State& state) {
   const Index m = state.range(0), n = state.range(1);
   const bool syrk = state.range(2) != 0;
@@ -92,6 +115,13 @@ void BM_newton_schulz(benchmark::State& state) {
 BENCHMARK(BM_sgemm)
     ->Args({1024, 4096})
     ->Args({2048, 2048})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_product)
+    ->ArgNames({"m", "n", "k", "syrk", "precision"})
+    ->ArgsProduct({{1024}, {1024}, {4096}, {1}, {0, 2}})  // the Gram matrix X X^T
+    ->ArgsProduct({{1024}, {1024}, {1024}, {1}, {0, 2}})  // A A, A symmetric
+    ->ArgsProduct({{1024}, {4096}, {1024}, {0}, {0, 2}})  // the update B X
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_newton_schulz)

@@ -1,14 +1,17 @@
-// CPU compute backend over CBLAS (OpenBLAS).
+// CPU compute backend over CBLAS (OpenBLAS); bf16 products through oneDNN (bf16_gemm.h).
 #include <cblas.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 
+#include "compute/cpu/bf16_gemm.h"
 #include "compute/shape_checks.h"
 #include "distmuon/blas_info.h"
 #include "distmuon/compute.h"
@@ -90,11 +93,20 @@ class CpuCompute final : public Compute {
       return;
     }
     std::unique_lock<std::mutex> lock;
+    if (precision == Precision::kBf16 && detail::onednn_bf16_enabled()) {
+      // bf16 copies of the operands (one when b is a), multiplied by oneDNN's bf16 kernels.
+      lock = std::unique_lock(scratch_mutex_);
+      const int threads = openblas_get_num_threads();
+      const detail::Bf16Matrix a16 = bf16_copy(0, a, threads);
+      const detail::Bf16Matrix b16 = same_matrix(a, b) ? a16 : bf16_copy(1, b, threads);
+      detail::onednn_bf16_gemm(ta, tb, alpha, a16, b16, beta, c, onednn_scratchpad_, threads);
+      return;
+    }
     if (precision != Precision::kFp32) {
       // The emulation: sgemm (fp32 products and accumulation, fp32 output) on copies of the
       // operands rounded as the GPU rounds them (precision.h). One copy when b is a.
       lock = std::unique_lock(scratch_mutex_);
-      const bool same = a.data == b.data && a.rows == b.rows && a.cols == b.cols && a.ld == b.ld;
+      const bool same = same_matrix(a, b);
       const ConstMatrixView ra = rounded(0, a, precision);
       b = same ? ra : rounded(1, b, precision);
       a = ra;
@@ -116,6 +128,16 @@ class CpuCompute final : public Compute {
       return;
     }
     std::unique_lock<std::mutex> lock;
+    if (precision == Precision::kBf16 && detail::onednn_bf16_enabled()) {
+      // The upper triangle from one bf16 copy, mirrored as ssyrk's.
+      lock = std::unique_lock(scratch_mutex_);
+      const int threads = openblas_get_num_threads();
+      const detail::Bf16Matrix a16 = bf16_copy(0, a, threads);
+      float* work = scratch(1, detail::bf16_syrk_work(n, threads));
+      detail::onednn_bf16_syrk_upper(ta, alpha, a16, beta, c, work, onednn_scratchpad_, threads);
+      mirror_upper(c);
+      return;
+    }
     if (precision != Precision::kFp32) {
       lock = std::unique_lock(scratch_mutex_);
       a = rounded(0, a, precision);
@@ -188,6 +210,10 @@ class CpuCompute final : public Compute {
     if (precision == Precision::kFp32) return;
     for (Index i = 0; i < a.rows; ++i) {
       float* row = a.data + i * a.ld;
+      if (precision == Precision::kBf16) {
+        detail::round_row_to_bf16(row, a.cols);  // round_to's bits, vectorised
+        continue;
+      }
       for (Index j = 0; j < a.cols; ++j)
         row[j] = round_to(precision, row[j]);
     }
@@ -213,6 +239,12 @@ class CpuCompute final : public Compute {
   std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {
     for (Index i = 0; i < a.rows; ++i) {
       const float* row = a.data + i * a.ld;
+      // A branch-free scan of the row first (the compiler vectorises it; every step checks its
+      // updates), then the element's place only in a row that has one.
+      std::uint32_t special = 0;
+      for (Index j = 0; j < a.cols; ++j)
+        special |= (std::bit_cast<std::uint32_t>(row[j]) & 0x7f800000u) == 0x7f800000u;
+      if (special == 0) continue;
       for (Index j = 0; j < a.cols; ++j) {
         if (!std::isfinite(row[j])) return MatrixIndex{i, j};
       }
@@ -273,17 +305,35 @@ class CpuCompute final : public Compute {
  private:
   static constexpr std::size_t kAlign = 64;
 
-  // A contiguous copy of a with every element rounded to `precision`, in scratch buffer `slot`
-  // (0 or 1): this backend's memory (allocate, so it is counted), kept and grown when a larger
-  // operand comes, so that repeated products of one shape allocate nothing. scratch_mutex_ held.
-  ConstMatrixView rounded(int slot, ConstMatrixView a, Precision precision) {
+  static bool same_matrix(ConstMatrixView a, ConstMatrixView b) {
+    return a.data == b.data && a.rows == b.rows && a.cols == b.cols && a.ld == b.ld;
+  }
+
+  // Scratch buffer `slot` grown to at least `count` floats: this backend's memory
+  // (allocate, so it is counted), kept and grown when a larger operand comes, so that repeated
+  // products of one shape allocate nothing. scratch_mutex_ held.
+  float* scratch(int slot, std::size_t count) {
     Scratch& s = scratch_[slot];
-    const auto count = static_cast<std::size_t>(a.rows * a.cols);
     if (count > s.count) {
       float* grown = allocate(count);  // throws when it cannot; the old buffer stays valid
       release(s.data, s.count);
       s = {grown, count};
     }
+    return s.data;
+  }
+
+  // A contiguous bf16 copy of a in scratch buffer `slot` (bf16_gemm.h's rounding).
+  detail::Bf16Matrix bf16_copy(int slot, ConstMatrixView a, int threads) {
+    const auto count = static_cast<std::size_t>(a.rows * a.cols);
+    auto* out = reinterpret_cast<std::uint16_t*>(scratch(slot, (count + 1) / 2));
+    detail::to_bf16(a, out, threads);
+    return {out, a.rows, a.cols, a.cols};
+  }
+
+  // A contiguous copy of a with every element rounded to `precision`, in scratch buffer `slot`.
+  ConstMatrixView rounded(int slot, ConstMatrixView a, Precision precision) {
+    Scratch& s = scratch_[slot];
+    scratch(slot, static_cast<std::size_t>(a.rows * a.cols));
     for (Index i = 0; i < a.rows; ++i) {
       const float* src = a.data + i * a.ld;
       float* dst = s.data + i * a.cols;
@@ -297,7 +347,12 @@ class CpuCompute final : public Compute {
     float* data = nullptr;
     std::size_t count = 0;
   };
-  Scratch scratch_[2];  // the rounded operands of a tf32 or bf16 product
+  // 0 and 1: the rounded (or bf16) copies of a reduced-precision product's operands (1 also a bf16
+  // syrk's panels); 2: oneDNN's working memory.
+  Scratch scratch_[3];
+  const detail::Bf16Scratchpad onednn_scratchpad_ = [this](std::size_t bytes) -> void* {
+    return scratch(2, (bytes + sizeof(float) - 1) / sizeof(float));
+  };
   std::mutex scratch_mutex_;
 };
 
