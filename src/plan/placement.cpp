@@ -62,7 +62,7 @@ std::string Parallelism::describe() const {
   add("pp", pp);
   add("vpp", vpp);
   add("ep", ep);
-  if (etp > 0 && etp != tp) add("etp", etp, true);
+  if (etp > 0) add("etp", etp, true);
   add("dp", dp, true);
   add("gtp", gtp);
   add("egtp", egtp);

@@ -208,7 +208,12 @@ class Simulator {
       std::vector<Part> parts;
       double payload = 0;
       for (const Priced* p : group) {
-        const AutoChoice best = p->e->best();
+        // A weight no group shards runs its NS where it is.
+        const AutoChoice best =
+            p->key.group_size * p->key.second_group_size > 1
+                ? p->e->best()
+                : AutoChoice{TpMode::kDuplicated,
+                             algorithm_for(*p->e, TpMode::kDuplicated, o_.algorithm)};
         if (r == 1) {
           parts.push_back(
               mode_part(p->e->of(best.mode, best.algorithm), p->w->count(), batch(*p->w)));
