@@ -74,7 +74,7 @@ Part mode_part(const ModeCost& c, Index count, bool batch) {
 
 class Simulator {
  public:
-  explicit Simulator(const SimulationOptions& o) : o_(o) {}
+  Simulator(const SimulationOptions& o, OptimizerSharding sharding) : o_(o), sharding_(sharding) {}
 
   const CostEstimate& estimate_of(const AutoKey& key) {
     auto it = cache_.find(key);
@@ -102,10 +102,12 @@ class Simulator {
           out.comm_s += part.comm;
         }
         out.seconds = out.ns_s + out.comm_s;
+        add_parameter_gather(items, out);
         break;
       }
       case StepMode::kOwner:
         owner(items, out);
+        add_parameter_gather(items, out);
         break;
       case StepMode::kReplicatedHome:
         replicated_home(items, out);
@@ -163,6 +165,35 @@ class Simulator {
     for (std::size_t i = 0; i < costs.size(); ++i)
       load[static_cast<std::size_t>(owner[i])] += costs[i];
     return *std::max_element(load.begin(), load.end());
+  }
+
+  // The all-gather over r replicas of payload bytes: ring bytes and one latency per bucket.
+  double replica_gather_s(double payload, int r, bool crosses, int buckets) const {
+    const detail::Rates rates(&o_.profile, o_.wire_elem_size, crosses);
+    const CollectiveFit* fit = rates.all_gather;
+    const double gbps = fit != nullptr ? fit->gbps : o_.profile.bandwidth_gbps(r, crosses);
+    const double alpha_us = fit != nullptr ? fit->latency_us : o_.profile.latency_us(crosses);
+    return payload * (r - 1) / r / (gbps * 1e9) + buckets * (r - 1) * alpha_us * 1e-6;
+  }
+
+  // With a sharded optimizer state (ZeRO-1, layer-wise) each replica updates its part and the
+  // parameters are all-gathered over the replicas after the step, whatever the mode: the modes
+  // that run every weight on every replica pay it after their NS (replicated-home's all-gather
+  // of the updates is that one).
+  void add_parameter_gather(const std::vector<Priced>& items, ClassStep& out) const {
+    if (sharding_ == OptimizerSharding::kNone) return;
+    std::map<std::pair<int, bool>, double> payload;
+    for (const Priced& p : items) {
+      if (p.w->replicas > 1) {
+        payload[{p.w->replicas, p.w->replicas_cross}] +=
+            static_cast<double>(p.w->shard_m) * p.w->shard_n * p.w->count() * o_.wire_elem_size;
+      }
+    }
+    for (const auto& [group, bytes] : payload) {
+      const double gather = replica_gather_s(bytes, group.first, group.second, 1);
+      out.comm_s += gather;
+      out.seconds += gather;
+    }
   }
 
   // Owner mode: each bucket of weights that share their groups (LPT homes in the shard group,
@@ -244,13 +275,7 @@ class Simulator {
       const Part busiest =
           *std::max_element(load.begin(), load.end(),
                             [](const Part& a, const Part& b) { return a.total() < b.total(); });
-      // The all-gather of the updates over the replicas: ring bytes and one latency per bucket.
-      const detail::Rates rates(&o_.profile, o_.wire_elem_size, crosses);
-      const CollectiveFit* fit = rates.all_gather;
-      const double gbps = fit != nullptr ? fit->gbps : o_.profile.bandwidth_gbps(r, crosses);
-      const double alpha_us = fit != nullptr ? fit->latency_us : o_.profile.latency_us(crosses);
-      const double gather = payload * (r - 1) / r / (gbps * 1e9) +
-                            static_cast<double>(o_.buckets) * (r - 1) * alpha_us * 1e-6;
+      const double gather = replica_gather_s(payload, r, crosses, o_.buckets);
       out.ns_s += busiest.ns;
       out.comm_s += busiest.comm + gather;
       out.seconds += busiest.comm + pipelined(busiest.ns, gather, o_.buckets);
@@ -258,6 +283,7 @@ class Simulator {
   }
 
   const SimulationOptions& o_;
+  OptimizerSharding sharding_;
   std::map<AutoKey, CostEstimate> cache_;
 };
 
@@ -309,7 +335,7 @@ StepSimulation simulate_step(const Placement& placement, const SimulationOptions
                       static_cast<double>(std::max<Index>(w.experts_per_layer, 1));
     sim.has_experts = sim.has_experts || w.expert();
   }
-  Simulator simulator(sim.options);
+  Simulator simulator(sim.options, sim.parallelism.sharding);
   const int world = placement.world();
   for (const StepMode mode : kStepModes)
     sim.modes.push_back(ModeStep{mode, std::vector<RankStep>(static_cast<std::size_t>(world))});

@@ -74,8 +74,10 @@ TEST(StepSimulation, ReplicatedHomeIsLptHomesAndTheAllGather) {
     expect_close(home.step().ns_s(), ns, "home NS: one weight");
     expect_close(home.step().comm_s(), gather, "all-gather");
     expect_close(home.seconds(), std::max(ns, gather) + std::min(ns, gather) / buckets, "overlap");
-    // Every rank runs all four weights in the other modes.
-    expect_close(sim.of(StepMode::kDuplicated).seconds(), 4 * e.duplicated.seconds(), "dup");
+    // Every rank runs all four weights in the other modes, then (the optimizer state being
+    // sharded layer-wise by default) the parameters are all-gathered, in one bucket.
+    expect_close(sim.of(StepMode::kDuplicated).seconds(),
+                 4 * e.duplicated.seconds() + wire + 3 * alpha, "dup");
   }
   // Momentum: 4 weights of 512 x 512 fp32 on every replica, a quarter with ZeRO-1, one weight
   // each layer-wise.
@@ -136,17 +138,24 @@ TEST(StepSimulation, AutoTakesTheFastestModePerClass) {
 }
 
 TEST(StepSimulation, KimiK2OnTwoHundredFiftySixGpus) {
-  const Placement pl(layered_weights(resolve_model("kimi-k2")),
-                     parse_parallelism("pp=4,vpp=4,ep=64,etp=1,dp=64"), 72);
+  Parallelism par = parse_parallelism("pp=4,vpp=4,ep=64,etp=1,dp=64");
+  par.sharding = OptimizerSharding::kNone;
+  const Placement pl(layered_weights(resolve_model("kimi-k2")), par, 72);
   SimulationOptions o;
   o.profile = *resolve_profile("gb300");
   const StepSimulation sim = simulate_step(pl, o);
   const ModeStep& dup = sim.of(StepMode::kDuplicated);
   EXPECT_EQ(dup.ranks.size(), 256u);
   EXPECT_LT(dup.busiest, 64);  // pipeline rank 0: 16 layers, the dense one among them
-  // No group shards a weight (tp 1, etp 1): no mode communicates but replicated-home.
+  // No group shards a weight (tp 1, etp 1) and the optimizer state is not sharded: no mode
+  // communicates but replicated-home.
   EXPECT_EQ(dup.step().comm_s(), 0);
   EXPECT_GT(sim.of(StepMode::kReplicatedHome).step().comm_s(), 0);
+  // Layer-wise sharding: the duplicated step also all-gathers the dense parameters over dp.
+  par.sharding = OptimizerSharding::kLayerwise;
+  const StepSimulation layerwise = simulate_step(Placement(pl.weights(), par, 72), o);
+  EXPECT_GT(layerwise.of(StepMode::kDuplicated).step().dense.comm_s, 0);
+  EXPECT_EQ(layerwise.of(StepMode::kDuplicated).step().expert.comm_s, 0);  // edp 1
   EXPECT_THROW(
       {
         o.buckets = 0;
