@@ -9,6 +9,7 @@
 
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
+#include "distmuon/plan.h"
 #include "distmuon/step_simulation.h"
 
 namespace distmuon {
@@ -52,6 +53,25 @@ TEST(StepSimulation, ModesArePricedByTheCostModel) {
   expect_close(sim.of(StepMode::kReplicatedHome).seconds(), e1.best_cost() + e2.best_cost(),
                "replicated-home");
   EXPECT_EQ(sim.modes.size(), std::size(kStepModes));
+}
+
+// One group of two ranks splitting every weight by rows (gtp 2, as `bench --model` shards them):
+// the simulation is `plan -G 2` (its totals per mode and its owner bucket), which
+// docs/cost-model.md holds against `bench --model` measured with a calibrated profile.
+TEST(StepSimulation, OneGroupIsThePlan) {
+  SimulationOptions o = gb200();
+  o.elem_size = 4;
+  const Placement pl(layered_weights(train_default_weights()), parse_parallelism("dp=2,gtp=2"), 2);
+  const StepSimulation sim = simulate_step(pl, o);
+  PlanOptions po;
+  po.group_size = 2;
+  po.elem_size = 4;
+  po.profile = o.profile;
+  const Plan plan = make_plan(train_default_weights(), po);
+  expect_close(sim.of(StepMode::kDuplicated).seconds(), plan.total_duplicated, "duplicated");
+  expect_close(sim.of(StepMode::kDistributed).seconds(), plan.total_distributed, "distributed");
+  ASSERT_TRUE(plan.owner.has_value());
+  expect_close(sim.of(StepMode::kOwner).seconds(), plan.owner->cost(), "owner");
 }
 
 // dp 4, one 512 x 512 weight in each of 4 layers: one home each, then the all-gather.
