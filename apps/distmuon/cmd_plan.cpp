@@ -114,11 +114,11 @@ void run_plan(const PlanCliOptions& opts_in) {
   if (o->list_models) {
     for (const auto& m : builtin_models()) {
       fmt::print(
-          "{:<12} hidden {:>5}, ffn {:>5}, heads {:>3}/{:<3} kv, {:>3} layers{}\n", m.name,
+          "{:<14} hidden {:>5}, ffn {:>5}, heads {:>3}/{:<3} kv, {:>3} layers{}\n", m.name,
           m.hidden, m.ffn, m.heads, m.kv_heads, m.layers,
           m.moe ? fmt::format(", {} experts of ffn {}", m.moe->experts, m.moe->expert_ffn) : "");
     }
-    fmt::print("{:<12} the training run's default model (configs/train-default.json)\n",
+    fmt::print("{:<14} the training run's default model (configs/train-default.json)\n",
                kTrainDefaultModel);
     return;
   }
