@@ -131,6 +131,11 @@ class Placement {
   std::vector<HeldWeight> rank_weights(int rank) const;
 
  private:
+  // The ranks that share every coordinate of rank but the ones named (dense: tp, gtp, and cp with
+  // the replica index; experts: etp, egtp, the replica index), ascending.
+  std::vector<int> dense_group(int rank, bool tp, bool gtp, bool replicas) const;
+  std::vector<int> expert_group(int rank, bool tp, bool gtp, bool replicas) const;
+
   std::vector<LayeredWeight> weights_;
   Parallelism par_;
   int domain_size_;

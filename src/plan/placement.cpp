@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
 #include <charconv>
 #include <map>
 
@@ -218,59 +217,44 @@ std::vector<Index> Placement::stage_layers(int pp_rank) const {
   return out;
 }
 
-namespace {
-
-// Every rank whose coordinates equal c's except along the free ones.
-template <class Rank>
-std::vector<int> group_of(int world, const Rank& key_of, int rank) {
+std::vector<int> Placement::dense_group(int rank, bool tp, bool gtp, bool replicas) const {
+  const RankCoords c = coords(rank);
+  const int g = par_.gtp, reps = par_.dp / g;
   std::vector<int> out;
-  const auto key = key_of(rank);
-  for (int r = 0; r < world; ++r)
-    if (key_of(r) == key) out.push_back(r);
+  for (int t = tp ? 0 : c.tp; t < (tp ? par_.tp : c.tp + 1); ++t) {
+    for (int x = replicas ? 0 : c.cp; x < (replicas ? par_.cp : c.cp + 1); ++x) {
+      for (int r = replicas ? 0 : c.dp / g; r < (replicas ? reps : c.dp / g + 1); ++r) {
+        for (int s = gtp ? 0 : c.gtp; s < (gtp ? g : c.gtp + 1); ++s)
+          out.push_back(t + par_.tp * (x + par_.cp * (s + g * r + par_.dp * c.pp)));
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 
-}  // namespace
+std::vector<int> Placement::expert_group(int rank, bool tp, bool gtp, bool replicas) const {
+  const RankCoords c = coords(rank);
+  const int etp = par_.expert_tp(), edp = par_.expert_dp(), g = par_.egtp, reps = edp / g;
+  std::vector<int> out;
+  for (int t = tp ? 0 : c.etp; t < (tp ? etp : c.etp + 1); ++t) {
+    for (int r = replicas ? 0 : c.edp / g; r < (replicas ? reps : c.edp / g + 1); ++r) {
+      for (int s = gtp ? 0 : c.egtp; s < (gtp ? g : c.egtp + 1); ++s)
+        out.push_back(t + etp * (c.ep + par_.ep * (s + g * r + edp * c.pp)));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 std::vector<int> Placement::shard_group(int rank, bool expert) const {
-  // The shard group: the same coordinates but the tp (etp) and gtp (egtp) ones.
-  if (expert) {
-    const int egtp = par_.egtp;
-    return group_of(
-        world(),
-        [&](int r) {
-          const RankCoords o = coords(r);
-          return std::array<int, 3>{o.ep, o.edp / egtp, o.pp};
-        },
-        rank);
-  }
-  const int gtp = par_.gtp;
-  return group_of(
-      world(),
-      [&](int r) {
-        const RankCoords o = coords(r);
-        return std::array<int, 3>{o.cp, o.dp / gtp, o.pp};
-      },
-      rank);
+  // The same coordinates but the tp (etp) and gtp (egtp) ones.
+  return expert ? expert_group(rank, true, true, false) : dense_group(rank, true, true, false);
 }
 
 std::vector<int> Placement::replica_group(int rank, bool expert, bool tp_replicated) const {
-  if (expert) {
-    return group_of(
-        world(),
-        [&](int r) {
-          const RankCoords o = coords(r);
-          return std::array<int, 4>{o.etp, o.ep, o.egtp, o.pp};
-        },
-        rank);
-  }
-  return group_of(
-      world(),
-      [&](int r) {
-        const RankCoords o = coords(r);
-        return std::array<int, 3>{tp_replicated ? 0 : o.tp, o.gtp, o.pp};
-      },
-      rank);
+  return expert ? expert_group(rank, false, false, true)
+                : dense_group(rank, tp_replicated, false, true);
 }
 
 bool Placement::crosses_domain(const std::vector<int>& ranks) const {
@@ -285,14 +269,7 @@ std::vector<HeldWeight> Placement::rank_weights(int rank) const {
   const bool dense_shard = crosses_domain(shard_group(rank, false));
   const bool dense_replicas = crosses_domain(replica_group(rank, false));
   const bool dense_replicas_all = crosses_domain(replica_group(rank, false, true));
-  const int gtp = par_.gtp;
-  const bool dense_gtp = crosses_domain(group_of(
-      world(),
-      [&](int r) {
-        const RankCoords o = coords(r);
-        return std::array<int, 4>{o.tp, o.cp, o.dp / gtp, o.pp};
-      },
-      rank));
+  const bool dense_gtp = crosses_domain(dense_group(rank, false, true, false));
   bool expert_shard = false, expert_replicas = false;
   if (experts_ > 0) {
     expert_shard = crosses_domain(shard_group(rank, true));
