@@ -28,7 +28,7 @@ struct PlanCliOptions {
   bool syrk = true, crosses = false, json = false, list_models = false;
   // The placement and its step simulation (--parallel).
   std::string parallel, sharding = "layerwise";
-  int domain_size = 0, buckets = 1;
+  int domain_size = 0, buckets = 1, rank = -1;
   bool batch_experts = true;
 };
 
@@ -92,6 +92,10 @@ void add_plan_command(CLI::App& app, Context& ctx) {
                   "With --parallel: pipelined buckets of owner and replicated-home (1: serial)")
       ->check(in_range<int>(1, 4096))
       ->capture_default_str();
+  cmd->add_option("--rank", o->rank,
+                  "With --parallel: also list what this rank holds and the Muon work it owns in "
+                  "each mode")
+      ->check(in_range<int>(0, kMaxGroupSize));
   cmd->add_flag("--batch-experts,!--no-batch-experts", o->batch_experts,
                 "With --parallel: a layer's experts on a rank share their collectives (default)");
   cmd->add_flag("--json", o->json, "Print the plan as JSON");
@@ -190,6 +194,10 @@ void run_simulation(const PlanCliOptions& o, const std::vector<WeightShape>& wei
   const Placement placement(
       preset ? layered_weights(resolve_model(o.model)) : layered_weights(weights), par,
       o.domain_size > 0 ? o.domain_size : sim.profile.domain_size);
+  if (o.rank >= placement.world()) {
+    throw Error(fmt::format("plan: --rank {} is outside the placement's {} ranks", o.rank,
+                            placement.world()));
+  }
   const StepSimulation result = simulate_step(placement, sim);
   if (o.json) {
     nlohmann::json j = result;
@@ -199,6 +207,7 @@ void run_simulation(const PlanCliOptions& o, const std::vector<WeightShape>& wei
   }
   if (!o.model.empty()) fmt::print("model: {} ({} layers)\n", o.model, placement.layers());
   fmt::print("{}", format_simulation(result));
+  if (o.rank >= 0) fmt::print("{}", format_rank(placement, sim, o.rank));
 }
 
 }  // namespace

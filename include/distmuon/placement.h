@@ -124,7 +124,8 @@ class Placement {
   // The ranks of a rank's groups (ascending): the tp x gtp (etp x egtp) shard group and the
   // data-parallel replica group of its dense (expert) weights; for dense weights that TP does not
   // split the replicas include the TP group.
-  std::vector<int> shard_group(int rank, bool expert) const;
+  // A dense weight TP does not split (tp_replicated) has the gtp ranks alone as its shard group.
+  std::vector<int> shard_group(int rank, bool expert, bool tp_replicated = false) const;
   std::vector<int> replica_group(int rank, bool expert, bool tp_replicated = false) const;
   bool crosses_domain(const std::vector<int>& ranks) const;
   // What the rank holds, in layer order, the weights of a layer in the model's order.

@@ -91,6 +91,24 @@ struct StepSimulation {
 // Throws distmuon::Error for options out of range (steps, elem sizes, buckets < 1).
 StepSimulation simulate_step(const Placement& placement, const SimulationOptions& options);
 
+// Which Muon work one rank owns in a priced mode (not auto: ask for the mode auto chose per class),
+// per weight it holds (owner and replicated-home: per expert): the NS of the whole matrix here,
+// its shard's part of a distributed NS, or none (home: the rank that runs it; a home is the
+// home-th rank, in rank order, of the weight's shard group (owner) or replica group
+// (replicated-home)). The same assignment (LPT) the simulation prices.
+enum class NsWork { kWhole, kShard, kElsewhere };
+struct RankWork {
+  std::string name;
+  Index layer = 0;
+  Index expert = -1;  // an expert's index; -1: the rank's experts of the layer together, or none
+  Index experts = 0;  // how many experts the entry stands for (0: not an expert)
+  NsWork work = NsWork::kWhole;
+  int home = -1;  // kElsewhere: the rank that runs it
+};
+std::vector<RankWork> rank_work(const Placement& placement, const SimulationOptions& options,
+                                int rank, StepMode mode);
+std::string format_rank(const Placement& placement, const SimulationOptions& options, int rank);
+
 // The table (per mode: step, NS, communication, exposed communication, busiest rank, memory;
 // auto's choice per class) as text, and as JSON.
 std::string format_simulation(const StepSimulation& sim);

@@ -247,9 +247,10 @@ std::vector<int> Placement::expert_group(int rank, bool tp, bool gtp, bool repli
   return out;
 }
 
-std::vector<int> Placement::shard_group(int rank, bool expert) const {
+std::vector<int> Placement::shard_group(int rank, bool expert, bool tp_replicated) const {
   // The same coordinates but the tp (etp) and gtp (egtp) ones.
-  return expert ? expert_group(rank, true, true, false) : dense_group(rank, true, true, false);
+  return expert ? expert_group(rank, true, true, false)
+                : dense_group(rank, !tp_replicated, true, false);
 }
 
 std::vector<int> Placement::replica_group(int rank, bool expert, bool tp_replicated) const {
@@ -269,7 +270,7 @@ std::vector<HeldWeight> Placement::rank_weights(int rank) const {
   const bool dense_shard = crosses_domain(shard_group(rank, false));
   const bool dense_replicas = crosses_domain(replica_group(rank, false));
   const bool dense_replicas_all = crosses_domain(replica_group(rank, false, true));
-  const bool dense_gtp = crosses_domain(dense_group(rank, false, true, false));
+  const bool dense_gtp = crosses_domain(shard_group(rank, false, true));
   bool expert_shard = false, expert_replicas = false;
   if (experts_ > 0) {
     expert_shard = crosses_domain(shard_group(rank, true));

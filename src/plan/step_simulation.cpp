@@ -72,6 +72,16 @@ Part mode_part(const ModeCost& c, Index count, bool batch) {
           static_cast<double>(count) * c.bandwidth_s + (batch ? 1.0 : count) * c.latency_s};
 }
 
+// Where the NS of one held weight (one expert) runs in owner or replicated-home mode: the index of
+// its home in the weight's shard group (owner) or replica group (replicated-home), and the mode
+// the home runs it in.
+struct Assignment {
+  const HeldWeight* w = nullptr;
+  Index expert = -1;  // -1: the whole batch (or not an expert)
+  int home = -1;      // -1: the rank itself
+  TpMode mode = TpMode::kDuplicated;
+};
+
 class Simulator {
  public:
   Simulator(const SimulationOptions& o, OptimizerSharding sharding) : o_(o), sharding_(sharding) {}
@@ -207,6 +217,7 @@ class Simulator {
             p.w->count(), batch(*p.w));
         out.ns_s += part.ns;
         out.seconds += part.ns;
+        if (record != nullptr) record->push_back({p.w, -1, -1, TpMode::kDuplicated});
         continue;
       }
       buckets[{p.key.group_size, p.key.second_group_size, p.key.crosses_domain}].push_back(&p);
@@ -221,6 +232,13 @@ class Simulator {
         }
       }
       const OwnerBucketEstimate est = estimate_owner_bucket(keys, estimates, &o_.profile);
+      if (record != nullptr) {
+        std::size_t i = 0;
+        for (const Priced* p : bucket) {
+          for (Index e = 0; e < p->w->count(); ++e)
+            record->push_back({p->w, p->w->expert() ? e : -1, est.owners[i++], TpMode::kOwner});
+        }
+      }
       out.ns_s += est.compute;
       out.comm_s += est.comm_s;
       out.seconds += pipelined(est.compute, est.comm_s, o_.buckets);
@@ -248,10 +266,13 @@ class Simulator {
         if (r == 1) {
           parts.push_back(
               mode_part(p->e->of(best.mode, best.algorithm), p->w->count(), batch(*p->w)));
+          if (record != nullptr) record->push_back({p->w, -1, -1, best.mode});
           continue;
         }
-        for (Index e = 0; e < p->w->count(); ++e)
+        for (Index e = 0; e < p->w->count(); ++e) {
           parts.push_back(mode_part(p->e->of(best.mode, best.algorithm), 1, false));
+          if (record != nullptr) record->push_back({p->w, p->w->expert() ? e : -1, 0, best.mode});
+        }
         payload +=
             static_cast<double>(p->w->shard_m) * p->w->shard_n * p->w->count() * o_.wire_elem_size;
       }
@@ -267,6 +288,11 @@ class Simulator {
       for (const Part& part : parts)
         costs.push_back(part.total());
       const std::vector<int> home = lpt_assign(costs, r);
+      if (record != nullptr) {  // the last parts.size() records are this group's, in order
+        const std::size_t first = record->size() - parts.size();
+        for (std::size_t i = 0; i < parts.size(); ++i)
+          (*record)[first + i].home = home[i];
+      }
       std::vector<Part> load(static_cast<std::size_t>(r));
       for (std::size_t i = 0; i < parts.size(); ++i) {
         load[static_cast<std::size_t>(home[i])].ns += parts[i].ns;
@@ -285,7 +311,22 @@ class Simulator {
   const SimulationOptions& o_;
   OptimizerSharding sharding_;
   std::map<AutoKey, CostEstimate> cache_;
+
+ public:
+  std::vector<Assignment>* record = nullptr;  // rank_work: where each weight's NS runs
 };
+
+// A rank's weights with their keys and estimates, dense and expert apart.
+std::pair<std::vector<Priced>, std::vector<Priced>> priced(const std::vector<HeldWeight>& held,
+                                                           Simulator& simulator,
+                                                           const SimulationOptions& o) {
+  std::vector<Priced> dense, expert;
+  for (const HeldWeight& w : held) {
+    const AutoKey key = held_key(w, o);
+    (w.expert() ? expert : dense).push_back({&w, key, &simulator.estimate_of(key)});
+  }
+  return {std::move(dense), std::move(expert)};
+}
 
 void validate_options(const SimulationOptions& o) {
   if (o.elem_size != 2 && o.elem_size != 4)
@@ -356,11 +397,7 @@ StepSimulation simulate_step(const Placement& placement, const SimulationOptions
       }
       continue;
     }
-    std::vector<Priced> dense, expert;
-    for (const HeldWeight& w : held) {
-      const AutoKey key = held_key(w, sim.options);
-      (w.expert() ? expert : dense).push_back({&w, key, &simulator.estimate_of(key)});
-    }
+    auto [dense, expert] = priced(held, simulator, sim.options);
     sim.momentum_bytes =
         std::max(sim.momentum_bytes, simulator.momentum(dense, sim.parallelism.sharding) +
                                          simulator.momentum(expert, sim.parallelism.sharding));
@@ -403,6 +440,50 @@ StepSimulation simulate_step(const Placement& placement, const SimulationOptions
       if (r.seconds() > m.ranks[static_cast<std::size_t>(m.busiest)].seconds()) m.busiest = r.rank;
   }
   return sim;
+}
+
+std::vector<RankWork> rank_work(const Placement& placement, const SimulationOptions& options,
+                                int rank, StepMode mode) {
+  validate_options(options);
+  if (mode == StepMode::kAuto)
+    throw Error("step simulation: auto chooses per class; ask for the mode it chose");
+  const std::vector<HeldWeight> held = placement.rank_weights(rank);
+  Simulator simulator(options, placement.parallelism().sharding);
+  const auto [dense, expert] = priced(held, simulator, options);
+  std::vector<RankWork> out;
+  const auto entry = [](const HeldWeight& w, Index e, NsWork work, int home) {
+    return RankWork{w.name, w.layer, e < 0 ? -1 : w.first_expert + e, e < 0 ? w.experts : 1,
+                    work,   home};
+  };
+  for (const std::vector<Priced>* items : {&dense, &expert}) {
+    if (mode == StepMode::kDuplicated || mode == StepMode::kDistributed) {
+      for (const Priced& p : *items) {
+        const bool shard =
+            mode == StepMode::kDistributed && p.key.group_size * p.key.second_group_size > 1;
+        out.push_back(entry(*p.w, -1, shard ? NsWork::kShard : NsWork::kWhole, -1));
+      }
+      continue;
+    }
+    std::vector<Assignment> record;
+    simulator.record = &record;
+    simulator.class_step(*items, mode);
+    simulator.record = nullptr;
+    for (const Assignment& a : record) {
+      const HeldWeight& w = *a.w;
+      const NsWork here = a.mode == TpMode::kDistributed ? NsWork::kShard : NsWork::kWhole;
+      if (a.home < 0) {
+        out.push_back(entry(w, a.expert, here, -1));
+        continue;
+      }
+      const std::vector<int> group = mode == StepMode::kOwner
+                                         ? placement.shard_group(rank, w.expert(), w.tp == 1)
+                                         : placement.replica_group(rank, w.expert(), w.tp == 1);
+      const int home = group.at(static_cast<std::size_t>(a.home));
+      out.push_back(
+          entry(w, a.expert, home == rank ? here : NsWork::kElsewhere, home == rank ? -1 : home));
+    }
+  }
+  return out;
 }
 
 }  // namespace distmuon

@@ -104,4 +104,55 @@ void to_json(nlohmann::json& j, const StepSimulation& sim) {
   j["modes"] = std::move(modes);
 }
 
+std::string format_rank(const Placement& placement, const SimulationOptions& options, int rank) {
+  const RankCoords c = placement.coords(rank);
+  std::string out = fmt::format(
+      "rank {} of {}: tp {}, cp {}, dp {} (gtp {}), pp {}; experts: etp {}, ep {}, edp {} (egtp "
+      "{})\n",
+      rank, placement.world(), c.tp, c.cp, c.dp, c.gtp, c.pp, c.etp, c.ep, c.edp, c.egtp);
+  out +=
+      fmt::format("  {:<6} {:<18} {:>9} {:>12} {:>12} {:>8} {:>4} {:>9}  {}\n", "layer", "weight",
+                  "experts", "full", "shard", "tp split", "gtp", "replicas", "crosses a domain");
+  for (const HeldWeight& w : placement.rank_weights(rank)) {
+    out += fmt::format(
+        "  {:<6} {:<18} {:>9} {:>12} {:>12} {:>8} {:>4} {:>9}  {}\n", w.layer, w.name,
+        w.expert() ? fmt::format("{}-{}", w.first_expert, w.first_expert + w.experts - 1) : "-",
+        fmt::format("{}x{}", w.m, w.n), fmt::format("{}x{}", w.shard_m, w.shard_n),
+        w.tp > 1 ? fmt::format("{} dim {}", w.tp, w.tp_dim) : "-", w.gtp, w.replicas,
+        w.shard_crosses && w.replicas_cross ? "shard group, replicas"
+        : w.shard_crosses                   ? "shard group"
+        : w.replicas_cross                  ? "replicas"
+                                            : "-");
+  }
+  out +=
+      "Muon work per mode (NS of the whole matrix here, its shard of a distributed NS, or run "
+      "at another rank; experts counted one by one):\n";
+  for (const StepMode mode : kStepModes) {
+    if (mode == StepMode::kAuto) continue;
+    Index whole = 0, shard = 0, elsewhere = 0;
+    std::string here;
+    int listed = 0;
+    constexpr int kListed = 12;  // weights named per mode; the rest counted
+    for (const RankWork& r : rank_work(placement, options, rank, mode)) {
+      const Index n = r.experts > 0 ? r.experts : 1;
+      if (r.work == NsWork::kElsewhere) {
+        elsewhere += n;
+        continue;
+      }
+      (r.work == NsWork::kWhole ? whole : shard) += n;
+      if ((mode == StepMode::kOwner || mode == StepMode::kReplicatedHome) && listed++ < kListed) {
+        here += fmt::format("{}{} L{}{}", here.empty() ? "" : ", ", r.name, r.layer,
+                            r.expert >= 0 ? fmt::format(" e{}", r.expert) : "");
+      }
+    }
+    out += fmt::format("  {:<16} {} whole, {} shard, {} elsewhere\n", to_string(mode), whole, shard,
+                       elsewhere);
+    if (!here.empty() && elsewhere > 0) {
+      out += fmt::format("    here: {}{}\n", here,
+                         listed > kListed ? fmt::format(" and {} more", listed - kListed) : "");
+    }
+  }
+  return out;
+}
+
 }  // namespace distmuon

@@ -5,6 +5,7 @@
 // busiest rank, and the optimizer state follows the sharding option.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "distmuon/cost_model.h"
@@ -110,6 +111,36 @@ TEST(StepSimulation, ReplicatedHomeIsLptHomesAndTheAllGather) {
     const StepSimulation sim = simulate_step(Placement(pl.weights(), par, 72), gb200());
     EXPECT_DOUBLE_EQ(sim.momentum_bytes, want) << to_string(sharding);
   }
+}
+
+// Which work each rank owns: every rank runs all four weights duplicated; replicated-home gives
+// each weight one home, the same on every rank, and each of the 4 ranks one weight.
+TEST(StepSimulation, RankWorkNamesEachWeightsHome) {
+  const Placement pl({{"attn.qkv", 512, 512, 0, 4, 0, TpSplit::kColumn}}, parse_parallelism("dp=4"),
+                     72);
+  const SimulationOptions o = gb200();
+  std::vector<int> home(4, -1);
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::vector<RankWork> dup = rank_work(pl, o, rank, StepMode::kDuplicated);
+    ASSERT_EQ(dup.size(), 4u);
+    for (const RankWork& w : dup)
+      EXPECT_EQ(w.work, NsWork::kWhole);
+    const std::vector<RankWork> work = rank_work(pl, o, rank, StepMode::kReplicatedHome);
+    ASSERT_EQ(work.size(), 4u);
+    int here = 0;
+    for (const RankWork& w : work) {
+      const int at = w.work == NsWork::kElsewhere ? w.home : rank;
+      EXPECT_TRUE(w.work == NsWork::kElsewhere || w.work == NsWork::kWhole);
+      auto& agreed = home[static_cast<std::size_t>(w.layer)];
+      if (agreed < 0) agreed = at;
+      EXPECT_EQ(agreed, at) << "layer " << w.layer << " seen from rank " << rank;
+      here += w.work == NsWork::kWhole ? 1 : 0;
+    }
+    EXPECT_EQ(here, 1) << rank;
+  }
+  std::sort(home.begin(), home.end());
+  EXPECT_EQ(home, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_THROW(rank_work(pl, o, 0, StepMode::kAuto), Error);
 }
 
 TEST(StepSimulation, BatchedExpertsPayTheirLatencyOnce) {
