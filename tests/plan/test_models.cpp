@@ -41,6 +41,21 @@ TEST(ModelPresets, Llama3_8bShapes) {
   expect_shape(ws, "mlp.fc2", 4096, 14336, 32);
 }
 
+TEST(ModelPresets, KimiK2AndQwen3Shapes) {
+  const auto k2 = by_name(muon_weights(resolve_model("kimi-k2")));
+  expect_shape(k2, "attn.q_b", 64 * (128 + 64), 1536, 61);  // 64 heads (DeepSeek-V3: 128)
+  expect_shape(k2, "attn.o", 7168, 64 * 128, 61);
+  expect_shape(k2, "mlp.fc1", 2 * 18432, 7168, 1);  // one dense layer
+  expect_shape(k2, "expert.fc1", 2 * 2048, 7168, 60 * 384);
+  expect_shape(k2, "router", 384, 7168, 60);
+  const auto q3 = by_name(muon_weights(resolve_model("qwen3-30b-a3b")));
+  expect_shape(q3, "attn.qkv", (32 + 2 * 4) * 128, 2048, 48);  // head_dim 128 != 2048 / 32
+  expect_shape(q3, "attn.o", 2048, 32 * 128, 48);
+  expect_shape(q3, "expert.fc2", 2048, 768, 48 * 128);
+  EXPECT_FALSE(q3.contains("mlp.fc1"));  // every layer is MoE
+  EXPECT_FALSE(q3.contains("shared_expert.fc1"));
+}
+
 TEST(ModelPresets, DeepSeekV3DenseLayersExpertsAndMla) {
   const auto all = muon_weights(resolve_model("deepseek-v3"));
   const auto ws = by_name(all);
@@ -62,20 +77,25 @@ TEST(ModelPresets, DeepSeekV3DenseLayersExpertsAndMla) {
 // Muon weights plus embeddings (and an untied output head) add up to the published sizes within
 // 1%: a check that no weight is missing or double counted.
 TEST(ModelPresets, ParameterCountsMatchThePublishedSizes) {
+  // Kimi K2: its tech report (arXiv 2507.20534) says 1.04T; the published config gives 1.026T
+  // (the model card rounds to 1T), 1.3% below: the only preset held to 1.5% instead of 1%.
   const struct {
     const char* name;
     double published;
     bool tied;
-  } cases[] = {{"llama3-8b", 8.03e9, false},    {"llama3-70b", 70.6e9, false},
-               {"llama3-405b", 405.9e9, false}, {"gpt3-175b", 175.0e9, true},
-               {"qwen2.5-72b", 72.7e9, false},  {"deepseek-v3", 671e9, false}};
+    double tolerance = 0.01;
+  } cases[] = {{"llama3-8b", 8.03e9, false},       {"llama3-70b", 70.6e9, false},
+               {"llama3-405b", 405.9e9, false},    {"gpt3-175b", 175.0e9, true},
+               {"qwen2.5-72b", 72.7e9, false},     {"deepseek-v3", 671e9, false},
+               {"kimi-k2", 1.04e12, false, 0.015}, {"qwen3-30b-a3b", 30.5e9, false},
+               {"qwen3-32b", 32.8e9, false}};
   EXPECT_EQ(builtin_models().size(), std::size(cases));
   for (const auto& c : cases) {
     const ModelPreset m = resolve_model(c.name);
     double params = static_cast<double>(m.vocab) * static_cast<double>(m.hidden) * (c.tied ? 1 : 2);
     for (const auto& w : muon_weights(m))
       params += static_cast<double>(w.m) * w.n * w.count;
-    EXPECT_NEAR(params / c.published, 1.0, 0.01) << c.name << ": " << params;
+    EXPECT_NEAR(params / c.published, 1.0, c.tolerance) << c.name << ": " << params;
   }
 }
 
