@@ -147,7 +147,7 @@ def _to_local(p, layout):
         _check_layout(layout)
     if _dtensor.is_dtensor(p):  # FSDP2 / TP: layout and updated tensor from the placements
         dt = _dtensor.entry(p, layout, Layout)
-        return _Param(p, dt.layout, [dt.work.numpy()], None, dt)
+        return _Param(p, dt.layout, [_dtensor.array(dt.work)], None, dt)
     if p.device.type not in ("cpu", "cuda"):
         raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU and CUDA parameters")
     if p.dtype == torch.float32:
@@ -376,9 +376,6 @@ class Muon(torch.optim.Optimizer):
                 except Error as e:
                     raise Error(f"parameter {k}: {e}") from None
             device = _group_device(entries, self._device, gi)
-            if device != "cpu" and any(e.dt is not None for e in entries):
-                raise Error(f"DTensor parameters on device {device!r}: distmuon.torch runs "
-                            "DTensor parameters on the CPU")
         except Exception as e:  # any refusal, whatever its type: agreed below
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
