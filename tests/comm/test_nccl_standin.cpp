@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "comm/nccl/nccl_comm.h"
@@ -170,6 +171,36 @@ TEST(NcclStandin, ModesAndAlgorithmsBitEqualToMpi) {
         }
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace distmuon
+
+namespace distmuon {
+namespace {
+
+// DISTMUON_NCCL_TIMEOUT: a positive number of seconds, else an error naming the variable.
+TEST(NcclStandin, TheDeadlineComesFromTheEnvironment) {
+  const char* old = std::getenv("DISTMUON_NCCL_TIMEOUT");
+  const std::string saved = old != nullptr ? old : "";
+  ASSERT_EQ(unsetenv("DISTMUON_NCCL_TIMEOUT"), 0);
+  EXPECT_EQ(nccl_timeout_seconds(), 600.0);
+  ASSERT_EQ(setenv("DISTMUON_NCCL_TIMEOUT", "2.5", 1), 0);
+  EXPECT_EQ(nccl_timeout_seconds(), 2.5);
+  for (const char* bad : {"0", "-3", "ten", "5s", "inf"}) {
+    ASSERT_EQ(setenv("DISTMUON_NCCL_TIMEOUT", bad, 1), 0);
+    try {
+      nccl_timeout_seconds();
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("DISTMUON_NCCL_TIMEOUT"), std::string::npos) << bad;
+    }
+  }
+  if (old != nullptr) {
+    setenv("DISTMUON_NCCL_TIMEOUT", saved.c_str(), 1);
+  } else {
+    unsetenv("DISTMUON_NCCL_TIMEOUT");
   }
 }
 

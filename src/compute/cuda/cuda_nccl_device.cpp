@@ -43,17 +43,21 @@ class CudaNcclDevice final : public NcclDevice {
     check(cudaStreamWaitEvent(compute_, after_, 0), "cudaStreamWaitEvent", op);
   }
   bool idle() override {
-    for (cudaStream_t s : {compute_, comm_}) {
-      if (s == nullptr && s != compute_) continue;  // no communication stream yet
-      const cudaError_t rc = cudaStreamQuery(s);
-      if (rc == cudaErrorNotReady) return false;
-      check(rc, "cudaStreamQuery", name());
-    }
-    return true;
+    // The compute stream (possibly the legacy default stream 0), then the communication stream
+    // once it exists.
+    if (!query(compute_)) return false;
+    const std::lock_guard lock(mutex_);
+    return comm_ == nullptr || query(comm_);
   }
   bool waits_each_operation() const override { return false; }
 
  private:
+  bool query(cudaStream_t s) const {
+    const cudaError_t rc = cudaStreamQuery(s);
+    if (rc == cudaErrorNotReady) return false;
+    check(rc, "cudaStreamQuery", name());
+    return true;
+  }
   void make_stream(const char* op) {
     check(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking), "cudaStreamCreate", op);
     const unsigned flags = cudaEventDisableTiming;
