@@ -18,7 +18,10 @@
 #   2. a Release build with CUDA (for this GPU's architecture only), MPI and the command-line
 #      tool off: the library, the CUDA tests, the CUDA benchmark and the Python module;
 #   3. distmuon's tests: ctest (labels compute and gpu; a test that skips while a GPU is present
-#      is a failure), then the Python CUDA tests (pytest);
+#      is a failure), then the Python CUDA tests (pytest: CUDA tensors, FSDP2 on CUDA at world
+#      size 1), then the multi-rank GPU path under torchrun: two ranks sharing one GPU (gloo,
+#      the host-staged data plane), and with two or more GPUs two ranks over NCCL (owner,
+#      distributed, auto; a skip while a GPU is present is a failure);
 #   4. distmuon's benchmark (bench_cuda_ns: GEMM rates on random data, NS in each precision);
 #   5. PyTorch's comparison, after: the same NS in PyTorch (bench/torch_newton_schulz.py) and
 #      distmuon.torch.Muon's step on CUDA tensors beside a PyTorch reference Muon step
@@ -253,11 +256,45 @@ fi
 
 step "3b. distmuon's Python CUDA tests (pytest)"
 [[ "$python_ok" == 1 ]] && PYTHONPATH="$build/python" DISTMUON_TEST_REQUIRE_GPU="$gpu_present" timeout "$(cap 90)" \
-  "$python" -m pytest -q -p no:cacheprovider "$root/tests/python/test_cuda_tensors.py" \
-  >"$out/pytest.txt" 2>&1
+  "$python" -m pytest -q -rs -p no:cacheprovider "$root/tests/python/test_cuda_tensors.py" \
+  "$root/tests/python/test_cuda_fsdp2.py" >"$out/pytest.txt" 2>&1
 pytest_rc=$?
 tail -3 "$out/pytest.txt" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
 ((pytest_rc == 0)) || failed "pytest (pytest.txt, rc $pytest_rc)"
+if [[ "$gpu_present" == 1 ]] && grep -qi "skipped" "$out/pytest.txt"; then
+  failed "a Python CUDA test skipped while a GPU is present"
+fi
+
+# Two ranks under torchrun on the CUDA backend (pytest output appended to pytest.txt): sharing
+# one GPU over gloo (DISTMUON_CUDA_DATA_PLANE=host: NCCL refuses two ranks on one device), then,
+# with two or more GPUs, one GPU each over NCCL (distmuon's NCCL data plane).
+multirank() {
+  local what="$1" backend="$2" plane="$3"
+  echo "=== $what" >>"$out/pytest.txt"
+  PYTHONPATH="$build/python" DISTMUON_TEST_TORCH_BACKEND="$backend" \
+    DISTMUON_CUDA_DATA_PLANE="$plane" timeout "$(cap 60)" "$python" -m torch.distributed.run \
+    --standalone --nproc-per-node 2 -m pytest -q -rs -p no:cacheprovider \
+    "$root/tests/python/test_cuda_multirank.py" >>"$out/pytest.txt" 2>&1
+  local rc=$?
+  note "  $what: rc $rc"
+  ((rc == 0)) || failed "$what (pytest.txt, rc $rc)"
+  if [[ "$gpu_present" == 1 ]] && tail -5 "$out/pytest.txt" | grep -qi "skipped"; then
+    failed "$what skipped while a GPU is present"
+  fi
+}
+step "3c. two ranks on the CUDA backend (torchrun)"
+gpus=0
+[[ "$gpu_present" == 1 ]] && gpus="$(timeout 10 nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
+if [[ "$python_ok" == 1 && "$gpu_present" == 1 ]]; then
+  multirank "two ranks sharing one GPU (gloo, host-staged data plane)" gloo host
+  if ((gpus >= 2)); then
+    multirank "two ranks over NCCL, one GPU each" nccl nccl
+  else
+    note "  $gpus GPU: the NCCL run at 2 ranks needs two (not run)"
+  fi
+elif [[ "$python_ok" == 1 ]]; then
+  note "  no GPU: the two-rank runs are not rehearsed (they need CUDA tensors)"
+fi
 
 step "4. distmuon's benchmark (bench_cuda_ns)"
 if [[ "$gpu_present" == 1 ]]; then

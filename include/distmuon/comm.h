@@ -7,16 +7,20 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "distmuon/error.h"
 
 namespace distmuon {
 
-enum class DType { kF32, kF64, kI32, kI64, kU8 };
+// kBf16, kF16: 16-bit floating point on a device data plane (NCCL's ncclBfloat16, ncclFloat16;
+// the host backends move them as bytes and refuse to reduce them).
+enum class DType { kF32, kF64, kI32, kI64, kU8, kBf16, kF16 };
 std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
@@ -75,6 +79,12 @@ class CommImpl {
   virtual void abort(int code) = 0;
   // This group's place in its world (errors name it: ErrorScope). Default: not known.
   virtual GroupPlacement placement() const { return {}; }
+  // A side channel for a data plane's failures (the NCCL communicator's deadline protocol,
+  // docs/gpu.md "Deadlines"): post_notice sends `text` to every other rank of this group without
+  // waiting for them; poll_notice returns a notice another rank posted, (its rank, the text), when
+  // one has arrived, and never waits. Default: no side channel (nothing sent, nothing arrives).
+  virtual void post_notice(const std::string& text) { (void)text; }
+  virtual std::optional<std::pair<int, std::string>> poll_notice() { return std::nullopt; }
 };
 
 class Communicator {

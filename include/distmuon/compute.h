@@ -142,6 +142,12 @@ class Compute {
   virtual void axpby(float alpha, ConstMatrixView x, float beta, MatrixView y) = 0;
   // a(i, i) += alpha for a square a.
   virtual void add_diagonal(MatrixView a, float alpha) = 0;
+  // Newton-Schulz's polynomial aI + bA + cA^2 from p = cA^2 (square, the shape of gram):
+  // p = (b * gram + p) + a on the diagonal, each element rounded in that order in fp32 without
+  // fused multiply-adds. The default is that order as two passes, axpby(b, gram, 1, p) then
+  // add_diagonal(p, a) (src/compute/ns_polynomial.cpp: the CPU's emulation of the CUDA backend's
+  // one fused kernel, which gives the same bits).
+  virtual void ns_polynomial(float a, float b, ConstMatrixView gram, MatrixView p);
   // Every element of a rounded to `precision`'s operand format, kept in fp32 (round_to in
   // precision.h); nothing for fp32. Newton-Schulz rounds its Gram matrix so, so that both of
   // its uses in the polynomial see the same matrix (docs/precision.md).

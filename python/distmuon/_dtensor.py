@@ -162,10 +162,12 @@ def entry(p, user_layout, layout_cls):
         return _dtensor_batch.entry(p, user_layout, layout_cls, _shard_dims, Entry, _DTYPES)
     if p.dim() not in (1, 2):
         raise Error(f"{what} is {p.dim()}-D (1-D, 2-D and 3-D DTensors only)")
-    if local.dtype not in _DTYPES or local.device.type != "cpu" or not local.is_contiguous():
+    on_cuda = local.device.type == "cuda"
+    if local.dtype not in _DTYPES or local.device.type not in ("cpu", "cuda") or \
+            not local.is_contiguous() or (on_cuda and local.dtype != torch.float32):
         raise Error(f"{what}: its local tensor is {local.dtype} on {local.device}"
                     f"{'' if local.is_contiguous() else ', strided'}; distmuon updates contiguous "
-                    "CPU float32, bfloat16 and float16 tensors")
+                    "CPU float32, bfloat16 and float16 tensors and float32 tensors on a CUDA device")
     full = tuple(p.shape) if p.dim() == 2 else (p.shape[0], 1)
     if user_layout is not None:
         if (user_layout.rows, user_layout.cols) != full:
@@ -191,8 +193,13 @@ def entry(p, user_layout, layout_cls):
     if r > shape[0] or c > shape[1]:
         raise Error(f"{what}: local tensor {tuple(local.shape)} exceeds the shard {shape} of "
                     f"placements {p.placements} (not torch.chunk's split?)")
-    return Entry(lo, local, torch.zeros(shape), torch.zeros(shape), staged=True,
-                 flat=p.dim() == 1)
+    return Entry(lo, local, torch.zeros(shape, device=local.device),
+                 torch.zeros(shape, device=local.device), staged=True, flat=p.dim() == 1)
+
+
+def array(t):
+    """A matrix as the C++ optimizer takes it: NumPy for a CPU tensor, the tensor for a CUDA one."""
+    return t.detach() if t.device.type == "cuda" else t.detach().numpy()
 
 
 def _local2(e):
@@ -220,24 +227,24 @@ def read_grad(e, p, finite=False):
             return None, (f"has a gradient with placements {g.placements}, the parameter "
                           f"{p.placements} (redistribute it first)")
         gl = g._local_tensor
-    if gl.dtype != e.local.dtype or gl.device.type != "cpu" or not gl.is_contiguous():
+    if gl.dtype != e.local.dtype or gl.device != e.local.device or not gl.is_contiguous():
         return None, (f"has a local gradient {gl.dtype} on {gl.device}"
-                      f"{'' if gl.is_contiguous() else ', strided'}; expected contiguous CPU "
-                      f"{e.local.dtype} (the parameter's dtype)")
+                      f"{'' if gl.is_contiguous() else ', strided'}; expected contiguous "
+                      f"{e.local.dtype} on {e.local.device} (the parameter's)")
     if gl.shape != e.local.shape:
         return None, (f"has a local gradient {tuple(gl.shape)}, the local weight "
                       f"{tuple(e.local.shape)}")
     if finite and not bool(torch.isfinite(gl).all()):
         return None, "has a non-finite gradient"
     if not e.staged:
-        return (gl.view(-1, 1) if e.flat else gl).detach().numpy(), ""
+        return array(gl.view(-1, 1) if e.flat else gl), ""
     if e.batch:
         return _dtensor_batch.stage(e, gl), ""
     if e.local.numel() > 0:
         r, c = _local2(e).shape
         e.work[:r, :c].copy_(_local2(e))
         e.grad_work[:r, :c].copy_(gl.view(r, c))
-    return e.grad_work.numpy(), ""
+    return array(e.grad_work), ""
 
 
 def write_back(entries):
@@ -257,7 +264,7 @@ def wrap_state(e, p, t):
     if e.batch:
         return _dtensor_batch.wrap_state(e, p, t)
     r, c = _local2(e).shape
-    local = t[:r, :c].clone().view(e.local.shape)
+    local = t[:r, :c].clone().view(e.local.shape).to(e.local.device)
     return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
                               shape=p.shape, stride=p.stride())
 

@@ -441,9 +441,6 @@ class Muon(torch.optim.Optimizer):
                 except Error as e:
                     raise Error(f"parameter {k}: {e}") from None
             device = _group_device(entries, self._device, gi)
-            if device != "cpu" and any(e.dt is not None for e in entries):
-                raise Error(f"DTensor parameters on device {device!r}: distmuon.torch runs "
-                            "DTensor parameters on the CPU")
         except Exception as e:  # any refusal, whatever its type: agreed below
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)

@@ -30,6 +30,10 @@ py::dtype numpy_dtype(DType t) {
       return py::dtype::of<std::int64_t>();
     case DType::kU8:
       return py::dtype::of<std::uint8_t>();
+    case DType::kF16:
+      return py::dtype("float16");
+    case DType::kBf16:
+      throw Error("a Python communicator cannot move bf16 buffers (NumPy has no bf16)");
   }
   DISTMUON_ASSERT(false, "unknown dtype");
 }

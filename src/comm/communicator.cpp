@@ -21,6 +21,9 @@ std::size_t dtype_size(DType t) {
       return 8;
     case DType::kU8:
       return 1;
+    case DType::kBf16:
+    case DType::kF16:
+      return 2;
   }
   DISTMUON_ASSERT(false, "unknown dtype");
 }

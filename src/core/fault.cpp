@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "distmuon/error.h"
@@ -18,9 +20,9 @@
 namespace distmuon::detail {
 namespace {
 
-constexpr const char* kPoints[] = {"optim-step", "checkpoint-between-files", "collective",
-                                   "file-write", "measure-reset"};
-constexpr const char* kActions[] = {"throw", "exit", "kill", "oom", "nan"};
+constexpr const char* kPoints[] = {
+    "optim-step", "checkpoint-between-files", "collective", "file-write", "measure-reset", "nccl"};
+constexpr const char* kActions[] = {"throw", "exit", "kill", "oom", "nan", "stall"};
 
 struct FaultSpec {
   int rank = 0;
@@ -47,7 +49,8 @@ std::optional<FaultSpec> parse_fault(const std::string& s) {
   if (s.empty()) return std::nullopt;
   const auto bad = [&](const std::string& why) {
     return Error(fmt::format(
-        "DISTMUON_FAULT='{}': {} (expected RANK:POINT[:throw|exit|kill|oom|nan[:N]])", s, why));
+        "DISTMUON_FAULT='{}': {} (expected RANK:POINT[:throw|exit|kill|oom|nan|stall[:N]])", s,
+        why));
   };
   std::vector<std::string> parts;
   for (std::size_t start = 0;;) {
@@ -128,6 +131,10 @@ bool fault_point(const char* point, std::string_view site) {
   if (action == "exit") std::_Exit(kFaultExitCode);
   if (action == "kill") std::raise(SIGKILL);
   if (action == "oom") throw std::bad_alloc();
+  if (action == "stall") {
+    for (;;)
+      std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   throw Error(fmt::format("injected fault '{}' on rank {} (DISTMUON_FAULT)", point, rank));
 }
 

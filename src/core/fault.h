@@ -6,13 +6,15 @@
 //   exit   ends the process at once with status 43 (std::_Exit: no unwinding, no MPI_Finalize),
 //   kill   raises SIGKILL (kill -9),
 //   oom    throws std::bad_alloc (an allocation that failed past the size estimates),
+//   stall  stops answering: the thread sleeps until the process is ended (a hung peer),
 //   nan    (collective only) the collective's result on that rank becomes NaN (floating-point
 //          payloads; an integer payload is left as it is).
 // POINT is one of "optim-step" (inside Muon::step, half of the parameters updated),
 // "checkpoint-between-files" (Trainer::save_checkpoint, the model file written, the optimizer's
 // not yet), "collective" (every MPI collective: all-gather, all-reduce, reduce-scatter,
 // broadcast, all-to-all, barrier, split), "file-write" (write_file_atomic, half of the temporary
-// file written) and "measure-reset" (a timed candidate's reset before its run, in the one runner
+// file written), "nccl" (every operation of an NCCL communicator, before it is queued:
+// src/comm/nccl) and "measure-reset" (a timed candidate's reset before its run, in the one runner
 // of plan=measure and `bench --model`: plan/candidate_runner.h). The world rank comes from the
 // launcher's environment (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; 0 without one). Without
 // the variable fault_point() costs one atomic load; a malformed value is an Error naming the

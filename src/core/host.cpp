@@ -22,8 +22,10 @@ std::string host_name() {
 }
 
 int node_local_rank() {
+  // The launcher that started this process first: under `srun torchrun`, SLURM_LOCALID is the
+  // torchrun agent's (0 on every node) and LOCAL_RANK the worker's.
   for (const char* var :
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK", "SLURM_LOCALID"}) {
     if (const char* v = std::getenv(var)) return std::atoi(v);
   }
   return 0;

@@ -46,11 +46,12 @@ void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
       b = w.poly.view();
       detail::symmetric_square(compute, opts.use_syrk, opts.precision, static_cast<float>(k.c), a,
                                b);
-      compute.axpby(static_cast<float>(k.b), a, 1.0f, b);
+      // (b A + c A A) + a I: one fused pass on the GPU, the same rounding everywhere.
+      compute.ns_polynomial(static_cast<float>(k.a), static_cast<float>(k.b), a, b);
     } else {
       compute.scale(b, static_cast<float>(k.b));
+      compute.add_diagonal(b, static_cast<float>(k.a));
     }
-    compute.add_diagonal(b, static_cast<float>(k.a));
     if (side == GramSide::kRows) {
       compute.gemm(Trans::kNo, Trans::kNo, 1.0f, b, cur, 0.0f, nxt, opts.precision);
     } else {

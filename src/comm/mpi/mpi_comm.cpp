@@ -11,7 +11,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <limits>
+#include <mutex>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace distmuon {
@@ -29,6 +33,9 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_INT64_T;
     case DType::kU8:
       return MPI_UINT8_T;
+    case DType::kBf16:
+    case DType::kF16:
+      return MPI_UINT16_T;  // moved as bits; reductions refuse them (reducible)
   }
   DISTMUON_ASSERT(false, "unknown dtype");
 }
@@ -62,6 +69,20 @@ void check_mpi(int rc, const char* op, const std::string& detail = {}) {
                           detail, world_rank_or_minus_one(),
                           std::string(msg, static_cast<std::size_t>(len))));
 }
+
+// MPI has no 16-bit floating-point type: those are moved as bits, never reduced.
+MPI_Datatype reducible(DType t, const char* op) {
+  if (t == DType::kBf16 || t == DType::kF16) {
+    throw Error(
+        fmt::format("MPI {}: {} cannot be reduced by the MPI backend (a device data plane "
+                    "reduces it: NCCL)",
+                    op, dtype_name(t)));
+  }
+  return mpi_type(t);
+}
+
+// The tag of the failure notices (CommImpl::post_notice); collectives never use tags.
+constexpr int kNoticeTag = 7301;
 
 int checked_count(std::size_t count, const char* op) {
   if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
@@ -103,8 +124,8 @@ class MpiComm final : public CommImpl {
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
     const bool poison = fault("all_reduce", count, t);
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count, "Allreduce"), mpi_type(t),
-                            mpi_op(op), comm_),
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, checked_count(count, "Allreduce"),
+                            reducible(t, "Allreduce"), mpi_op(op), comm_),
               "Allreduce", detail(count, t));
     if (poison) make_nan(buf, count, t);
   }
@@ -112,7 +133,7 @@ class MpiComm final : public CommImpl {
                       ReduceOp op) override {
     const bool poison = fault("reduce_scatter", count, t);
     check_mpi(MPI_Reduce_scatter_block(send, recv, checked_count(count, "Reduce_scatter_block"),
-                                       mpi_type(t), mpi_op(op), comm_),
+                                       reducible(t, "Reduce_scatter_block"), mpi_op(op), comm_),
               "Reduce_scatter_block", detail(count, t));
     if (poison) make_nan(recv, count, t);
   }
@@ -166,6 +187,35 @@ class MpiComm final : public CommImpl {
     return std::make_shared<MpiComm>(out, true);
   }
   void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
+  // Point-to-point messages on the notice tag, sent without waiting (the texts stay alive here
+  // until this communicator goes: a send may complete after post_notice returns).
+  void post_notice(const std::string& text) override {
+    const std::lock_guard lock(notice_mutex_);
+    notices_.push_back(text);
+    const std::string& kept = notices_.back();
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      MPI_Request req = MPI_REQUEST_NULL;
+      check_mpi(MPI_Isend(kept.data(), checked_count(kept.size(), "Isend"), MPI_CHAR, q, kNoticeTag,
+                          comm_, &req),
+                "Isend", "(a failure notice)");
+      check_mpi(MPI_Request_free(&req), "Request_free");
+    }
+  }
+  std::optional<std::pair<int, std::string>> poll_notice() override {
+    const std::lock_guard lock(notice_mutex_);
+    int flag = 0;
+    MPI_Status st;
+    check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, comm_, &flag, &st), "Iprobe");
+    if (!flag) return std::nullopt;
+    int n = 0;
+    check_mpi(MPI_Get_count(&st, MPI_CHAR, &n), "Get_count");
+    std::string text(static_cast<std::size_t>(n), '\0');
+    check_mpi(
+        MPI_Recv(text.data(), n, MPI_CHAR, st.MPI_SOURCE, kNoticeTag, comm_, MPI_STATUS_IGNORE),
+        "Recv", "(a failure notice)");
+    return std::make_pair(st.MPI_SOURCE, std::move(text));
+  }
   // Called while an error is being built: a failed MPI call gives "not known" instead of a
   // second error that would hide the first.
   GroupPlacement placement() const override {
@@ -208,6 +258,8 @@ class MpiComm final : public CommImpl {
   }
   MPI_Comm comm_;
   bool owned_;
+  std::mutex notice_mutex_;
+  std::deque<std::string> notices_;  // posted notices (their sends may still be in flight)
   int rank_ = 0;
   int size_ = 1;
 };

@@ -1,73 +1,31 @@
-// NCCL communicator on device memory (nccl_comm.h): collectives, grouped send/recv for
-// all_to_all_v, the unique id bootstrapped over the host communicator.
+// The NCCL communicator (nccl_comm.h): collectives, grouped send/recv for all_to_all_v, the unique
+// id bootstrapped over the host communicator, non-blocking init and split, and every host wait
+// bounded by a deadline that ends in the failure protocol (fail()).
 #include "comm/nccl/nccl_comm.h"
 
 #include <fmt/format.h>
-#include <nccl.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
 
-#include "core/dynamic_library.h"
+#include "comm/nccl/nccl_api.h"
+#include "core/fault.h"
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
-
-#ifndef DISTMUON_NCCL_DIR
-#define DISTMUON_NCCL_DIR ""
-#endif
 
 namespace distmuon {
 namespace {
 
-// The NCCL functions distmuon calls, from libnccl.so.<NCCL_MAJOR> opened at the first NCCL
-// communicator (core/dynamic_library.h: nothing links against NCCL).
-struct NcclApi {
-  decltype(&::ncclGetUniqueId) get_unique_id;
-  decltype(&::ncclCommInitRank) comm_init_rank;
-  decltype(&::ncclCommDestroy) comm_destroy;
-  decltype(&::ncclCommAbort) comm_abort;
-  decltype(&::ncclCommGetAsyncError) comm_get_async_error;
-  decltype(&::ncclGetErrorString) get_error_string;
-  decltype(&::ncclGetLastError) get_last_error;
-  decltype(&::ncclAllGather) all_gather;
-  decltype(&::ncclAllReduce) all_reduce;
-  decltype(&::ncclReduceScatter) reduce_scatter;
-  decltype(&::ncclBroadcast) broadcast;
-  decltype(&::ncclSend) send;
-  decltype(&::ncclRecv) recv;
-  decltype(&::ncclGroupStart) group_start;
-  decltype(&::ncclGroupEnd) group_end;
-};
-
-using cuda::resolve;
-
-NcclApi load_nccl() {
-  const std::string soname = fmt::format("libnccl.so.{}", NCCL_MAJOR);
-  void* lib = cuda::open_library(soname, DISTMUON_NCCL_DIR, "install NCCL or set LD_LIBRARY_PATH");
-  NcclApi api{};
-  resolve(api.get_unique_id, lib, soname, "ncclGetUniqueId");
-  resolve(api.comm_init_rank, lib, soname, "ncclCommInitRank");
-  resolve(api.comm_destroy, lib, soname, "ncclCommDestroy");
-  resolve(api.comm_abort, lib, soname, "ncclCommAbort");
-  resolve(api.comm_get_async_error, lib, soname, "ncclCommGetAsyncError");
-  resolve(api.get_error_string, lib, soname, "ncclGetErrorString");
-  resolve(api.get_last_error, lib, soname, "ncclGetLastError");
-  resolve(api.all_gather, lib, soname, "ncclAllGather");
-  resolve(api.all_reduce, lib, soname, "ncclAllReduce");
-  resolve(api.reduce_scatter, lib, soname, "ncclReduceScatter");
-  resolve(api.broadcast, lib, soname, "ncclBroadcast");
-  resolve(api.send, lib, soname, "ncclSend");
-  resolve(api.recv, lib, soname, "ncclRecv");
-  resolve(api.group_start, lib, soname, "ncclGroupStart");
-  resolve(api.group_end, lib, soname, "ncclGroupEnd");
-  return api;
-}
-
-// NCCL, loaded on the first call (thread-safe; a failed load throws and the next call tries
-// again).
-const NcclApi& nccl() {
-  static const NcclApi api = load_nccl();
-  return api;
-}
+using nccl_detail::nccl;
+using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -81,6 +39,10 @@ ncclDataType_t nccl_type(DType t) {
       return ncclInt64;
     case DType::kU8:
       return ncclUint8;
+    case DType::kBf16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
   }
   throw Error("nccl: unknown element type");
 }
@@ -97,18 +59,44 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   throw Error("nccl: unknown reduction");
 }
 
+// A failure notice's kind (its first character): this rank's own error, its deadline, or its stop
+// after another rank's notice.
+constexpr char kOwnError = 'E', kTimedOut = 'T', kStopped = 'S';
+
+class NcclComm;
+
+// The communicators queueing on each device (nccl_wait polls them).
+struct Registry {
+  std::mutex mutex;
+  std::map<const NcclDevice*, std::vector<std::weak_ptr<NcclComm>>> comms;
+};
+Registry& registry() {
+  static auto* r = new Registry;  // never destroyed: communicators may outlive static destruction
+  return *r;
+}
+
 class NcclComm final : public CommImpl {
  public:
-  NcclComm(std::shared_ptr<CommImpl> host, cudaStream_t stream, int device)
-      : host_(std::move(host)), stream_(stream), device_(device) {
+  NcclComm(std::shared_ptr<CommImpl> host, std::shared_ptr<NcclDevice> device)
+      : host_(std::move(host)), device_(std::move(device)), timeout_(nccl_timeout_seconds()) {
     rank_ = host_->rank();
     size_ = host_->size();
   }
   ~NcclComm() override {
-    if (comm_ != nullptr) {
-      cudaSetDevice(device_);  // errors ignored: at process exit the runtime may be gone
-      cudaStreamSynchronize(stream_);
+    if (comm_ == nullptr) return;
+    // Destroyed only when its work completed and nothing failed; else aborted (ncclCommDestroy
+    // would wait for a peer that may never come).
+    ncclResult_t state = ncclInProgress;
+    bool idle = false;
+    try {
+      device_->make_current("destroy");
+      idle = device_->idle();
+    } catch (const Error&) {
+    }
+    if (idle && nccl().comm_get_async_error(comm_, &state) == ncclSuccess && state == ncclSuccess) {
       nccl().comm_destroy(comm_);
+    } else {
+      nccl().comm_abort(comm_);
     }
   }
   NcclComm(const NcclComm&) = delete;
@@ -119,68 +107,78 @@ class NcclComm final : public CommImpl {
   int size() const override { return size_; }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
-    make_current("all_gather");
-    check(nccl().all_gather(send, recv, count, nccl_type(t), comm(), stream_), "ncclAllGather",
-          counted(count, t));
+    run("all_gather", counted(count, t), [&](ncclComm_t c, cudaStream_t s) {
+      return nccl().all_gather(send, recv, count, nccl_type(t), c, s);
+    });
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
-    make_current("all_reduce");
-    check(nccl().all_reduce(buf, buf, count, nccl_type(t), nccl_op(op), comm(), stream_),
-          "ncclAllReduce", counted(count, t));
+    run("all_reduce", counted(count, t), [&](ncclComm_t c, cudaStream_t s) {
+      return nccl().all_reduce(buf, buf, count, nccl_type(t), nccl_op(op), c, s);
+    });
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                       ReduceOp op) override {
-    make_current("reduce_scatter");
-    check(nccl().reduce_scatter(send, recv, count, nccl_type(t), nccl_op(op), comm(), stream_),
-          "ncclReduceScatter", counted(count, t));
+    run("reduce_scatter", counted(count, t), [&](ncclComm_t c, cudaStream_t s) {
+      return nccl().reduce_scatter(send, recv, count, nccl_type(t), nccl_op(op), c, s);
+    });
   }
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
-    make_current("broadcast");
-    check(nccl().broadcast(buf, buf, count, nccl_type(t), root, comm(), stream_), "ncclBroadcast",
-          fmt::format("{}, root {}", counted(count, t), root));
+    if (root < 0 || root >= size_) {
+      throw Error(fmt::format("nccl broadcast: root {} outside a group of {}", root, size_));
+    }
+    run("broadcast", fmt::format("{}, root {}", counted(count, t), root),
+        [&](ncclComm_t c, cudaStream_t s) {
+          return nccl().broadcast(buf, buf, count, nccl_type(t), root, c, s);
+        });
   }
   void all_to_all_v(const void* send, const std::size_t* send_counts,
                     const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
                     const std::size_t* recv_displs, DType t) override {
-    make_current("all_to_all_v");
     const std::size_t elem = dtype_size(t);
     const auto* s = static_cast<const char*>(send);
     auto* r = static_cast<char*>(recv);
-    ncclComm_t c = comm();
-    check(nccl().group_start(), "ncclGroupStart", "all_to_all_v");
-    ncclResult_t rc = ncclSuccess;
-    const char* failed = nullptr;
-    for (int peer = 0; peer < size_ && rc == ncclSuccess; ++peer) {
-      if (send_counts[peer] > 0) {
-        rc = nccl().send(s + send_displs[peer] * elem, send_counts[peer], nccl_type(t), peer, c,
-                         stream_);
-        failed = "ncclSend";
+    run("all_to_all_v", dtype_name(t), [&](ncclComm_t c, cudaStream_t stream) {
+      ncclResult_t rc = nccl().group_start();
+      if (rc != ncclSuccess) return rc;
+      for (int peer = 0; peer < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++peer) {
+        if (send_counts[peer] > 0) {
+          rc = nccl().send(s + send_displs[peer] * elem, send_counts[peer], nccl_type(t), peer, c,
+                           stream);
+        }
+        if ((rc == ncclSuccess || rc == ncclInProgress) && recv_counts[peer] > 0) {
+          rc = nccl().recv(r + recv_displs[peer] * elem, recv_counts[peer], nccl_type(t), peer, c,
+                           stream);
+        }
       }
-      if (rc == ncclSuccess && recv_counts[peer] > 0) {
-        rc = nccl().recv(r + recv_displs[peer] * elem, recv_counts[peer], nccl_type(t), peer, c,
-                         stream_);
-        failed = "ncclRecv";
-      }
-    }
-    const ncclResult_t end = nccl().group_end();  // always closes the group
-    if (rc != ncclSuccess) check(rc, failed, "all_to_all_v");
-    check(end, "ncclGroupEnd", "all_to_all_v");
+      const ncclResult_t end = nccl().group_end();  // always closes the group
+      return rc == ncclSuccess || rc == ncclInProgress ? end : rc;
+    });
   }
-  // Everything queued so far has completed on this rank, then every rank meets on the host.
+  // Everything queued so far has completed on this rank (within the deadline), then every rank
+  // meets on the host.
   void barrier() override {
-    make_current("barrier");
-    if (const auto rc = cudaStreamSynchronize(stream_); rc != cudaSuccess) {
-      throw Error(fmt::format("nccl barrier: cudaStreamSynchronize failed on rank {}: {}", rank_,
-                              cudaGetErrorString(rc)));
-    }
-    if (comm_ != nullptr) {
-      check(nccl().comm_get_async_error(comm_, &async_), "ncclCommGetAsyncError", "barrier");
-      check(async_, "an earlier NCCL operation", "barrier");
-    }
+    throw_if_failed();
+    device_->make_current("barrier");
+    if (comm_ != nullptr) wait("barrier", false);
     host_->barrier();
   }
+  // ncclCommSplit of this communicator (connected first), the host group split alongside: the
+  // same ranks in the same order (by key, then rank).
   std::shared_ptr<CommImpl> split(int color, int key) override {
-    return std::make_shared<NcclComm>(host_->split(color, key), stream_, device_);
+    throw_if_failed();
+    auto sub = std::make_shared<NcclComm>(host_->split(color, key), device_);
+    register_comm(sub);
+    ncclComm_t parent = comm();
+    device_->make_current("ncclCommSplit");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t rc = nccl().comm_split(parent, color, key, &sub->comm_, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      fail("ncclCommSplit", kOwnError, describe(rc, "ncclCommSplit"));
+    }
+    wait("ncclCommSplit", true);
+    if (sub->comm_ != nullptr) sub->wait("ncclCommSplit", true);
+    return sub;
   }
   GroupPlacement placement() const override { return host_->placement(); }
   void abort(int code) override {
@@ -189,7 +187,161 @@ class NcclComm final : public CommImpl {
     host_->abort(code);
   }
 
+  // nccl_wait's poll: throws through fail() on this communicator's error or a peer's notice.
+  // True while NCCL still reports work in progress.
+  bool poll(const char* what) {
+    throw_if_failed();
+    if (comm_ == nullptr) return false;
+    const ncclResult_t state = async_state();
+    if (state != ncclSuccess && state != ncclInProgress) {
+      fail(what, kOwnError, describe(state, what));
+    }
+    if (auto notice = poll_notice_safely()) stop_after(what, *notice);
+    return state == ncclInProgress;
+  }
+  [[noreturn]] void timed_out(const char* what) {
+    fail(what, kTimedOut,
+         fmt::format("rank {} waited {} s for {} to complete", rank_, timeout_, what));
+  }
+  double timeout() const { return timeout_; }
+
+  static void register_comm(const std::shared_ptr<NcclComm>& c) {
+    Registry& r = registry();
+    const std::lock_guard lock(r.mutex);
+    auto& list = r.comms[c->device_.get()];
+    std::erase_if(list, [](const auto& w) { return w.expired(); });
+    list.push_back(c);
+  }
+
  private:
+  // One operation: the fault hook, the connection, the call queued on the device's stream, then
+  // (host memory, or an enqueue NCCL reports in progress) the bounded wait.
+  template <typename Call>
+  void run(const char* op, std::string_view detail, Call&& call) {
+    throw_if_failed();
+    if (detail::fault_watching()) {
+      detail::fault_point("nccl", fmt::format("{} {} over {} ranks", op, detail, size_));
+    }
+    ncclComm_t c = comm();
+    device_->make_current(op);
+    auto* stream = static_cast<cudaStream_t>(device_->begin_operation(op));
+    const ncclResult_t rc = call(c, stream);
+    device_->end_operation(op);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      fail(op, kOwnError, describe(rc, fmt::format("{} {}", op, detail)));
+    }
+    if (device_->waits_each_operation()) {
+      wait(op, false);
+    } else if (rc == ncclInProgress) {
+      wait(op, true);  // a non-blocking communicator's enqueue still running
+    }
+  }
+
+  // Polls until NCCL reports no work in progress (enqueued: the call's enqueue only) and, unless
+  // enqueued, the device is idle; the failure protocol on an error, a notice or the deadline.
+  void wait(const char* op, bool enqueued) {
+    const auto limit = Clock::now() + std::chrono::duration<double>(timeout_);
+    auto pause = std::chrono::microseconds(1);
+    for (;;) {
+      const ncclResult_t state = async_state();
+      if (state != ncclSuccess && state != ncclInProgress) fail(op, kOwnError, describe(state, op));
+      if (auto notice = poll_notice_safely()) stop_after(op, *notice);
+      if (state == ncclSuccess) {
+        bool idle = enqueued;
+        if (!idle) {
+          try {
+            idle = device_->idle();
+          } catch (const Error& e) {
+            fail(op, kOwnError, fmt::format("rank {}: {}", rank_, e.what()));
+          }
+        }
+        if (idle) return;
+      }
+      if (Clock::now() > limit) timed_out(op);
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  ncclResult_t async_state() {
+    ncclResult_t state = ncclSuccess;
+    if (comm_ == nullptr) return state;
+    const ncclResult_t rc = nccl().comm_get_async_error(comm_, &state);
+    return rc != ncclSuccess ? rc : state;
+  }
+  std::optional<std::pair<int, std::string>> poll_notice_safely() {
+    try {
+      return host_->poll_notice();
+    } catch (const Error&) {
+      return std::nullopt;  // no side channel: the deadline still bounds the wait
+    }
+  }
+  [[noreturn]] void stop_after(const char* op, const std::pair<int, std::string>& notice) {
+    fail(op, kStopped, fmt::format("rank {} stopped after rank {}'s notice", rank_, notice.first),
+         notice);
+  }
+
+  // The failure protocol: post this rank's notice, abort NCCL, collect the other ranks' notices
+  // for a grace period, then throw naming the failing ranks: those that reported their own error,
+  // else those that did not answer (stalled or dead). Every later operation throws the same.
+  [[noreturn]] void fail(const char* op, char kind, const std::string& text,
+                         std::optional<std::pair<int, std::string>> first = std::nullopt) {
+    if (!failed_.empty()) throw Error(failed_);
+    try {
+      host_->post_notice(std::string(1, kind) + text);
+    } catch (const Error&) {  // no side channel: the peers' deadlines end them
+    }
+    if (comm_ != nullptr) nccl().comm_abort(comm_);
+    comm_ = nullptr;
+    std::map<int, std::string> answers;
+    answers[rank_] = std::string(1, kind) + text;
+    if (first) answers[first->first] = first->second;
+    const auto grace = Clock::now() + std::chrono::duration<double>(std::min(2.0, timeout_ / 2));
+    while (static_cast<int>(answers.size()) < size_ && Clock::now() < grace) {
+      if (auto n = poll_notice_safely()) {
+        answers[n->first] = n->second;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    std::vector<int> errors, missing;
+    std::string first_error;
+    for (int q = 0; q < size_; ++q) {
+      const auto it = answers.find(q);
+      if (it == answers.end()) {
+        missing.push_back(q);
+      } else if (!it->second.empty() && it->second[0] == kOwnError) {
+        if (errors.empty()) first_error = it->second.substr(1);
+        errors.push_back(q);
+      }
+    }
+    const std::string where = fmt::format("NCCL communicator of {} ranks", size_);
+    if (!errors.empty()) {
+      failed_ = fmt::format(
+          "nccl: {} failed on rank{} {} of the {}: {}; the communicator was "
+          "aborted on every rank",
+          op, errors.size() > 1 ? "s" : "", fmt::join(errors, ", "), where, first_error);
+    } else {
+      failed_ = fmt::format(
+          "nccl: {} did not complete within {} s (DISTMUON_NCCL_TIMEOUT): rank{} {} of the {} "
+          "did not answer (stalled or ended); the communicator was aborted",
+          op, timeout_, missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), where);
+    }
+    if (missing.empty()) throw CollectiveError(failed_, Communicator(host_).error_scope());
+    if (errors.empty()) throw Error(failed_);
+    throw Error(fmt::format("{} (rank{} {} did not answer)", failed_, missing.size() > 1 ? "s" : "",
+                            fmt::join(missing, ", ")));
+  }
+  void throw_if_failed() const {
+    if (!failed_.empty()) throw Error(failed_);
+  }
+
+  std::string describe(ncclResult_t rc, std::string_view context) const {
+    const char* last = comm_ != nullptr ? nccl().get_last_error(comm_) : nullptr;
+    return fmt::format("{} on rank {}{} [{}]", nccl().get_error_string(rc), rank_,
+                       last != nullptr && *last != '\0' ? fmt::format(" ({})", last) : "", context);
+  }
+
   // The NCCL communicator, made at the first collective (collective over the host group, in the
   // order the ranks reach their collectives), so that attaching the data plane
   // (Compute::data_communicator, Muon::add_parameter) stays rank-local.
@@ -197,108 +349,104 @@ class NcclComm final : public CommImpl {
     if (comm_ == nullptr) connect();
     return comm_;
   }
-  void connect() {
-    // Every rank loads NCCL, then the ranks agree on it before the first collective of the
-    // bootstrap, so that a rank without the library fails the others instead of leaving them
-    // waiting.
-    std::string load_error;
-    try {
-      nccl();
-    } catch (const Error& e) {
-      load_error = e.what();
-    }
-    int loaded = load_error.empty() ? 1 : 0;
-    host_->all_reduce(&loaded, 1, DType::kI32, ReduceOp::kMin);
-    if (loaded == 0) {
-      throw Error(!load_error.empty()
-                      ? load_error
-                      : fmt::format("nccl: another rank could not load NCCL (rank {} did; the "
-                                    "other rank's error names the library)",
-                                    rank_));
-    }
-    ncclUniqueId id{};
-    // Rank 0's id travels to every rank even when making it failed there, so that no rank waits
-    // in the broadcast; the failure is then agreed over the host group.
-    ncclResult_t id_rc = ncclSuccess;
-    if (rank_ == 0) id_rc = nccl().get_unique_id(&id);
-    host_->broadcast(&id, sizeof(id), DType::kU8, 0);
-    int id_ok = id_rc == ncclSuccess ? 1 : 0;
-    host_->broadcast(&id_ok, 1, DType::kI32, 0);
-    if (id_ok == 0) {
-      throw Error(
-          fmt::format("nccl: ncclGetUniqueId failed on rank 0{}",
-                      rank_ == 0 ? fmt::format(": {}", nccl().get_error_string(id_rc)) : ""));
-    }
-    // Making the device current, then ncclCommInitRank, each agreed over the host group: a rank
-    // whose device fails does not enter NCCL's bootstrap (the others would wait there for it),
-    // and when the init fails on some ranks, every rank drops its communicator and throws. (A
-    // rank that fails inside NCCL's bootstrap, after the others joined it, is NCCL's to end.)
-    const Communicator host(host_);
-    std::string why;
-    try {
-      make_current("ncclCommInitRank");
-    } catch (const Error& e) {
-      why = e.what();
-    }
-    agree_or_throw(host, why.empty(), "nccl: making the device current before ncclCommInitRank",
-                   why);
-    try {
-      check(nccl().comm_init_rank(&comm_, size_, id, rank_), "ncclCommInitRank",
-            fmt::format("{} ranks, device {}", size_, device_));
-    } catch (const Error& e) {
-      why = e.what();
-    }
-    try {
-      agree_or_throw(host, why.empty(), "nccl: ncclCommInitRank", why);
-    } catch (const Error&) {
-      if (comm_ != nullptr) nccl().comm_abort(comm_);
-      comm_ = nullptr;
-      throw;
-    }
-  }
-  // The communicator's device, current on the calling thread (any thread may call).
-  void make_current(const char* op) const {
-    int current = -1;
-    cudaError_t rc = cudaGetDevice(&current);
-    if (rc == cudaSuccess && current == device_) return;
-    if (rc == cudaSuccess) rc = cudaSetDevice(device_);
-    if (rc != cudaSuccess) {
-      throw Error(fmt::format("nccl: {}: making device {} current failed on rank {} of {}: {}", op,
-                              device_, rank_, size_, cudaGetErrorString(rc)));
-    }
-  }
+  void connect();
+
   std::string counted(std::size_t count, DType t) const {
     return fmt::format("{} x {}", count, dtype_name(t));
   }
-  // Throws on a failed call, and on an error NCCL reports asynchronously for this communicator.
-  void check(ncclResult_t rc, std::string_view call, std::string_view context) {
-    if (rc == ncclSuccess && comm_ != nullptr &&
-        nccl().comm_get_async_error(comm_, &async_) == ncclSuccess && async_ != ncclSuccess &&
-        async_ != ncclInProgress) {
-      rc = async_;
-    }
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-      const char* last = comm_ != nullptr ? nccl().get_last_error(comm_) : nullptr;
-      throw Error(fmt::format("nccl: {} failed on rank {} of {}: {}{} [{}]", call, rank_, size_,
-                              nccl().get_error_string(rc),
-                              last != nullptr && *last != '\0' ? fmt::format(" ({})", last) : "",
-                              context));
-    }
-  }
 
   std::shared_ptr<CommImpl> host_;
-  cudaStream_t stream_;
-  int device_;
+  std::shared_ptr<NcclDevice> device_;
+  double timeout_;
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
-  ncclResult_t async_ = ncclSuccess;
+  std::string failed_;  // set by fail(): every later operation throws it
 };
+
+void NcclComm::connect() {
+  // Every rank loads NCCL, then the ranks agree on it before the first collective of the
+  // bootstrap, so that a rank without the library fails the others instead of leaving them
+  // waiting.
+  const Communicator host(host_);
+  std::string load_error;
+  try {
+    nccl();
+  } catch (const Error& e) {
+    load_error = e.what();
+  }
+  agree_or_throw(host, load_error.empty(), "nccl: loading NCCL", load_error);
+  ncclUniqueId id{};
+  // Rank 0's id travels to every rank even when making it failed there, so that no rank waits
+  // in the broadcast; the failure is then agreed over the host group.
+  ncclResult_t id_rc = ncclSuccess;
+  if (rank_ == 0) id_rc = nccl().get_unique_id(&id);
+  host_->broadcast(&id, sizeof(id), DType::kU8, 0);
+  agree_or_throw(host, id_rc == ncclSuccess, "nccl: ncclGetUniqueId on rank 0",
+                 id_rc == ncclSuccess ? "" : nccl().get_error_string(id_rc));
+  // Making the device current, then starting ncclCommInitRankConfig (non-blocking), each agreed
+  // over the host group: a rank whose device fails does not enter NCCL's bootstrap. The bootstrap
+  // itself runs in NCCL's threads; its wait is bounded like every other (wait()).
+  std::string why;
+  try {
+    device_->make_current("ncclCommInitRankConfig");
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  agree_or_throw(host, why.empty(), "nccl: making the device current before ncclCommInit", why);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t rc = nccl().comm_init_rank_config(&comm_, size_, id, rank_, &config);
+  if (rc != ncclSuccess && rc != ncclInProgress) {
+    why = fmt::format("ncclCommInitRankConfig failed on rank {} of {} ({}): {}", rank_, size_,
+                      device_->name(), nccl().get_error_string(rc));
+  }
+  try {
+    agree_or_throw(host, why.empty(), "nccl: ncclCommInitRankConfig", why);
+  } catch (const Error&) {
+    if (comm_ != nullptr) nccl().comm_abort(comm_);
+    comm_ = nullptr;
+    throw;
+  }
+  wait("ncclCommInitRankConfig", true);
+}
 
 }  // namespace
 
-std::shared_ptr<CommImpl> make_nccl_comm(std::shared_ptr<CommImpl> host, cudaStream_t stream,
-                                         int device) {
-  return std::make_shared<NcclComm>(std::move(host), stream, device);
+std::shared_ptr<CommImpl> make_nccl_comm(std::shared_ptr<CommImpl> host,
+                                         std::shared_ptr<NcclDevice> device) {
+  auto c = std::make_shared<NcclComm>(std::move(host), std::move(device));
+  NcclComm::register_comm(c);
+  return c;
+}
+
+void nccl_wait(NcclDevice& device, const char* what) {
+  std::vector<std::shared_ptr<NcclComm>> comms;
+  {
+    Registry& r = registry();
+    const std::lock_guard lock(r.mutex);
+    for (const auto& w : r.comms[&device])
+      if (auto c = w.lock()) comms.push_back(std::move(c));
+  }
+  if (comms.empty()) {
+    while (!device.idle())
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    return;
+  }
+  const auto limit = Clock::now() + std::chrono::duration<double>(comms.front()->timeout());
+  auto pause = std::chrono::microseconds(1);
+  for (;;) {
+    bool busy = false;
+    for (const auto& c : comms)
+      busy = c->poll(what) || busy;
+    if (!busy && device.idle()) return;
+    if (Clock::now() > limit) comms.front()->timed_out(what);
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+bool nccl_built() {
+  return true;
 }
 
 }  // namespace distmuon

@@ -21,6 +21,8 @@
 #include "compute/cuda/cuda_check.h"
 #include "compute/cuda/cuda_kernels.h"
 #include "compute/cuda/cuda_libraries.h"
+#include "compute/cuda/cuda_nccl_device.h"
+#include "compute/cuda/cuda_staged_comm.h"
 #include "compute/cuda/cuda_stream_timer.h"
 #include "compute/shape_checks.h"
 #include "core/host.h"
@@ -108,9 +110,16 @@ class CudaCompute final : public Compute {
   Precision default_precision() const override { return override_.value_or(Precision::kBf16); }
   cudaStream_t stream() const { return stream_; }
 
+  // A host wait: bounded by the NCCL deadline while this backend has NCCL communicators
+  // (nccl_wait: a collective waiting for a peer that stalled or died ends in their failure
+  // protocol instead of hanging), else cudaStreamSynchronize.
   void synchronize() override {
     make_current("synchronize");
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", name());
+    if (nccl_device_) {
+      nccl_wait(*nccl_device_, "synchronize");
+    } else {
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", name());
+    }
     check_released();
   }
 
@@ -139,8 +148,12 @@ class CudaCompute final : public Compute {
     std::erase_if(comms_, [](const auto& kv) { return kv.second.expired(); });
     auto& slot = comms_[host.impl_ptr().get()];
     std::shared_ptr<CommImpl> nccl = slot.lock();
-    if (!nccl) {
-      nccl = make_nccl_comm(host.impl_ptr(), stream_, device_);
+    if (!nccl && cuda::staged_data_plane()) {
+      nccl = cuda::make_staged_comm(host.impl_ptr(), device_, stream_);  // no NCCL: via the host
+      slot = nccl;
+    } else if (!nccl) {
+      if (!nccl_device_) nccl_device_ = cuda::make_cuda_nccl_device(device_, stream_);
+      nccl = make_nccl_comm(host.impl_ptr(), nccl_device_);
       slot = nccl;
     }
     return host.with_data(std::move(nccl));
@@ -280,6 +293,15 @@ class CudaCompute final : public Compute {
           fmt::format("axpby: shape mismatch {} vs {}", shape_str(x), shape_str(y.rows, y.cols)));
     }
     check(cuda::axpby(stream_, alpha, dev(x), beta, dev(y)), "axpby kernel", shape_str(x));
+  }
+  void ns_polynomial(float a, float b, ConstMatrixView gram, MatrixView p) override {
+    make_current("ns_polynomial");
+    if (gram.rows != gram.cols || p.rows != gram.rows || p.cols != gram.cols) {
+      Compute::ns_polynomial(a, b, gram, p);  // throws the shape error
+      return;
+    }
+    check(cuda::ns_polynomial(stream_, a, b, dev(gram), dev(p)), "ns_polynomial kernel",
+          shape_str(p.rows, p.cols));
   }
   void add_diagonal(MatrixView a, float alpha) override {
     make_current("add_diagonal");
@@ -472,7 +494,7 @@ class CudaCompute final : public Compute {
     if (bytes > results_.bytes) {
       const std::size_t grow = std::max<std::size_t>(bytes, 4096);
       // The old pinned slots may still be the target of a queued copy.
-      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", "growing the result slots");
+      synchronize();              // bounded while NCCL work may be queued
       release_scratch(results_);  // both or neither: a failure below leaves them to regrow
       if (host_results_ != nullptr) {
         check(cudaFreeHost(host_results_), "cudaFreeHost", "the old pinned result slots");
@@ -489,7 +511,7 @@ class CudaCompute final : public Compute {
   void fetch_results(std::size_t bytes, const char* op) {
     check(cudaMemcpyAsync(host_results_, results_.data, bytes, cudaMemcpyDeviceToHost, stream_),
           "cudaMemcpyAsync", fmt::format("{} results", op));
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", op);
+    synchronize();  // bounded while NCCL work may be queued
     check_released();
   }
 
@@ -563,6 +585,7 @@ class CudaCompute final : public Compute {
   Scratch bf16_[2];         // Precision::kBf16: the bf16 copies of a product's operands
   std::mutex comm_mutex_;
   std::map<const CommImpl*, std::weak_ptr<CommImpl>> comms_;
+  std::shared_ptr<NcclDevice> nccl_device_;  // its NCCL communicators' (made with the first)
 };
 
 std::unique_ptr<StreamTimer> CudaCompute::stream_timer() {

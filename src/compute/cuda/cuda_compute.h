@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA compute backend (cuBLAS and the kernels of cuda_kernels.cu on device memory, one
-// stream per backend). Built with DISTMUON_ENABLE_CUDA; docs/gpu.md describes it.
+// compute stream per backend, its NCCL collectives on a communication stream beside it ordered
+// by events: cuda_nccl_device.h). Built with DISTMUON_ENABLE_CUDA; docs/gpu.md describes it.
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -1,8 +1,9 @@
 // The CUDA backend's elementwise kernels and reductions (cuda_kernels.h). Elementwise kernels
-// walk the rows * cols elements of a view with a grid-stride loop; they evaluate the same float
-// expressions, in the same order, as the CPU backend (src/compute/cpu/cpu_compute.cpp), and this
-// file is compiled without contraction into fused multiply-adds (-fmad=false), so that their
-// results are bit-equal to the CPU backend's.
+// walk the rows x cols elements of a view with a two-dimensional grid-stride loop (rows over the
+// grid's y, columns over x: an element's address is i * ld + j, no division per element); they
+// evaluate the same float expressions, in the same order, as the CPU backend
+// (src/compute/cpu/cpu_compute.cpp), and this file is compiled without contraction into fused
+// multiply-adds (-fmad=false), so that their results are bit-equal to the CPU backend's.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -16,37 +17,42 @@ namespace {
 constexpr int kThreads = 256;
 constexpr std::int64_t kMaxBlocks = 4096;
 
-int blocks_for(std::int64_t n) {
-  const std::int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < kMaxBlocks ? b : kMaxBlocks);
+constexpr std::int64_t kMaxRowBlocks = 65535;  // the grid's y limit
+
+// The grid of a rows x cols walk: enough x blocks for a row, y blocks for the rows, at most
+// kMaxBlocks blocks in all (each thread then strides over both).
+dim3 grid_for(std::int64_t rows, std::int64_t cols) {
+  std::int64_t x = (cols + kThreads - 1) / kThreads;
+  x = x < kMaxBlocks ? x : kMaxBlocks;
+  std::int64_t y = kMaxBlocks / x;
+  y = y < rows ? y : rows;
+  y = y < kMaxRowBlocks ? y : kMaxRowBlocks;
+  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y < 1 ? 1 : y));
 }
 
-__device__ inline std::int64_t offset(std::int64_t t, std::int64_t cols, std::int64_t ld) {
-  const std::int64_t i = t / cols;
-  return i * ld + (t - i * cols);
-}
-
-// Runs f(t) for every element index t in [0, n) (row-major over the view's shape).
+// Runs f(i, j) for every element (i, j) of a rows x cols view.
 template <class F>
-__global__ void each_element(std::int64_t n, F f) {
-  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < n;
-       t += stride)
-    f(t);
+__global__ void each_element(std::int64_t rows, std::int64_t cols, F f) {
+  const std::int64_t col_stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  const std::int64_t j0 = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  for (std::int64_t i = blockIdx.y; i < rows; i += gridDim.y) {
+    for (std::int64_t j = j0; j < cols; j += col_stride)
+      f(i, j);
+  }
 }
 
 template <class F>
-cudaError_t launch(cudaStream_t s, std::int64_t n, F f) {
-  if (n <= 0) return cudaSuccess;
-  each_element<<<blocks_for(n), kThreads, 0, s>>>(n, f);
+cudaError_t launch(cudaStream_t s, std::int64_t rows, std::int64_t cols, F f) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  each_element<<<grid_for(rows, cols), kThreads, 0, s>>>(rows, cols, f);
   return cudaGetLastError();
 }
 
 struct ScaleOp {
   Dev a;
   float alpha;
-  __device__ void operator()(std::int64_t t) const {
-    float& x = a.data[offset(t, a.cols, a.ld)];
+  __device__ void operator()(std::int64_t i, std::int64_t j) const {
+    float& x = a.data[i * a.ld + j];
     x = alpha == 0.0f ? 0.0f : x * alpha;
   }
 };
@@ -56,9 +62,9 @@ struct NormScaleOp {
   Dev a;
   const double* sum;
   double eps;
-  __device__ void operator()(std::int64_t t) const {
+  __device__ void operator()(std::int64_t i, std::int64_t j) const {
     const double ss = *sum;
-    float& x = a.data[offset(t, a.cols, a.ld)];
+    float& x = a.data[i * a.ld + j];
     // Not finite: infinite or NaN (a comparison with NaN is false).
     if (!(ss <= 1.7976931348623157e308)) {
       x = __int_as_float(0x7fc00000);  // quiet NaN: the caller's check finds it
@@ -75,23 +81,37 @@ struct AxpbyOp {
   ConstDev x;
   float beta;
   Dev y;
-  __device__ void operator()(std::int64_t t) const {
-    const float xv = x.data[offset(t, x.cols, x.ld)];
-    float& yv = y.data[offset(t, y.cols, y.ld)];
+  __device__ void operator()(std::int64_t i, std::int64_t j) const {
+    const float xv = x.data[i * x.ld + j];
+    float& yv = y.data[i * y.ld + j];
     yv = beta == 0.0f ? alpha * xv : alpha * xv + beta * yv;
+  }
+};
+
+// Compute::ns_polynomial: p = (b * gram + 1 * p) + a on the diagonal, the order of the default's
+// axpby then add_diagonal (src/compute/ns_polynomial.cpp), in one pass.
+struct PolynomialOp {
+  float a, b;
+  ConstDev gram;
+  Dev p;
+  __device__ void operator()(std::int64_t i, std::int64_t j) const {
+    float& pv = p.data[i * p.ld + j];
+    float v = b * gram.data[i * gram.ld + j] + 1.0f * pv;
+    if (i == j) v += a;
+    pv = v;
   }
 };
 
 struct DiagonalOp {
   Dev a;
   float alpha;
-  __device__ void operator()(std::int64_t t) const { a.data[t * a.ld + t] += alpha; }
+  __device__ void operator()(std::int64_t i, std::int64_t) const { a.data[i * a.ld + i] += alpha; }
 };
 
 struct FillOp {
   Dev a;
   float value;
-  __device__ void operator()(std::int64_t t) const { a.data[offset(t, a.cols, a.ld)] = value; }
+  __device__ void operator()(std::int64_t i, std::int64_t j) const { a.data[i * a.ld + j] = value; }
 };
 
 // round_to (precision.h) on the bits, as the CPU backends do it: bf16 round to nearest even,
@@ -99,8 +119,8 @@ struct FillOp {
 struct RoundOp {
   Dev a;
   bool bf16;
-  __device__ void operator()(std::int64_t t) const {
-    float& x = a.data[offset(t, a.cols, a.ld)];
+  __device__ void operator()(std::int64_t i, std::int64_t j) const {
+    float& x = a.data[i * a.ld + j];
     const unsigned bits = __float_as_uint(x);
     if ((bits & 0x7f800000u) == 0x7f800000u) return;
     x = __uint_as_float(bf16 ? (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u
@@ -112,13 +132,13 @@ struct MomentumOp {
   MomentumArgs k;
   ConstDev g, w;
   Dev buf, u;
-  __device__ void operator()(std::int64_t t) const {
+  __device__ void operator()(std::int64_t i, std::int64_t j) const {
     const float mu = k.momentum;
-    const float gij = g.data[offset(t, g.cols, g.ld)] + k.l2 * w.data[offset(t, w.cols, w.ld)];
-    float& br = buf.data[offset(t, buf.cols, buf.ld)];
+    const float gij = g.data[i * g.ld + j] + k.l2 * w.data[i * w.ld + j];
+    float& br = buf.data[i * buf.ld + j];
     const float b = mu * br + (1.0f - mu) * gij;
     br = b;
-    u.data[offset(t, u.cols, u.ld)] = k.nesterov ? (1.0f - mu) * gij + mu * b : b;
+    u.data[i * u.ld + j] = k.nesterov ? (1.0f - mu) * gij + mu * b : b;
   }
 };
 
@@ -126,11 +146,11 @@ struct AdamWOp {
   AdamWArgs k;
   ConstDev g;
   Dev m, v, p;
-  __device__ void operator()(std::int64_t t) const {
-    const float gij = g.data[offset(t, g.cols, g.ld)];
-    float& mr = m.data[offset(t, m.cols, m.ld)];
-    float& vr = v.data[offset(t, v.cols, v.ld)];
-    float& pr = p.data[offset(t, p.cols, p.ld)];
+  __device__ void operator()(std::int64_t i, std::int64_t j) const {
+    const float gij = g.data[i * g.ld + j];
+    float& mr = m.data[i * m.ld + j];
+    float& vr = v.data[i * v.ld + j];
+    float& pr = p.data[i * p.ld + j];
     mr = k.beta1 * mr + (1.0f - k.beta1) * gij;
     vr = k.beta2 * vr + (1.0f - k.beta2) * gij * gij;
     const float denom = sqrtf(vr) / k.bias2_sqrt + k.eps;
@@ -141,8 +161,8 @@ struct AdamWOp {
 struct ToBf16Op {
   ConstDev a;
   __nv_bfloat16* dst;
-  __device__ void operator()(std::int64_t t) const {
-    dst[t] = __float2bfloat16_rn(a.data[offset(t, a.cols, a.ld)]);
+  __device__ void operator()(std::int64_t i, std::int64_t j) const {
+    dst[i * a.cols + j] = __float2bfloat16_rn(a.data[i * a.ld + j]);
   }
 };
 
@@ -201,26 +221,29 @@ __device__ T block_sum(T v) {
 
 template <class T>
 __global__ void sum_squares_kernel(ConstDev a, double* out) {
-  const std::int64_t n = a.rows * a.cols;
-  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  const std::int64_t col_stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  const std::int64_t j0 = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   T s = 0;
-  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < n;
-       t += stride) {
-    const T x = a.data[offset(t, a.cols, a.ld)];
-    s += x * x;
+  for (std::int64_t i = blockIdx.y; i < a.rows; i += gridDim.y) {
+    for (std::int64_t j = j0; j < a.cols; j += col_stride) {
+      const T x = a.data[i * a.ld + j];
+      s += x * x;
+    }
   }
   s = block_sum(s);
   if (threadIdx.x == 0) atomicAdd(out, static_cast<double>(s));
 }
 
+// The first non-finite element's row-major index i * cols + j (atomicMin over the threads).
 __global__ void find_non_finite_kernel(ConstDev a, unsigned long long* out) {
-  const std::int64_t n = a.rows * a.cols;
-  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < n;
-       t += stride) {
-    if (!isfinite(a.data[offset(t, a.cols, a.ld)])) {
-      atomicMin(out, static_cast<unsigned long long>(t));
-      return;  // later elements of this thread have larger indices
+  const std::int64_t col_stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  const std::int64_t j0 = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  for (std::int64_t i = blockIdx.y; i < a.rows; i += gridDim.y) {
+    for (std::int64_t j = j0; j < a.cols; j += col_stride) {
+      if (!isfinite(a.data[i * a.ld + j])) {
+        atomicMin(out, static_cast<unsigned long long>(i * a.cols + j));
+        return;  // this thread's later elements have larger indices
+      }
     }
   }
 }
@@ -228,31 +251,35 @@ __global__ void find_non_finite_kernel(ConstDev a, unsigned long long* out) {
 }  // namespace
 
 cudaError_t scale(cudaStream_t s, Dev a, float alpha) {
-  return launch(s, a.rows * a.cols, ScaleOp{a, alpha});
+  return launch(s, a.rows, a.cols, ScaleOp{a, alpha});
 }
 cudaError_t scale_by_norm(cudaStream_t s, Dev a, const double* sum, double eps) {
-  return launch(s, a.rows * a.cols, NormScaleOp{a, sum, eps});
+  return launch(s, a.rows, a.cols, NormScaleOp{a, sum, eps});
 }
 cudaError_t axpby(cudaStream_t s, float alpha, ConstDev x, float beta, Dev y) {
-  return launch(s, y.rows * y.cols, AxpbyOp{alpha, x, beta, y});
+  return launch(s, y.rows, y.cols, AxpbyOp{alpha, x, beta, y});
 }
 cudaError_t add_diagonal(cudaStream_t s, Dev a, float alpha) {
-  return launch(s, a.rows, DiagonalOp{a, alpha});
+  const std::int64_t n = a.rows < a.cols ? a.rows : a.cols;
+  return launch(s, n, 1, DiagonalOp{a, alpha});
+}
+cudaError_t ns_polynomial(cudaStream_t s, float a, float b, ConstDev gram, Dev p) {
+  return launch(s, p.rows, p.cols, PolynomialOp{a, b, gram, p});
 }
 cudaError_t round(cudaStream_t s, Dev a, bool bf16) {
-  return launch(s, a.rows * a.cols, RoundOp{a, bf16});
+  return launch(s, a.rows, a.cols, RoundOp{a, bf16});
 }
 cudaError_t fill(cudaStream_t s, Dev a, float value) {
-  return launch(s, a.rows * a.cols, FillOp{a, value});
+  return launch(s, a.rows, a.cols, FillOp{a, value});
 }
 cudaError_t muon_momentum(cudaStream_t s, MomentumArgs k, ConstDev g, ConstDev w, Dev buf, Dev u) {
-  return launch(s, g.rows * g.cols, MomentumOp{k, g, w, buf, u});
+  return launch(s, g.rows, g.cols, MomentumOp{k, g, w, buf, u});
 }
 cudaError_t adamw(cudaStream_t s, AdamWArgs k, ConstDev g, Dev m, Dev v, Dev p) {
-  return launch(s, g.rows * g.cols, AdamWOp{k, g, m, v, p});
+  return launch(s, g.rows, g.cols, AdamWOp{k, g, m, v, p});
 }
 cudaError_t to_bf16(cudaStream_t s, ConstDev a, void* dst) {
-  return launch(s, a.rows * a.cols, ToBf16Op{a, static_cast<__nv_bfloat16*>(dst)});
+  return launch(s, a.rows, a.cols, ToBf16Op{a, static_cast<__nv_bfloat16*>(dst)});
 }
 
 cudaError_t upper_block_pointers(cudaStream_t s, const void* a, std::int64_t a_step, void* c,
@@ -275,9 +302,9 @@ cudaError_t sum_squares(cudaStream_t s, ConstDev a, bool in_double, double* out)
   const std::int64_t n = a.rows * a.cols;
   if (n <= 0) return cudaSuccess;
   if (in_double) {
-    sum_squares_kernel<double><<<blocks_for(n), kThreads, 0, s>>>(a, out);
+    sum_squares_kernel<double><<<grid_for(a.rows, a.cols), kThreads, 0, s>>>(a, out);
   } else {
-    sum_squares_kernel<float><<<blocks_for(n), kThreads, 0, s>>>(a, out);
+    sum_squares_kernel<float><<<grid_for(a.rows, a.cols), kThreads, 0, s>>>(a, out);
   }
   return cudaGetLastError();
 }
@@ -285,7 +312,7 @@ cudaError_t sum_squares(cudaStream_t s, ConstDev a, bool in_double, double* out)
 cudaError_t find_non_finite(cudaStream_t s, ConstDev a, unsigned long long* out) {
   const std::int64_t n = a.rows * a.cols;
   if (n <= 0) return cudaSuccess;
-  find_non_finite_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, out);
+  find_non_finite_kernel<<<grid_for(a.rows, a.cols), kThreads, 0, s>>>(a, out);
   return cudaGetLastError();
 }
 

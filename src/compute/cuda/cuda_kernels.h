@@ -37,6 +37,8 @@ cudaError_t axpby(cudaStream_t s, float alpha, ConstDev x, float beta, Dev y);
 cudaError_t scale_by_norm(cudaStream_t s, Dev a, const double* sum, double eps);
 // a(i, i) += alpha.
 cudaError_t add_diagonal(cudaStream_t s, Dev a, float alpha);
+// p = (b * gram + p) + a on the diagonal (Compute::ns_polynomial), one pass.
+cudaError_t ns_polynomial(cudaStream_t s, float a, float b, ConstDev gram, Dev p);
 // a rounded to bf16 (bf16) or tf32 in place, kept in fp32 (round_to in precision.h).
 cudaError_t round(cudaStream_t s, Dev a, bool bf16);
 cudaError_t fill(cudaStream_t s, Dev a, float value);

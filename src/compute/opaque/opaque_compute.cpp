@@ -12,12 +12,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 
+#include "comm/nccl/nccl_comm.h"
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
 
@@ -57,7 +61,7 @@ class OpaqueDataComm final : public CommImpl {
 
 class OpaqueCompute final : public Compute {
  public:
-  OpaqueCompute() {
+  OpaqueCompute() : nccl_plane_(nccl_data_plane()) {
     void* p =
         mmap(nullptr, kReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
@@ -82,8 +86,23 @@ class OpaqueCompute final : public Compute {
     check_host("copy_to_host", host);
     cpu().copy(mine("copy_to_host", src), host);
   }
+  // The host communicator on the backend's storage, or (DISTMUON_OPAQUE_DATA_PLANE=nccl) an NCCL
+  // communicator on host memory, one per host group as the CUDA backend keeps them: the stand-in
+  // NCCL of the tests (docs/gpu.md, "Testing without GPUs").
   Communicator data_communicator(const Communicator& host) override {
-    return host.with_data(std::make_shared<OpaqueDataComm>(host.impl_ptr(), this));
+    if (!nccl_plane_) {
+      return host.with_data(std::make_shared<OpaqueDataComm>(host.impl_ptr(), this));
+    }
+    std::lock_guard lock(comm_mutex_);
+    std::erase_if(comms_, [](const auto& kv) { return kv.second.expired(); });
+    auto& slot = comms_[host.impl_ptr().get()];
+    std::shared_ptr<CommImpl> data = slot.lock();
+    if (!data) {
+      data = std::make_shared<OpaqueDataComm>(make_nccl_comm(host.impl_ptr(), host_nccl_device()),
+                                              this);
+      slot = data;
+    }
+    return host.with_data(std::move(data));
   }
   // Its operations complete before they return, so the host clock inside the backend times them;
   // the intervals are kept and summed later, as a device backend's events are.
@@ -222,8 +241,20 @@ class OpaqueCompute final : public Compute {
     }
   }
 
+  static bool nccl_data_plane() {
+    const char* env = std::getenv("DISTMUON_OPAQUE_DATA_PLANE");
+    const std::string plane = env != nullptr ? env : "";
+    if (plane.empty() || plane == "host") return false;
+    if (plane == "nccl") return true;
+    throw Error(fmt::format("DISTMUON_OPAQUE_DATA_PLANE='{}': expected host or nccl", plane));
+  }
+
+  bool nccl_plane_;  // DISTMUON_OPAQUE_DATA_PLANE=nccl when made
   std::uintptr_t base_ = 0;
-  double* slot_ = nullptr;  // normalize's sum, in this backend's memory
+  double* slot_ = nullptr;
+  std::mutex comm_mutex_;
+  std::map<const CommImpl*, std::weak_ptr<CommImpl>>
+      comms_;  // NCCL data planes by host group  // normalize's sum, in this backend's memory
   std::size_t next_ = 0;
   std::map<std::uintptr_t, Block> blocks_;           // by address
   std::multimap<std::size_t, std::uintptr_t> free_;  // released address ranges by span
