@@ -128,9 +128,18 @@ void Muon::Impl::plan() {
     }
   }
   if (pending) plan_auto_modes(*this);
-  for (ParamState& p : params) {
-    if (p.muon && p.mode && !p.home) p.home = runs_on_home(p);
+  std::vector<std::size_t> priced;  // replica_mode auto, tp_mode auto: the cost model decides
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    ParamState& p = params[i];
+    if (!p.muon || !p.mode || p.home) continue;
+    if (options.replica_mode == ReplicaMode::kAuto && options.tp_mode == TpMode::kAuto &&
+        p.layout.dp_on() && !p.sharded()) {
+      priced.push_back(i);
+    } else {
+      p.home = runs_on_home(p);
+    }
   }
+  if (!priced.empty()) plan_replica_homes(*this, priced);
 }
 
 bool Muon::Impl::runs_on_home(const ParamState& p) const {

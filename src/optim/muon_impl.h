@@ -121,6 +121,11 @@ std::unique_ptr<AutoState, void (*)(AutoState*)> make_auto_state(const MuonOptio
 // Plans the mode and algorithm of every Muon parameter without one (collective over the world:
 // world rank 0 plans each bucket of parameters sharing their groups, and shares the result).
 void plan_auto_modes(Muon::Impl& impl);
+// replica_mode auto with tp_mode auto: whether each of todo's parameters (unsharded, replicated,
+// in no home yet) runs on a home of its replicas, by the cost model per bucket of parameters with
+// the same replicas (estimate_replica_bucket; world rank 0 decides and shares). Collective over
+// the world.
+void plan_replica_homes(Muon::Impl& impl, std::span<const std::size_t> todo);
 // plan_auto_modes with plan=measure (muon_measure.cpp): keys per todo parameter (crossing agreed),
 // buckets of parameter indices sharing their groups. Collective over the world.
 void plan_auto_modes_by_measuring(Muon::Impl& impl, std::span<const std::size_t> todo,

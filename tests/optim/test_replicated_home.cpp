@@ -121,6 +121,14 @@ TEST(ReplicatedHome, UnshardedWeightsOverTheWorldAreBitEqualToEveryRankNs) {
     SCOPED_TRACE(to_string(mode));
     expect_home_equals_every_rank(shapes, 1, mode);
   }
+  // replica_mode auto, tp_mode auto: the cost model (no profile: FLOPs, the exchange free) gives
+  // 8 weights over 2 or 4 replicas homes; bit-equal still.
+  const RunResult autos = run(shapes, 1, TpMode::kAuto, ReplicaMode::kAuto);
+  const RunResult every = run(shapes, 1, TpMode::kAuto, ReplicaMode::kEveryRank);
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    EXPECT_TRUE(autos.info[k].home);
+    EXPECT_TRUE(bit_equal(autos.weights[k], every.weights[k]));
+  }
 }
 
 // TP 2 x 2 replicas (4 ranks): owner mode's homes span the replicas.
