@@ -59,6 +59,10 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
                  "With --plan measure: read and write measured times in this JSON file")
       ->check(non_empty_path())
       ->needs(m);
+  cmd.add_flag("--replicated", replicated,
+               "With --model: also time the weights replicated over the ranks (data parallel, "
+               "unsharded): every rank's Newton-Schulz against one home rank per weight")
+      ->needs(m);
   cmd.add_option("--plan-reps", plan_reps,
                  "With --plan measure: timed rounds of the planner's candidates (after one "
                  "warm-up)")
@@ -112,6 +116,7 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
       throw Error("bench: --wisdom applies to --plan measure");
     c.max_elements = model.max_elements;
     c.seed = common.seed;
+    c.replicated = model.replicated;
     return c;
   });
   // The outputs are checked before anything is timed (the wisdom is written after the plan's

@@ -19,6 +19,7 @@ struct BenchModelOptions {
   std::string plan = "estimate", wisdom;
   Index max_elements = Index{1} << 24;
   int plan_reps = MeasurePlanOptions{}.reps;
+  bool replicated = false;  // --replicated: also time the weights replicated over the ranks
   CLI::Option* model_cost_alias = nullptr;  // --model-cost, the deprecated --cost-model
 
   void add_to(CLI::App& cmd);

@@ -104,6 +104,18 @@ json to_json(const ModelBenchReport& r) {
     if (o.planned_s > 0) j["owner"].back()["planned_ms"] = o.planned_s * 1e3;
   }
   j["auto_owner"] = r.auto_owner;
+  if (r.replicated) {
+    const ModelBenchReplicated& d = *r.replicated;
+    j["replicated"] = {{"replicas", d.replicas},
+                       {"every_rank", timing_json(d.every_rank)},
+                       {"home", timing_json(d.home)},
+                       {"homes", d.homes},
+                       {"auto", d.auto_home ? "home" : "every_rank"}};
+    if (r.has_profile) {
+      j["replicated"]["predicted_every_rank_ms"] = d.predicted_every_rank_s * 1e3;
+      j["replicated"]["predicted_home_ms"] = d.predicted_home_s * 1e3;
+    }
+  }
   const ModelBenchTotals& t = r.totals;
   j["totals"] = {{"duplicated_ms", t.duplicated_s * 1e3},
                  {"distributed_ms", t.distributed_s * 1e3},
@@ -203,6 +215,15 @@ std::string format_report(const ModelBenchReport& r) {
                    (ratio(t.auto_s, t.oracle_s) - 1) * 100, ratio(t.best_fixed_s(), t.auto_s)));
   line("oracle per weight", t.per_weight_oracle_s, 0, "");
   line("oracle (all candidates)", t.oracle_s, 0, "");
+  if (r.replicated) {
+    const ModelBenchReplicated& d = *r.replicated;
+    out += fmt::format(
+        "\nreplicated over {} ranks (data parallel, unsharded; same rounds; auto: {}):\n",
+        d.replicas, d.auto_home ? "home" : "every rank");
+    line("every rank's NS", d.every_rank.median_s, d.predicted_every_rank_s, "");
+    line("one home per weight", d.home.median_s, d.predicted_home_s,
+         fmt::format("{:.2f}x of every rank's", ratio(d.home.median_s, d.every_rank.median_s)));
+  }
   return out;
 }
 
