@@ -62,6 +62,10 @@ struct ModelBenchConfig {
   // Also time the weights replicated over the group (data parallelism, unsharded): every rank's
   // NS of every weight against one home per weight (ModelBenchReplicated).
   bool replicated = false;
+  // Replicated: the chunks of the pipelined home schedule (timed beside the serial one), and an
+  // emulated link (emulated_link_communicator) under the replicas' exchange (zeros: none).
+  int pipeline = 4;
+  LinkModel link;
   // Called (where set) before each timed round with what is being measured, e.g. "round 2 of 6";
   // the CLI sets it on rank 0 for its progress line.
   std::function<void(const std::string&)> progress;
@@ -105,8 +109,10 @@ struct ModelBenchOwner {
 // model's predictions (estimate_replica_bucket; zero without a profile) and auto's choice.
 struct ModelBenchReplicated {
   int replicas = 1;
-  TimingSummary every_rank, home;
-  std::vector<int> homes;  // per weight (count copies per shape, in order)
+  TimingSummary every_rank, home, home_pipelined;  // home: the serial schedule
+  int pipeline = 1;                                // home_pipelined's chunks
+  LinkModel link;                                  // the emulated link (zeros: none)
+  std::vector<int> homes;                          // per weight (count copies per shape, in order)
   double predicted_every_rank_s = 0, predicted_home_s = 0;
   bool auto_home = false;  // replica_mode auto (tp_mode auto) would choose homes
 };

@@ -28,7 +28,9 @@ struct ReplicatedRun {
 ModelBenchReplicated run_replicated_bench(const Communicator& group, const ModelBenchConfig& config,
                                           const HardwareProfile* profile, CostModel model,
                                           bool crosses, Compute& compute) {
-  const Communicator dp = group.has_data_plane() ? group : compute.data_communicator(group);
+  const Communicator planes = group.has_data_plane() ? group : compute.data_communicator(group);
+  const bool emulated = config.link.latency_s > 0 || config.link.bytes_per_s > 0;
+  const Communicator dp = emulated ? emulated_link_communicator(planes, config.link) : planes;
   const Communicator one = compute.data_communicator(local_communicator());
   // The inputs: each shape's full matrix drawn on the host (the same on every rank), uploaded once.
   std::vector<DeviceMatrix> inputs;
@@ -49,18 +51,18 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
     }
   }
   const std::size_t n = input_of.size();
-  ReplicatedRun runs[2];  // every rank, homes
+  ReplicatedRun runs[3];  // every rank, homes (serial), homes (pipelined)
   NsWorkspaces workspaces;
   std::vector<MeasureTask> tasks;
   const ScaleFn unit = [](Index, Index) { return 1.0; };
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 3; ++r) {
     ReplicatedRun& run = runs[r];
     run.layouts.reserve(n);
     ResetCopies copies;
     for (std::size_t w = 0; w < n; ++w) {
       const WeightShape& s = config.weights[input_of[w]];
       ShardLayout l{.m = s.m, .n = s.n};
-      if (r == 1) {
+      if (r > 0) {
         l.dp_size = group.size();
         l.dp_rank = group.rank();
       }
@@ -70,9 +72,10 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
     }
     for (std::size_t w = 0; w < n; ++w) {
       run.weights.push_back({run.work[w].view(), &run.layouts[w], &one, &one,
-                             NsAlgorithm::kStandard, r == 1 ? &dp : nullptr});
+                             NsAlgorithm::kStandard, r > 0 ? &dp : nullptr});
     }
-    run.orth = std::make_unique<OwnerOrthogonalizer>(ns_flops_cost(config.ns));
+    run.orth = std::make_unique<OwnerOrthogonalizer>(ns_flops_cost(config.ns),
+                                                     r == 2 ? config.pipeline : 1);
     tasks.push_back({[&run, &config, &compute, &workspaces, unit] {
                        run.orth->run(run.weights, config.ns, unit, compute, &workspaces);
                        compute.synchronize();
@@ -86,6 +89,9 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
   out.replicas = group.size();
   out.every_rank = summarize(std::move(timed[0]));
   out.home = summarize(std::move(timed[1]));
+  out.home_pipelined = summarize(std::move(timed[2]));
+  out.pipeline = config.pipeline;
+  out.link = config.link;
   out.homes = runs[1].orth->last_owners();
   const ReplicaBucketEstimate e =
       estimate_replica_bucket(keys, group.size(), crosses, profile, model);

@@ -109,6 +109,10 @@ json to_json(const ModelBenchReport& r) {
     j["replicated"] = {{"replicas", d.replicas},
                        {"every_rank", timing_json(d.every_rank)},
                        {"home", timing_json(d.home)},
+                       {"home_pipelined", timing_json(d.home_pipelined)},
+                       {"pipeline", d.pipeline},
+                       {"link_latency_us", d.link.latency_s * 1e6},
+                       {"link_gbps", d.link.bytes_per_s / 1e9},
                        {"homes", d.homes},
                        {"auto", d.auto_home ? "home" : "every_rank"}};
     if (r.has_profile) {
@@ -221,8 +225,15 @@ std::string format_report(const ModelBenchReport& r) {
         "\nreplicated over {} ranks (data parallel, unsharded; same rounds; auto: {}):\n",
         d.replicas, d.auto_home ? "home" : "every rank");
     line("every rank's NS", d.every_rank.median_s, d.predicted_every_rank_s, "");
+    if (d.link.latency_s > 0 || d.link.bytes_per_s > 0) {
+      out += fmt::format("  (the replicas' exchange over an emulated link: {} us, {} GB/s)\n",
+                         d.link.latency_s * 1e6, d.link.bytes_per_s / 1e9);
+    }
     line("one home per weight", d.home.median_s, d.predicted_home_s,
          fmt::format("{:.2f}x of every rank's", ratio(d.home.median_s, d.every_rank.median_s)));
+    line("  pipelined", d.home_pipelined.median_s, 0,
+         fmt::format("{} chunks: {:.2f}x of the serial schedule", d.pipeline,
+                     ratio(d.home_pipelined.median_s, d.home.median_s)));
   }
   return out;
 }

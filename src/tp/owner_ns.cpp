@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <numeric>
 
 #include "distmuon/agreement.h"
@@ -31,11 +32,19 @@ struct Exchange {
   }
 };
 
-// Packs every block sent into one staging buffer (peer by peer, one compute.copy per block), runs
-// the all-to-all over the group's data plane, and unpacks what arrives into the blocks received.
-// The staging buffers come from workspaces, kept across steps.
-void exchange(const Communicator& group, const Exchange& x, Compute& compute,
-              NsWorkspaces& workspaces) {
+// An exchange in flight: its request and where what arrives goes.
+struct Started {
+  std::unique_ptr<CommRequest> request;
+  const float* recv = nullptr;
+  std::vector<std::vector<MatrixView>> from;
+};
+
+// Packs every block sent into one staging buffer (peer by peer, one compute.copy per block) and
+// starts the all-to-all over the group's data plane (finish unpacks what arrives into the blocks
+// received). The staging buffers come from workspaces (slot: one per exchange in flight), kept
+// across steps.
+Started start_exchange(const Communicator& group, const Exchange& x, Compute& compute,
+                       NsWorkspaces& workspaces, std::size_t slot) {
   const std::size_t peers = x.to.size();
   DISTMUON_ASSERT(peers == static_cast<std::size_t>(group.size()), "one list per peer");
   std::vector<std::size_t> send_counts(peers, 0), recv_counts(peers, 0);
@@ -50,9 +59,13 @@ void exchange(const Communicator& group, const Exchange& x, Compute& compute,
   const std::size_t n_recv =
       std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
   float* const send =
-      workspaces.buffer(compute, BufferRole::kSend, 0, static_cast<Index>(n_send), 1).view().data;
+      workspaces.buffer(compute, BufferRole::kSend, slot, static_cast<Index>(n_send), 1)
+          .view()
+          .data;
   float* const recv =
-      workspaces.buffer(compute, BufferRole::kRecv, 0, static_cast<Index>(n_recv), 1).view().data;
+      workspaces.buffer(compute, BufferRole::kRecv, slot, static_cast<Index>(n_recv), 1)
+          .view()
+          .data;
   std::size_t at = 0;
   for (const auto& blocks : x.to) {
     for (const MatrixView& v : blocks) {
@@ -60,14 +73,28 @@ void exchange(const Communicator& group, const Exchange& x, Compute& compute,
       at += elems(v.rows, v.cols);
     }
   }
-  group.data().all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv}, recv_counts);
-  at = 0;
+  Started out{group.data().start_all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv},
+                                                     recv_counts),
+              recv, x.from};
+  return out;
+}
+
+void finish(Started& x, Compute& compute) {
+  x.request->wait();
+  std::size_t at = 0;
   for (const auto& blocks : x.from) {
     for (const MatrixView& v : blocks) {
-      compute.copy(ConstMatrixView{recv + at, v.rows, v.cols, v.cols}, v);
+      compute.copy(ConstMatrixView{x.recv + at, v.rows, v.cols, v.cols}, v);
       at += elems(v.rows, v.cols);
     }
   }
+}
+
+// The exchange, waited for.
+void exchange(const Communicator& group, const Exchange& x, Compute& compute,
+              NsWorkspaces& workspaces) {
+  Started started = start_exchange(group, x, compute, workspaces, 0);
+  finish(started, compute);
 }
 
 // The bucket's grid: T x G ranks, this rank at (t, g), repeated over D replicas (this one d).
@@ -116,7 +143,7 @@ OwnerCostFn ns_flops_cost(const NsOptions& ns) {
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
-                         NsWorkspaces* workspaces) {
+                         NsWorkspaces* workspaces, int chunks) {
   DISTMUON_ASSERT(items.size() == owners.size(), "one owner per item");
   if (items.empty()) return;
   NsWorkspaces call_workspaces;  // only when the caller keeps none
@@ -180,14 +207,21 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
       if (holds(i)) over_tp.from[j].push_back(tp_block(full[i], layout(i), static_cast<int>(j)));
     }
   }
-  // Replicas: the home sends its result to the same position of every other replica.
-  Exchange over_dp(D);
-  for (std::size_t j = 0; j < D && grid.D > 1; ++j) {
-    if (j == static_cast<std::size_t>(grid.d)) continue;
-    for (std::size_t i = 0; i < n_items; ++i) {
-      if (runs(i)) over_dp.to[j].push_back(work(i));
-      if (holds(i) && static_cast<std::size_t>(grid.d_of(owners[i])) == j)
-        over_dp.from[j].push_back(work(i));
+  // Replicas: the home sends its result to the same position of every other replica, in
+  // `chunks` exchanges of consecutive items, each started as soon as its items are orthogonalised
+  // (the next chunk's NS runs while it is in flight).
+  const std::size_t n_chunks =
+      grid.D > 1 ? std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1, n_items) : 0;
+  const std::size_t per_chunk = n_chunks == 0 ? n_items : (n_items + n_chunks - 1) / n_chunks;
+  std::vector<Exchange> over_dp(n_chunks, Exchange(D));
+  for (std::size_t c = 0; c < n_chunks; ++c) {
+    for (std::size_t j = 0; j < D; ++j) {
+      if (j == static_cast<std::size_t>(grid.d)) continue;
+      for (std::size_t i = c * per_chunk; i < std::min(n_items, (c + 1) * per_chunk); ++i) {
+        if (runs(i)) over_dp[c].to[j].push_back(work(i));
+        if (holds(i) && static_cast<std::size_t>(grid.d_of(owners[i])) == j)
+          over_dp[c].from[j].push_back(work(i));
+      }
     }
   }
 
@@ -202,12 +236,17 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   // The home's NS: the code duplicated mode runs on the same matrix.
   NsOptions gram = ns;
   gram.algorithm = NsAlgorithm::kGram;
-  for (std::size_t i = 0; i < n_items; ++i) {
-    if (!runs(i)) continue;
-    orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
-                       scale, compute, ws);
+  std::vector<Started> in_flight;
+  for (std::size_t c = 0; c < std::max<std::size_t>(n_chunks, 1); ++c) {
+    for (std::size_t i = c * per_chunk; i < std::min(n_items, (c + 1) * per_chunk); ++i) {
+      if (!runs(i)) continue;
+      orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
+                         scale, compute, ws);
+    }
+    if (n_chunks > 0) in_flight.push_back(start_exchange(*dp, over_dp[c], compute, ws, 1 + c));
   }
-  if (grid.D > 1) exchange(*dp, over_dp, compute, ws);
+  for (Started& x : in_flight)
+    finish(x, compute);
 
   // The scatter: stages 2 and 1 reversed.
   if (grid.T > 1) exchange(tp, over_tp.reversed(), compute, ws);
@@ -317,7 +356,8 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     const std::vector<int>& owners = owners_for(items, *b.tp, *b.gtp, b.dp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
       last_owners_[b.index[k]] = owners[k];
-    orthogonalize_owned(items, owners, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces);
+    orthogonalize_owned(items, owners, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces,
+                        chunks_);
   }
 }
 

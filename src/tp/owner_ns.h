@@ -65,11 +65,15 @@ struct OwnerItem {
 // see OwnerOrthogonalizer. The shards move over tp.data() and gtp.data(); the gathered buffers
 // and the all-to-all staging come from workspaces when given (kept across steps).
 // dp: the items' replica group when the homes span it (owners then range over T G D), else
-// nullptr (each replica, if any, runs its own).
+// nullptr (each replica, if any, runs its own). chunks: the results go to the other replicas in
+// up to this many all-to-alls of consecutive items, each started (non-blocking,
+// Communicator::start_all_to_all_v) once its items are orthogonalised, so that it is in flight
+// while the next chunk's NS runs; 1 is the serial schedule (every NS, then one exchange). The
+// same bits either way: the chunks only copy.
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
-                         NsWorkspaces* workspaces = nullptr);
+                         NsWorkspaces* workspaces = nullptr, int chunks = 1);
 
 // Buckets a list of weights by group (TP, GTP, replicas), assigns owners (cached per bucket
 // composition; the first time a composition is seen its ranks check, collectively, that they agree
@@ -77,7 +81,12 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
 // replicas run the local NS.
 class OwnerOrthogonalizer {
  public:
-  explicit OwnerOrthogonalizer(OwnerCostFn cost) : cost_(std::move(cost)) {}
+  // pipeline: orthogonalize_owned's chunks for replicated buckets (1: serial).
+  explicit OwnerOrthogonalizer(OwnerCostFn cost, int pipeline = kDefaultPipeline)
+      : cost_(std::move(cost)), chunks_(pipeline) {}
+  // Replicated buckets are sent in 4 chunks by default: most of the exchange hides behind the
+  // NS of the later chunks, at 3 more all-to-all latencies.
+  static constexpr int kDefaultPipeline = 4;
 
   struct Weight {
     MatrixView shard;
@@ -101,6 +110,7 @@ class OwnerOrthogonalizer {
                                      const Communicator& gtp, const Communicator* dp);
 
   OwnerCostFn cost_;
+  int chunks_ = 1;
   using Key = std::tuple<std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>,
                          std::string>;
   struct KeyLess {
