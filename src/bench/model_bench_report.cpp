@@ -226,7 +226,7 @@ std::string format_report(const ModelBenchReport& r) {
         d.replicas, d.auto_home ? "home" : "every rank");
     line("every rank's NS", d.every_rank.median_s, d.predicted_every_rank_s, "");
     if (d.link.latency_s > 0 || d.link.bytes_per_s > 0) {
-      out += fmt::format("  (the replicas' exchange over an emulated link: {} us, {} GB/s)\n",
+      out += fmt::format("  (the replicas' exchange over an emulated link: {:.4g} us, {:.4g} GB/s)\n",
                          d.link.latency_s * 1e6, d.link.bytes_per_s / 1e9);
     }
     line("one home per weight", d.home.median_s, d.predicted_home_s,
