@@ -20,7 +20,7 @@ namespace {
 struct PlanCliOptions {
   std::vector<std::string> shapes;
   std::string model, profile = "none", cost_model = "refined", map, algorithm = "standard";
-  int group_size = 8, partition_dim = 0, steps = 5, elem_size = 2;
+  int group_size = 8, partition_dim = 0, steps = 5, elem_size = 2, replicas = 1;
   bool syrk = true, crosses = false, json = false, list_models = false;
 };
 
@@ -62,6 +62,10 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       ->check(non_empty_path())
       ->capture_default_str();
   cmd->add_flag("--crosses-domain", o->crosses, "The group spans NVLink domains");
+  cmd->add_option("--replicas", o->replicas,
+                  "Also price the weights replicated (unsharded) over this many data-parallel "
+                  "ranks: one home per weight against every rank's Newton-Schulz")
+      ->check(at_least<int>(1));
   auto* model_cost = add_cost_model_option(*cmd, o->cost_model, "Cost model");
   cmd->add_flag("--json", o->json, "Print the plan as JSON");
   cmd->add_option("--map", o->map,
@@ -102,6 +106,7 @@ void run_plan(const PlanCliOptions& opts_in) {
   opts.algorithm = parse_ns_algorithm(o->algorithm);
   opts.elem_size = o->elem_size;
   opts.crosses_domain = o->crosses;
+  opts.replicas = o->replicas;
   opts.model = parse_cost_model(o->cost_model);
   opts.profile = resolve_profile(o->profile);
   if (opts.profile && !opts.crosses_domain && opts.group_size > opts.profile->domain_size) {

@@ -9,6 +9,7 @@
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/hardware_profile.h"
+#include "distmuon/plan.h"
 
 namespace distmuon {
 namespace {
@@ -69,6 +70,27 @@ TEST(ReplicaCost, ASlowLinkKeepsEveryRankAFastOneChoosesHomes) {
   // The busiest rank sends its 2 results to 3 other replicas, fp32.
   EXPECT_EQ(f.payload_bytes, 2.0 * 3 * 4 * 1024 * 1024);
   EXPECT_GT(s.comm_s, f.comm_s);
+}
+
+// plan --replicas: the model's weights (count copies per shape) unsharded over the replicas,
+// priced by the same estimate; absent without replicas.
+TEST(ReplicaCost, ThePlanPricesTheModelReplicated) {
+  const std::vector<WeightShape> weights = {{"a", 512, 256, 3, false}, {"b", 256, 1024, 2, false}};
+  PlanOptions o;
+  o.group_size = 4;
+  o.elem_size = 4;
+  EXPECT_FALSE(make_plan(weights, o).replicated.has_value());
+  o.replicas = 4;
+  const Plan plan = make_plan(weights, o);
+  ASSERT_TRUE(plan.replicated.has_value());
+  std::vector<AutoKey> keys(3, key(512, 256));
+  keys.insert(keys.end(), 2, key(256, 1024));
+  const ReplicaBucketEstimate e =
+      estimate_replica_bucket(keys, 4, false, nullptr, CostModel::kRefined);
+  EXPECT_EQ(plan.replicated->homes, e.homes);
+  EXPECT_EQ(plan.replicated->every_rank, e.every_rank);
+  EXPECT_EQ(plan.replicated->home_cost(), e.home_cost());
+  EXPECT_NE(format_plan(plan).find("one home per weight"), std::string::npos);
 }
 
 TEST(ReplicaCost, ShardedKeysAndBadReplicaCountsAreRefused) {
