@@ -59,6 +59,26 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
                  "With --plan measure: read and write measured times in this JSON file")
       ->check(non_empty_path())
       ->needs(m);
+  cmd.add_flag("--replicated", replicated,
+               "With --model: also time the weights replicated over the ranks (data parallel, "
+               "unsharded): every rank's Newton-Schulz against one home rank per weight")
+      ->needs(m);
+  auto* r = cmd.get_option("--replicated");
+  cmd.add_option("--pipeline", pipeline,
+                 "With --replicated: chunks of the pipelined home schedule (timed beside the "
+                 "serial one)")
+      ->check(at_least<int>(1))
+      ->capture_default_str()
+      ->needs(r);
+  cmd.add_option("--link-latency-us", link_latency_us,
+                 "With --replicated: emulate a link of this latency under the replicas' exchange")
+      ->check(at_least<double>(0))
+      ->needs(r);
+  cmd.add_option("--link-gbps", link_gbps,
+                 "With --replicated: emulate a link of this bandwidth (GB/s) under the replicas' "
+                 "exchange")
+      ->check(at_least<double>(0))
+      ->needs(r);
   cmd.add_option("--plan-reps", plan_reps,
                  "With --plan measure: timed rounds of the planner's candidates (after one "
                  "warm-up)")
@@ -112,6 +132,9 @@ void run_bench_model(const BenchModelOptions& model, const BenchCommonOptions& c
       throw Error("bench: --wisdom applies to --plan measure");
     c.max_elements = model.max_elements;
     c.seed = common.seed;
+    c.replicated = model.replicated;
+    c.pipeline = model.pipeline;
+    c.link = {model.link_latency_us * 1e-6, model.link_gbps * 1e9};
     return c;
   });
   // The outputs are checked before anything is timed (the wisdom is written after the plan's

@@ -19,7 +19,10 @@ struct BenchModelOptions {
   std::string plan = "estimate", wisdom;
   Index max_elements = Index{1} << 24;
   int plan_reps = MeasurePlanOptions{}.reps;
-  CLI::Option* model_cost_alias = nullptr;  // --model-cost, the deprecated --cost-model
+  bool replicated = false;  // --replicated: also time the weights replicated over the ranks
+  int pipeline = 4;         // --pipeline
+  double link_latency_us = 0, link_gbps = 0;  // --link-latency-us, --link-gbps
+  CLI::Option* model_cost_alias = nullptr;    // --model-cost, the deprecated --cost-model
 
   void add_to(CLI::App& cmd);
   bool active() const { return !model.empty(); }

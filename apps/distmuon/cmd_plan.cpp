@@ -24,7 +24,7 @@ namespace {
 struct PlanCliOptions {
   std::vector<std::string> shapes;
   std::string model, profile = "none", cost_model = "refined", map, algorithm = "standard";
-  int group_size = 8, partition_dim = 0, steps = 5, elem_size = 2;
+  int group_size = 8, partition_dim = 0, steps = 5, elem_size = 2, replicas = 1;
   bool syrk = true, crosses = false, json = false, list_models = false;
   // The placement and its step simulation (--parallel).
   std::string parallel, sharding = "layerwise";
@@ -72,6 +72,10 @@ void add_plan_command(CLI::App& app, Context& ctx) {
       ->check(non_empty_path())
       ->capture_default_str();
   cmd->add_flag("--crosses-domain", o->crosses, "The group spans NVLink domains");
+  cmd->add_option("--replicas", o->replicas,
+                  "Also price the weights replicated (unsharded) over this many data-parallel "
+                  "ranks: one home per weight against every rank's Newton-Schulz")
+      ->check(at_least<int>(1));
   auto* model_cost = add_cost_model_option(*cmd, o->cost_model, "Cost model");
   cmd->add_option(
          "--parallel", o->parallel,
@@ -151,6 +155,7 @@ void run_plan(const PlanCliOptions& opts_in) {
   opts.algorithm = parse_ns_algorithm(o->algorithm);
   opts.elem_size = o->elem_size;
   opts.crosses_domain = o->crosses;
+  opts.replicas = o->replicas;
   opts.model = parse_cost_model(o->cost_model);
   opts.profile = resolve_profile(o->profile);
   if (opts.profile && !opts.crosses_domain && opts.group_size > opts.profile->domain_size) {

@@ -21,7 +21,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       "train", "Train the character-level model with Muon on weights sharded over the ranks");
   struct Opts {
     std::string config, data, tp_mode, profile, cost_model, plan, wisdom, log, checkpoint, resume,
-        plot, compare, ns_algorithm, precision;
+        plot, compare, ns_algorithm, precision, weights, replica_mode;
     std::uint64_t seed = 0;
     int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
     double progress = 1.0;
@@ -42,6 +42,14 @@ void add_train_command(CLI::App& app, Context& ctx) {
   const std::vector<std::string> mode_names = names_of<TpMode>();
   cmd->add_option("--tp-mode", o->tp_mode, "How Newton-Schulz runs on the shards: " + modes)
       ->check(CLI::IsMember(mode_names));
+  cmd->add_option("--weights", o->weights,
+                  "How the ranks hold the Muon weights: sharded (rows over the ranks) or "
+                  "replicated (data parallel: whole on every rank, gradients all-reduced)")
+      ->check(CLI::IsMember({"sharded", "replicated"}));
+  cmd->add_option("--replica-mode", o->replica_mode,
+                  "Replicated weights: orthogonalised on one home rank each (home), by every rank "
+                  "(every_rank), or as the cost model decides (auto)")
+      ->check(CLI::IsMember({"auto", "home", "every_rank"}));
   cmd->add_option("--ns-algorithm", o->ns_algorithm,
                   "Newton-Schulz algorithm (default: the config's, standard: every tp-mode gives "
                   "duplicated's result); auto: tp-mode auto picks standard or gram per weight, "
@@ -114,7 +122,9 @@ void add_train_command(CLI::App& app, Context& ctx) {
       if (log_interval->count() > 0) config.train.log_every = o->log_interval;
       if (eval_interval->count() > 0) config.train.eval_every = o->eval_interval;
       if (device->count() > 0) config.train.device = o->device.name;
+      if (!o->weights.empty()) config.train.weights = o->weights;
       if (!o->tp_mode.empty()) config.optimizer["tp_mode"] = o->tp_mode;
+      if (!o->replica_mode.empty()) config.optimizer["replica_mode"] = o->replica_mode;
       if (!o->ns_algorithm.empty()) config.optimizer["ns_algorithm"] = o->ns_algorithm;
       if (!o->precision.empty()) config.optimizer["precision"] = o->precision;
       if (!o->profile.empty()) config.optimizer["profile"] = o->profile;

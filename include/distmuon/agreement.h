@@ -145,5 +145,12 @@ requires std::convertible_to<std::invoke_result_t<F>, T> T decide_on_root(const 
 // difference within any column reaches every rank; a group of one costs nothing.
 void agree_on_tp_grid(const Communicator& tp, const Communicator& gtp, std::uint64_t hash, bool ok,
                       std::string_view what, std::string_view reason = {});
+// The same over a TP x GTP grid repeated over D replicas (dp: the D ranks at this rank's
+// position, one per replica): a third all_agree round over dp, after the grid's two, carries
+// every replica's outcome and hash to every position. "... of a T x G x D (TP x GTP x replicas)
+// grid disagree ...".
+void agree_on_tp_grid(const Communicator& tp, const Communicator& gtp, const Communicator& dp,
+                      std::uint64_t hash, bool ok, std::string_view what,
+                      std::string_view reason = {});
 
 }  // namespace distmuon

@@ -50,6 +50,15 @@ struct GroupPlacement {
   int world_size = 0;
 };
 
+// A collective started without waiting (CommImpl::start_all_to_all_v): its buffers stay in use
+// until wait() returns. wait() is called once; a request destroyed unwaited waits in its
+// destructor (errors there are swallowed: call wait()).
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual void wait() = 0;
+};
+
 class CommImpl {
  public:
   virtual ~CommImpl() = default;
@@ -72,6 +81,13 @@ class CommImpl {
                             const std::size_t* send_displs, void* recv,
                             const std::size_t* recv_counts, const std::size_t* recv_displs,
                             DType t) = 0;
+  // all_to_all_v started without waiting (MPI_Ialltoallv): the exchange proceeds while the caller
+  // computes, and the returned request's wait() completes it. Every rank starts the same
+  // collectives in the same order. Default: the blocking all_to_all_v, returning a completed
+  // request (a backend without non-blocking collectives overlaps nothing and stays correct).
+  virtual std::unique_ptr<CommRequest> start_all_to_all_v(
+      const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
+      const std::size_t* recv_counts, const std::size_t* recv_displs, DType t);
   virtual void barrier() = 0;
   // Ranks with the same color form a new communicator, ordered by (key, old rank).
   virtual std::shared_ptr<CommImpl> split(int color, int key) = 0;
@@ -147,6 +163,16 @@ class Communicator {
     all_to_all_v_packed(send.data(), send.size(), send_counts, recv.data(), recv.size(),
                         recv_counts, dtype_of<T>());
   }
+  // The same, started without waiting (CommImpl::start_all_to_all_v): send and recv stay in use
+  // until the request's wait() returns.
+  template <typename T>
+  std::unique_ptr<CommRequest> start_all_to_all_v(std::span<const T> send,
+                                                  std::span<const std::size_t> send_counts,
+                                                  std::span<T> recv,
+                                                  std::span<const std::size_t> recv_counts) const {
+    return all_to_all_v_packed(send.data(), send.size(), send_counts, recv.data(), recv.size(),
+                               recv_counts, dtype_of<T>(), true);
+  }
   // Broadcasts a string of any length from root.
   std::string broadcast_string(const std::string& s, int root) const;
   void barrier() const { impl_->barrier(); }
@@ -163,10 +189,12 @@ class Communicator {
 
  private:
   void check_gather(std::size_t send, std::size_t recv) const;
-  void all_to_all_v_packed(const void* send, std::size_t send_size,
-                           std::span<const std::size_t> send_counts, void* recv,
-                           std::size_t recv_size, std::span<const std::size_t> recv_counts,
-                           DType t) const;
+  // start: non-blocking (returns its request), else blocking (returns nullptr).
+  std::unique_ptr<CommRequest> all_to_all_v_packed(const void* send, std::size_t send_size,
+                                                   std::span<const std::size_t> send_counts,
+                                                   void* recv, std::size_t recv_size,
+                                                   std::span<const std::size_t> recv_counts,
+                                                   DType t, bool start = false) const;
   std::shared_ptr<CommImpl> impl_;
   std::shared_ptr<CommImpl> data_;  // nullptr: impl_ carries the data too
 };
@@ -211,5 +239,17 @@ struct CommStats {
   void reset() { *this = CommStats{}; }
 };
 Communicator counting_communicator(Communicator inner, std::shared_ptr<CommStats> stats);
+
+// A decorator that emulates a slower link for tests and benchmarks: every collective of this
+// rank takes at least latency_s + bytes / bytes_per_s, counted from its start (bytes: the
+// payload CommStats counts), by sleeping after the inner collective when it was faster. A
+// started all_to_all_v's time runs while the caller computes and is waited out in wait(), so
+// communication hidden behind computation is measurable on one machine. The data plane, when
+// inner has one, is wrapped the same way.
+struct LinkModel {
+  double latency_s = 0;
+  double bytes_per_s = 0;  // 0: no bandwidth term
+};
+Communicator emulated_link_communicator(const Communicator& inner, LinkModel link);
 
 }  // namespace distmuon

@@ -132,6 +132,28 @@ struct BucketPlan {
 BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,
                        CostModel model);
 
+// Replicated weights: a bucket of unsharded weights held whole by each of `replicas` ranks (their
+// data-parallel replicas; crosses: whether those ranks cross an NVLink domain), priced both ways.
+// Every rank: each replica runs every weight's NS (its cheaper allowed algorithm). Home: LPT
+// assigns each weight to one replica on its FLOPs (the executor's assignment), the busiest home's
+// NS is the compute term, and one all-to-all sends each home's results (fp32, 4 bytes an element)
+// to the other replicas, priced on the busiest rank's bytes sent or received (at the all-gather
+// rates) plus replicas - 1 latency steps. Without a profile both compare FLOPs (the exchange is
+// free); a tie stays with every rank (it moves nothing).
+struct ReplicaBucketEstimate {
+  std::vector<int> homes;               // per weight: the replica that orthogonalises it
+  std::vector<NsAlgorithm> algorithms;  // per weight: the cheaper allowed
+  double every_rank = 0;     // every replica's NS of the bucket: seconds with a profile, else FLOPs
+  double compute = 0;        // the busiest home's NS, in the same unit
+  double comm_s = 0;         // the results' all-to-all (0 without a profile)
+  double payload_bytes = 0;  // the bytes the busiest rank sends
+  double home_cost() const { return compute + comm_s; }
+  bool chose_home() const { return home_cost() < every_rank; }
+};
+ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int replicas,
+                                              bool crosses, const HardwareProfile* profile,
+                                              CostModel model);
+
 // The largest number of ranks a weight's groups may span (group_size x second_group_size): the
 // owner estimate keeps per-rank loads, so an absurd group (-G 1000000000) would allocate gigabytes.
 // 2^20 is far beyond any job the cost model describes.

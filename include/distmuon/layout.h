@@ -45,9 +45,14 @@ struct ShardLayout {
   Index tp_pad = 0;          // zero rows (tp_dim 0) or columns (tp_dim 1) appended to the full
                              // weight before the TP split (uneven TP shards)
   std::vector<Index> qkv{};  // rows per query group of each block type; empty: no split
+  // Replicas: dp_size ranks (this one dp_rank of them) hold the same shard of the weight (data
+  // parallelism: DDP, HSDP's replicate dimension). Replicas never split the matrix; they only say
+  // which ranks may share one orthogonalisation (owner mode's homes span them: owner_ns.h).
+  int dp_size = 1, dp_rank = 0;
 
   bool tp_on() const { return tp_dim != kNoPartition && tp_size > 1; }
   bool gtp_on() const { return gtp_size > 1; }
+  bool dp_on() const { return dp_size > 1; }
   Index m_tp() const { return tp_dim == 0 ? (m + tp_pad) / tp_size : m; }
   Index n_tp() const { return tp_dim == 1 ? (n + tp_pad) / tp_size : n; }
   // Columns of TP rank t's TP-local tensor that hold the weight (the rest are tp_pad's zeros).

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,13 @@ struct ModelBenchConfig {
   // Shapes whose matrix (m n) or distributed Gram matrix (n^2) holds more elements are refused.
   Index max_elements = Index{1} << 24;
   std::uint64_t seed = 0;
+  // Also time the weights replicated over the group (data parallelism, unsharded): every rank's
+  // NS of every weight against one home per weight (ModelBenchReplicated).
+  bool replicated = false;
+  // Replicated: the chunks of the pipelined home schedule (timed beside the serial one), and an
+  // emulated link (emulated_link_communicator) under the replicas' exchange (zeros: none).
+  int pipeline = 4;
+  LinkModel link;
   // Called (where set) before each timed round with what is being measured, e.g. "round 2 of 6";
   // the CLI sets it on rank 0 for its progress line.
   std::function<void(const std::string&)> progress;
@@ -95,6 +103,20 @@ struct ModelBenchOwner {
   double planned_s = 0;    // plan measure: the planner's time of this run, when it timed it
 };
 
+// The model's weights replicated over the group (ModelBenchConfig::replicated): one optimizer
+// step's NS with every rank running every weight, and with one home per weight (LPT on the
+// FLOPs, results sent to the other replicas), timed in the same interleaved rounds; the cost
+// model's predictions (estimate_replica_bucket; zero without a profile) and auto's choice.
+struct ModelBenchReplicated {
+  int replicas = 1;
+  TimingSummary every_rank, home, home_pipelined;  // home: the serial schedule
+  int pipeline = 1;                                // home_pipelined's chunks
+  LinkModel link;                                  // the emulated link (zeros: none)
+  std::vector<int> homes;                          // per weight (count copies per shape, in order)
+  double predicted_every_rank_s = 0, predicted_home_s = 0;
+  bool auto_home = false;  // replica_mode auto (tp_mode auto) would choose homes
+};
+
 struct ModelBenchTotals {
   double duplicated_s = 0, distributed_s = 0, auto_s = 0, oracle_s = 0;
   double per_weight_oracle_s = 0;  // every shape in its fastest per-weight candidate
@@ -126,6 +148,7 @@ struct ModelBenchReport {
   bool auto_owner = false;              // auto planned owner mode for the model
   std::vector<NsAlgorithm> algorithms;  // the algorithms measured
   ModelBenchTotals totals;
+  std::optional<ModelBenchReplicated> replicated;  // when the config asked for it
 };
 
 // Collective over the group (every rank with the same config). Invalid configurations and shapes

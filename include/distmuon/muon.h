@@ -55,9 +55,17 @@ namespace distmuon {
 
 enum class WeightDecayMethod { kDecoupled, kIndependent, kL2 };
 enum class ScaleMode { kSpectral, kShapeScaling, kUnitRmsNorm };
+// Where a replicated weight (ParamSpec::dp_group: data-parallel replicas holding the same shard)
+// is orthogonalised. home: once, on one rank of its replicas (an LPT-balanced home; owner mode
+// spanning the replicas, tp/owner_ns.h), the result sent to the others; every_rank: every replica
+// runs the same NS on its own copy; auto: home for a fixed tp_mode, the cost model's choice per
+// bucket of replicated weights with tp_mode auto. Every choice gives the same bits.
+enum class ReplicaMode { kAuto, kHome, kEveryRank };
 
 WeightDecayMethod parse_weight_decay_method(std::string_view name);  // throws, listing valid
 ScaleMode parse_scale_mode(std::string_view name);                   // throws, listing valid
+ReplicaMode parse_replica_mode(std::string_view name);               // throws, listing valid
+const char* to_string(ReplicaMode mode);
 const char* to_string(WeightDecayMethod method);
 const char* to_string(ScaleMode mode);
 // The scale factor of an m x n update (without extra_scale_factor).
@@ -91,6 +99,8 @@ struct MuonOptions {
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;
   TpMode tp_mode = TpMode::kAuto;
+  // Replicated weights (ParamSpec::dp_group): JSON "replica_mode" auto, home or every_rank.
+  ReplicaMode replica_mode = ReplicaMode::kAuto;
   std::string cost_model = "refined";  // auto: "refined" or "reference"
   std::string profile = "none";        // auto: "none", a built-in profile name or a JSON file
   // auto: plan by the cost model's estimate, or measure its leading candidates before the first
@@ -133,6 +143,13 @@ struct ParamSpec {
   // padded to that size by the caller, the padding zero).
   Index tp_pad_length = 0;
 
+  // Data parallelism: the ranks that hold the same shard of this weight (replicas: DDP's world,
+  // HSDP's replicate dimension), this one among them; their gradients are already reduced (equal).
+  // With replica_mode home the weight is orthogonalised once over them. Unset or one rank: none.
+  // The replicas are checked equal at every step (fingerprints: the sums of squares in double of
+  // each replica's weight and NS input; CollectiveError on every rank naming the weight).
+  std::optional<Communicator> dp_group;
+
   bool expert = false;  // an expert weight: pass the expert TP/GTP groups above
   int expert_rank = 0;  // expert-parallel rank holding it (tells same-named experts apart)
 
@@ -152,6 +169,9 @@ struct ParamInfo {
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm used (once planned)
   // tp_mode auto, once planned: whether the weight's groups cross an NVLink domain (its key's).
   std::optional<bool> crosses_domain;
+  int dp_size = 1;    // replicas (ParamSpec::dp_group)
+  bool home = false;  // once planned: orthogonalised on one home of its replicas
+  int owner = -1;     // owner mode or home, after a step: its owner index (t + T g + T G d)
 };
 
 // Seconds of the last step() on this rank: total, and waiting in the parameters' collectives.

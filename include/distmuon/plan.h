@@ -30,6 +30,10 @@ struct PlanOptions {
   NsAlgorithm algorithm = NsAlgorithm::kStandard;
   CostModel model = CostModel::kRefined;
   std::optional<HardwareProfile> profile;
+  // Data parallelism: also price the weights unsharded and replicated over this many ranks,
+  // one home per weight against every rank's NS (estimate_replica_bucket); 1: not priced. The
+  // replicas cross a domain when crosses_domain says so.
+  int replicas = 1;
 
   AutoKey key(Index m, Index n) const;
   std::string describe() const;  // one line: G, profile, model, steps, precision, domain
@@ -52,6 +56,8 @@ struct Plan {
   // Owner mode over every weight (refined model, G > 1): LPT owners, busiest owner + all-to-alls.
   std::optional<OwnerBucketEstimate> owner;
   bool auto_owner = false;  // auto picks owner (its cost is below total_per_weight)
+  // options.replicas > 1: the weights unsharded, replicated over the replicas.
+  std::optional<ReplicaBucketEstimate> replicated;
   bool in_seconds() const { return options.profile.has_value(); }
 };
 

@@ -38,8 +38,11 @@ class ShardedCharLm {
  public:
   // Initialises the weights from the seed (init_charlm_weights: the same full model for every
   // group size) and keeps this rank's shards. Collective: checks that every rank of the group
-  // passes the same config and seed (CollectiveError on all ranks otherwise).
-  ShardedCharLm(const CharLmConfig& config, std::uint64_t seed, Communicator group);
+  // passes the same config and seed (CollectiveError on all ranks otherwise). replicated: the
+  // Muon weights are not sharded either (data parallelism: every rank holds every weight whole
+  // and their gradients are all-reduced, as the other parameters' are).
+  ShardedCharLm(const CharLmConfig& config, std::uint64_t seed, Communicator group,
+                bool replicated = false);
 
   const CharLmConfig& config() const { return model_.config(); }
   const Communicator& group() const { return group_; }

@@ -35,6 +35,11 @@ struct TrainSchedule {
   // The compute backend the optimizer runs on (compute_backend: cpu, opaque, cuda); the model's
   // forward and backward stay on the host.
   std::string device = "cpu";
+  // How the ranks hold the Muon weights: "sharded" (rows split over the ranks, GTP-sharded) or
+  // "replicated" (data parallelism: every rank holds them whole, gradients all-reduced; Muon
+  // orthogonalises each once, on a home rank, with the optimizer's replica_mode).
+  std::string weights = "sharded";
+  bool replicated() const { return weights == "replicated"; }
 };
 
 struct TrainConfig {

@@ -72,6 +72,8 @@ struct ShapeDecision {
   TpMode mode = TpMode::kDuplicated;
   NsAlgorithm algorithm = NsAlgorithm::kStandard;
   bool sharded = false;  // false at one rank: plain NS, nothing to decide
+  int replicas = 1;      // train.weights replicated: the ranks holding each weight whole
+  bool home = false;     // replicated, once planned: orthogonalised on one home rank
   AutoKey key;           // what auto resolves on (the optimizer's key when it resolved one)
   CostEstimate estimate;
   bool in_seconds = false;  // estimate in seconds (with a profile) or in FLOPs (without)

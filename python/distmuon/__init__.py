@@ -254,14 +254,16 @@ class Muon:
 
     def add_parameter(self, shard, name, rows=None, cols=None, *, role="hidden", use_muon=True,
                       tp_dim=None, tp_group=None, gtp_group=None, pad=0, expert=False,
-                      expert_rank=0, qkv_split=(), tp_pad=0):
+                      expert_rank=0, qkv_split=(), tp_pad=0, data_parallel_group=None):
         """Registers this rank's shard (updated in place by step()). rows x cols is the full
         unpadded weight (default: the shard's shape); tp_dim 0/1 with tp_group splits it over
         TP, gtp_group splits the (padded by `pad` rows) TP-local tensor by rows over GTP.
         tp_pad zero rows/columns extend the full weight along tp_dim before the TP split (uneven TP
         shards as torch.chunk cuts them; the shard holds its padding, zero). A group is a
         Communicator or anything communicator() accepts (converted once per object). A 1-D shard
-        is registered as a k x 1 column. Returns its index."""
+        is registered as a k x 1 column. data_parallel_group: the ranks holding the same shard
+        (its replicas, e.g. the DDP world); Muon then orthogonalises it once, on one home rank of
+        them (options' replica_mode; docs/data-parallel.md). Returns its index."""
         what = f"Muon parameter '{name}'"
         self._check_device(shard, what)
         if self._cuda is not None:
@@ -278,7 +280,8 @@ class Muon:
         i = self._core.add_parameter(
             arr, name, rows, cols, role, use_muon, tp_dim,
             self._group(tp_group), self._group(gtp_group), pad, expert, expert_rank,
-            list(qkv_split), tp_pad)
+            list(qkv_split), tp_pad,
+            self._group(data_parallel_group))
         self._shards.append(arr)
         return i
 
@@ -348,7 +351,9 @@ class Muon:
         return self._core.step_count
 
     def parameters(self):
-        """Per parameter: name, muon, rows, cols, tp_size, gtp_size, mode, algorithm."""
+        """Per parameter: name, muon, rows, cols, tp_size, gtp_size, mode, algorithm,
+        crosses_domain, dp_size (replicas), home (orthogonalised on one home rank of them) and
+        owner (owner mode or home: its owner index after a step, else -1)."""
         return self._core.parameters()
 
     def last_step_stats(self):

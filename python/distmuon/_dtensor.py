@@ -3,7 +3,10 @@ distmuon layout, read from the device mesh and placements, and their optimizer s
 that torch.distributed.checkpoint saves and reshards (docs/python.md).
 
 Placements -> layout (a Muon weight, full shape m x n):
-  Replicate (or a mesh dimension of size 1)       not sharded over that mesh dimension
+  Replicate (or a mesh dimension of size 1)       not sharded over that mesh dimension; one
+                                                  Replicate of a size > 1 (DDP, HSDP's replicate
+                                                  dimension): dp_group, the replicas (Muon
+                                                  orthogonalises the weight once over them)
   one Shard(0)                                    GTP rows over that mesh dimension's group,
                                                   pad = G * ceil(m / G) - m
   one Shard(1)                                    TP tp_dim 1, tp_pad = T * ceil(n / T) - n
@@ -98,7 +101,7 @@ def _muon_layout(p, base, full, what):
     mesh = p.device_mesh
     dims = _shard_dims(p, what)
     lo = replace(base, rows=m, cols=n, tp_dim=None, tp_group=None, gtp_group=None, pad=0,
-                 tp_pad=0)
+                 tp_pad=0, dp_group=None)
     if any(d not in (0, 1) for _, d, _ in dims):
         raise Error(f"{what}: sharded along a dimension other than 0 or 1: {p.placements}")
     if len(dims) > 2:
@@ -138,6 +141,11 @@ def _muon_layout(p, base, full, what):
             raise Error(f"{what}: a strided row shard is not supported: {p.placements}")
         g = mesh.size(i)
         lo = replace(lo, gtp_group=_group(mesh, i, what), pad=g * _ceil_div(m_tp, g) - m_tp)
+    # The replicas: one replicated mesh dimension of more than one rank (several: each replica
+    # runs its own NS, as without one).
+    replicated = [i for i, pl in enumerate(p.placements)
+                  if type(pl).__name__ == "Replicate" and mesh.size(i) > 1]
+    lo = replace(lo, dp_group=_group(mesh, replicated[0], what) if len(replicated) == 1 else None)
     return lo
 
 

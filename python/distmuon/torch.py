@@ -19,7 +19,7 @@ options (tp_mode, ns_algorithm, profile, ...) are fixed at construction.
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
@@ -60,6 +60,8 @@ class Layout:
     over it. tp_pad: zero rows/columns extending the full weight along tp_dim (uneven TP
     shards). qkv_split: rows per query group of each block type. role: hidden (Muon),
     embedding, output_head or other (AdamW); use_muon False sends a hidden matrix to AdamW too.
+    dp_group: the ranks holding the same shard (data-parallel replicas): Muon orthogonalises
+    the weight once, on one home rank of them (replica_mode; docs/data-parallel.md).
     A DTensor parameter needs none: its layout comes from its mesh and placements (_dtensor.py).
     """
     rows: int
@@ -75,6 +77,7 @@ class Layout:
     expert_rank: int = 0
     name: Optional[str] = None
     tp_pad: int = 0
+    dp_group: Any = None
 
 
 class _Param:
@@ -342,6 +345,8 @@ class Muon(torch.optim.Optimizer):
         # torch.optim.Muon runs any schedule: refuse only one that reverses, diverges or blows up
         # a direction, warn once about one that merely ends outside its band (docs/python.md).
         options.setdefault("schedule_check", "warn")
+        # Plain (non-DTensor) parameters without a layout of their own are replicated over it.
+        self._data_parallel_group = options.pop("data_parallel_group", None)
         self._options = dict(options, tp_mode=tp_mode)
         self._device = device
         self._cores = []   # per param group: (core, [_Param])
@@ -436,6 +441,8 @@ class Muon(torch.optim.Optimizer):
                 layout = layout or getattr(p, "distmuon_layout", None)
                 if layout is None and not _dtensor.is_dtensor(p):
                     layout = _default_layout(p, bool(group["use_muon"]))
+                    if self._data_parallel_group is not None and layout.role == "hidden":
+                        layout = replace(layout, dp_group=self._data_parallel_group)
                 try:
                     entries.append(_to_local(p, layout))
                 except Error as e:
@@ -444,13 +451,13 @@ class Muon(torch.optim.Optimizer):
         except Exception as e:  # any refusal, whatever its type: agreed below
             failure = f"{type(e).__name__}: {e}"
         self._world.agree_or_throw(not failure, what, failure)
-        groups = [(self._group_comm(e.layout.tp_group), self._group_comm(e.layout.gtp_group))
-                  for e in entries]
+        groups = [(self._group_comm(e.layout.tp_group), self._group_comm(e.layout.gtp_group),
+                   self._group_comm(e.layout.dp_group)) for e in entries]
         # Then the C++ checks of each shard against its layout (rank-local), agreed.
         core = None
         try:
             core = _CoreMuon(self._world, device=device, **dict(self._options, **opts))
-            for k, (e, (tp, gtp)) in enumerate(zip(entries, groups)):
+            for k, (e, (tp, gtp, dp)) in enumerate(zip(entries, groups)):
                 lo = e.layout
                 base = lo.name or f"group{gi}.param{k}"
                 for s, m in enumerate(e.matrices):
@@ -459,7 +466,8 @@ class Muon(torch.optim.Optimizer):
                         m, name, lo.rows, lo.cols, role=lo.role,
                         use_muon=lo.use_muon and bool(group["use_muon"]), tp_dim=lo.tp_dim,
                         tp_group=tp, gtp_group=gtp, pad=lo.pad, expert=lo.expert,
-                        expert_rank=lo.expert_rank, qkv_split=lo.qkv_split, tp_pad=lo.tp_pad))
+                        expert_rank=lo.expert_rank, qkv_split=lo.qkv_split, tp_pad=lo.tp_pad,
+                        data_parallel_group=dp))
             infos = core.parameters()
             for e in entries:
                 e.muon = bool(e.indices) and bool(infos[e.indices[0]]["muon"])

@@ -53,7 +53,8 @@ class PyMuon {
                             Index cols, const std::string& role, bool use_muon,
                             std::optional<int> tp_dim, std::optional<Communicator> tp_group,
                             std::optional<Communicator> gtp_group, Index pad, bool expert,
-                            int expert_rank, std::vector<Index> qkv_split, Index tp_pad) {
+                            int expert_rank, std::vector<Index> qkv_split, Index tp_pad,
+                            std::optional<Communicator> dp_group) {
     auto param = std::make_unique<BackendMatrix>(backend_, shard,
                                                  fmt::format("Muon parameter '{}'", name), true);
     ParamSpec spec;
@@ -79,6 +80,7 @@ class PyMuon {
     spec.expert = expert;
     spec.expert_rank = expert_rank;
     spec.qkv_split = std::move(qkv_split);
+    spec.dp_group = std::move(dp_group);
     const std::size_t i = muon_.add_parameter(std::move(spec));
     param->upload();
     params_.push_back(std::move(param));
@@ -232,6 +234,9 @@ py::dict param_info(const ParamInfo& p) {
       p.muon && p.mode ? py::object(py::str(to_string(p.algorithm))) : py::object(py::none());
   d["crosses_domain"] =
       p.crosses_domain ? py::object(py::bool_(*p.crosses_domain)) : py::object(py::none());
+  d["dp_size"] = p.dp_size;
+  d["home"] = p.home;
+  d["owner"] = p.owner;
   return d;
 }
 
@@ -244,7 +249,8 @@ void init_muon(py::module_& m) {
       .def("add_parameter", &PyMuon::add_parameter, py::arg("shard"), py::arg("name"),
            py::arg("rows"), py::arg("cols"), py::arg("role"), py::arg("use_muon"),
            py::arg("tp_dim"), py::arg("tp_group"), py::arg("gtp_group"), py::arg("pad"),
-           py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"), py::arg("tp_pad") = 0)
+           py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"), py::arg("tp_pad") = 0,
+           py::arg("dp_group") = py::none())
       .def("step", &PyMuon::step, py::arg("grads"), py::arg("failure") = std::string(),
            py::arg("active") = std::vector<std::uint8_t>())
       .def("set_options", &PyMuon::set_options, py::arg("patch"))

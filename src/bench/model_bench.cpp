@@ -11,6 +11,7 @@
 #include <random>
 
 #include "bench/model_bench_measure.h"
+#include "bench/model_bench_replicated.h"
 #include "distmuon/agreement.h"
 #include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
@@ -384,6 +385,10 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     rep.owner.push_back(std::move(o));
   }
   if (measured) detail::add_measured_plan(rep, shapes, *measured);
+  if (config.replicated) {
+    rep.replicated = detail::run_replicated_bench(group, config, profile, resolver->cost_model(),
+                                                  rep.crosses_domain, compute);
+  }
   rep.shapes = std::move(shapes);
   return rep;
 }

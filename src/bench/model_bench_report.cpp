@@ -104,6 +104,22 @@ json to_json(const ModelBenchReport& r) {
     if (o.planned_s > 0) j["owner"].back()["planned_ms"] = o.planned_s * 1e3;
   }
   j["auto_owner"] = r.auto_owner;
+  if (r.replicated) {
+    const ModelBenchReplicated& d = *r.replicated;
+    j["replicated"] = {{"replicas", d.replicas},
+                       {"every_rank", timing_json(d.every_rank)},
+                       {"home", timing_json(d.home)},
+                       {"home_pipelined", timing_json(d.home_pipelined)},
+                       {"pipeline", d.pipeline},
+                       {"link_latency_us", d.link.latency_s * 1e6},
+                       {"link_gbps", d.link.bytes_per_s / 1e9},
+                       {"homes", d.homes},
+                       {"auto", d.auto_home ? "home" : "every_rank"}};
+    if (r.has_profile) {
+      j["replicated"]["predicted_every_rank_ms"] = d.predicted_every_rank_s * 1e3;
+      j["replicated"]["predicted_home_ms"] = d.predicted_home_s * 1e3;
+    }
+  }
   const ModelBenchTotals& t = r.totals;
   j["totals"] = {{"duplicated_ms", t.duplicated_s * 1e3},
                  {"distributed_ms", t.distributed_s * 1e3},
@@ -203,6 +219,22 @@ std::string format_report(const ModelBenchReport& r) {
                    (ratio(t.auto_s, t.oracle_s) - 1) * 100, ratio(t.best_fixed_s(), t.auto_s)));
   line("oracle per weight", t.per_weight_oracle_s, 0, "");
   line("oracle (all candidates)", t.oracle_s, 0, "");
+  if (r.replicated) {
+    const ModelBenchReplicated& d = *r.replicated;
+    out += fmt::format(
+        "\nreplicated over {} ranks (data parallel, unsharded; same rounds; auto: {}):\n",
+        d.replicas, d.auto_home ? "home" : "every rank");
+    line("every rank's NS", d.every_rank.median_s, d.predicted_every_rank_s, "");
+    if (d.link.latency_s > 0 || d.link.bytes_per_s > 0) {
+      out += fmt::format("  (the replicas' exchange over an emulated link: {:.4g} us, {:.4g} GB/s)\n",
+                         d.link.latency_s * 1e6, d.link.bytes_per_s / 1e9);
+    }
+    line("one home per weight", d.home.median_s, d.predicted_home_s,
+         fmt::format("{:.2f}x of every rank's", ratio(d.home.median_s, d.every_rank.median_s)));
+    line("  pipelined", d.home_pipelined.median_s, 0,
+         fmt::format("{} chunks: {:.2f}x of the serial schedule", d.pipeline,
+                     ratio(d.home_pipelined.median_s, d.home.median_s)));
+  }
   return out;
 }
 

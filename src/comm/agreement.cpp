@@ -189,16 +189,24 @@ std::string share_from_root(const Communicator& group, int root, std::string_vie
 
 void agree_on_tp_grid(const Communicator& tp, const Communicator& gtp, std::uint64_t hash, bool ok,
                       std::string_view what, std::string_view reason) {
-  const int t = tp.size(), g = gtp.size();
+  agree_on_tp_grid(tp, gtp, local_communicator(), hash, ok, what, reason);
+}
+
+void agree_on_tp_grid(const Communicator& tp, const Communicator& gtp, const Communicator& dp,
+                      std::uint64_t hash, bool ok, std::string_view what, std::string_view reason) {
+  const int t = tp.size(), g = gtp.size(), d = dp.size();
   bool agreed = ok;
   if (g > 1) agreed = all_agree(gtp, hash, agreed);
   if (t > 1) agreed = all_agree(tp, hash, agreed);
+  if (d > 1) agreed = all_agree(dp, hash, agreed);
   if (agreed) return;
-  ErrorScope scope = (g > 1 ? gtp : tp).error_scope();
-  scope.size = t * g;
+  ErrorScope scope = (g > 1 ? gtp : t > 1 ? tp : dp).error_scope();
+  scope.size = t * g * d;
   scope.ranks.clear();
-  throw CollectiveError(fmt::format("{}: the ranks of a {} x {} (TP x GTP) grid disagree{}{}", what,
-                                    t, g, reason.empty() ? "" : "; on this rank: ", reason),
+  const std::string grid = d > 1 ? fmt::format("{} x {} x {} (TP x GTP x replicas)", t, g, d)
+                                 : fmt::format("{} x {} (TP x GTP)", t, g);
+  throw CollectiveError(fmt::format("{}: the ranks of a {} grid disagree{}{}", what, grid,
+                                    reason.empty() ? "" : "; on this rank: ", reason),
                         std::move(scope));
 }
 

@@ -44,10 +44,19 @@ void Communicator::check_gather(std::size_t send, std::size_t recv) const {
   }
 }
 
-void Communicator::all_to_all_v_packed(const void* send, std::size_t send_size,
-                                       std::span<const std::size_t> send_counts, void* recv,
-                                       std::size_t recv_size,
-                                       std::span<const std::size_t> recv_counts, DType t) const {
+std::unique_ptr<CommRequest> CommImpl::start_all_to_all_v(
+    const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
+    const std::size_t* recv_counts, const std::size_t* recv_displs, DType t) {
+  struct Done final : CommRequest {
+    void wait() override {}
+  };
+  all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+  return std::make_unique<Done>();
+}
+
+std::unique_ptr<CommRequest> Communicator::all_to_all_v_packed(
+    const void* send, std::size_t send_size, std::span<const std::size_t> send_counts, void* recv,
+    std::size_t recv_size, std::span<const std::size_t> recv_counts, DType t, bool start) const {
   const auto n = static_cast<std::size_t>(size());
   auto displs = [&](std::span<const std::size_t> counts, std::size_t total, const char* which) {
     if (counts.size() != n) {
@@ -70,7 +79,12 @@ void Communicator::all_to_all_v_packed(const void* send, std::size_t send_size,
   };
   const std::vector<std::size_t> sd = displs(send_counts, send_size, "send");
   const std::vector<std::size_t> rd = displs(recv_counts, recv_size, "receive");
+  if (start) {
+    return impl_->start_all_to_all_v(send, send_counts.data(), sd.data(), recv, recv_counts.data(),
+                                     rd.data(), t);
+  }
   impl_->all_to_all_v(send, send_counts.data(), sd.data(), recv, recv_counts.data(), rd.data(), t);
+  return nullptr;
 }
 
 std::string Communicator::broadcast_string(const std::string& s, int root) const {

@@ -37,6 +37,18 @@ class CountingComm final : public CommImpl {
     record(stats_->all_to_all, sent * dtype_size(t));
     inner_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
   }
+  std::unique_ptr<CommRequest> start_all_to_all_v(const void* send, const std::size_t* send_counts,
+                                                  const std::size_t* send_displs, void* recv,
+                                                  const std::size_t* recv_counts,
+                                                  const std::size_t* recv_displs,
+                                                  DType t) override {
+    std::size_t sent = 0;
+    for (int r = 0; r < size(); ++r)
+      sent += send_counts[r];
+    record(stats_->all_to_all, sent * dtype_size(t));
+    return inner_->start_all_to_all_v(send, send_counts, send_displs, recv, recv_counts,
+                                      recv_displs, t);
+  }
   void barrier() override {
     record(stats_->barrier, 0);
     inner_->barrier();

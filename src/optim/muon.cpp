@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "core/fault.h"
 #include "distmuon/agreement.h"
@@ -98,6 +99,7 @@ nlohmann::json Muon::Impl::config() const {
                     {"gtp_size", p.layout.gtp_size},
                     {"pad_length", p.layout.pad},
                     {"tp_pad_length", p.layout.tp_pad},
+                    {"dp_size", p.layout.dp_size},
                     {"expert", s.expert},
                     {"qkv_split", s.qkv_split}});
   }
@@ -126,6 +128,23 @@ void Muon::Impl::plan() {
     }
   }
   if (pending) plan_auto_modes(*this);
+  std::vector<std::size_t> priced;  // replica_mode auto, tp_mode auto: the cost model decides
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    ParamState& p = params[i];
+    if (!p.muon || !p.mode || p.home) continue;
+    if (options.replica_mode == ReplicaMode::kAuto && options.tp_mode == TpMode::kAuto &&
+        p.layout.dp_on() && !p.sharded()) {
+      priced.push_back(i);
+    } else {
+      p.home = runs_on_home(p);
+    }
+  }
+  if (!priced.empty()) plan_replica_homes(*this, priced);
+}
+
+bool Muon::Impl::runs_on_home(const ParamState& p) const {
+  return p.layout.dp_on() && options.replica_mode != ReplicaMode::kEveryRank &&
+         (!p.sharded() || *p.mode == TpMode::kOwner);
 }
 
 Muon::Muon(MuonOptions options, Communicator world, Compute& compute) {
@@ -155,7 +174,7 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
     }
     return it->second;
   };
-  ParamState p(std::move(spec), timed(std::nullopt), timed(std::nullopt));
+  ParamState p(std::move(spec), timed(std::nullopt), timed(std::nullopt), timed(std::nullopt));
   const ParamSpec& ps = p.spec;
   detail::ShardLayout& l = p.layout;
   l.m = ps.rows;
@@ -177,10 +196,16 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
     l.gtp_size = p.gtp.size();
     l.gtp_rank = p.gtp.rank();
   }
-  // The groups live on as p.tp and p.gtp (timed, with the backend's data plane): the spec keeps
-  // no second copy of them.
+  if (ps.dp_group && ps.dp_group->size() > 1) {
+    p.dp = timed(ps.dp_group);
+    l.dp_size = p.dp.size();
+    l.dp_rank = p.dp.rank();
+  }
+  // The groups live on as p.tp, p.gtp and p.dp (timed, with the backend's data plane): the spec
+  // keeps no second copy of them.
   p.spec.tp_group.reset();
   p.spec.gtp_group.reset();
+  p.spec.dp_group.reset();
   if (ps.tp_partition_dim != kNoPartition && ps.tp_partition_dim != 0 && ps.tp_partition_dim != 1) {
     throw Error(
         fmt::format("{}: TP partition dim {} (valid: none, 0, 1)", what, ps.tp_partition_dim));
@@ -288,7 +313,59 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
            explain_json_difference);
 }
 
-void Muon::Impl::check_updates(std::span<const std::uint8_t> active) const {
+std::string Muon::Impl::check_replicas(std::span<const std::uint8_t> active) {
+  std::vector<std::size_t> which;  // replicated stepping Muon parameters
+  check_views.clear();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const ParamState& p = params[i];
+    if (!p.muon || !p.layout.dp_on() || (!active.empty() && active[i] == 0)) continue;
+    which.push_back(i);
+    check_views.push_back(p.spec.local);     // the weight
+    check_views.push_back(p.update.view());  // the NS input (momentum and gradient)
+  }
+  if (which.empty()) return {};
+  fingerprints.assign(check_views.size(), 0.0);
+  compute->sum_squares(check_views, true, fingerprints);
+  std::string reason;
+  std::vector<bool> done(which.size(), false);
+  for (std::size_t k = 0; k < which.size(); ++k) {
+    if (done[k]) continue;
+    const Communicator& dp = params[which[k]].dp;
+    std::vector<std::size_t> group;  // the weights replicated over this group, in order
+    for (std::size_t q = k; q < which.size(); ++q) {
+      if (!done[q] && &params[which[q]].dp.impl() == &dp.impl()) {
+        group.push_back(q);
+        done[q] = true;
+      }
+    }
+    const std::size_t n = 2 * group.size();  // per weight: its weight and its NS input
+    std::vector<double> mine(n), all(n * static_cast<std::size_t>(dp.size()));
+    for (std::size_t q = 0; q < group.size(); ++q) {
+      mine[2 * q] = fingerprints[2 * group[q]];
+      mine[2 * q + 1] = fingerprints[2 * group[q] + 1];
+    }
+    dp.all_gather<double>(mine, all);
+    for (std::size_t q = 0; q < n && reason.empty(); ++q) {
+      for (int r = 0; r < dp.size(); ++r) {
+        const double theirs = all[static_cast<std::size_t>(r) * n + q];
+        if (std::memcmp(&theirs, &mine[q], sizeof(double)) == 0) continue;
+        reason = fmt::format(
+            "the replicas of weight '{}' differ: replica {} of its {} data-parallel ranks holds a "
+            "{} whose sum of squares is {:.17g}, replica {} (this rank) {:.17g}; replicated "
+            "weights, gradients and optimizer states must be equal on every replica (gradients "
+            "reduced over the data-parallel group before the step); nothing is updated",
+            params[which[group[q / 2]]].spec.name, r, dp.size(),
+            q % 2 == 0 ? "weight" : "Newton-Schulz input (gradient and momentum)", theirs,
+            dp.rank(), mine[q]);
+        break;
+      }
+    }
+  }
+  return reason;
+}
+
+void Muon::Impl::check_updates(std::span<const std::uint8_t> active,
+                               std::string_view replicas) const {
   const Impl& s = *this;
   check_views.clear();
   std::vector<std::size_t> which;
@@ -300,7 +377,7 @@ void Muon::Impl::check_updates(std::span<const std::uint8_t> active) const {
     which.push_back(i);
   }
   check_results.assign(check_views.size(), std::nullopt);
-  std::string reason;
+  std::string reason(replicas);
   try {
     s.compute->find_non_finite(check_views, check_results);
   } catch (const Error& e) {
@@ -342,16 +419,29 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   // non-finite NS input leaves the update NaN (no throw: the ranks of the parameter's groups are
   // only part of the world); check_updates finds it.
   s.step_weights.clear();
+  s.step_params.clear();
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
     if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world above
     const MatrixView w = p.spec.local;
     p.update.ensure(*s.compute, w.rows, w.cols);
     muon_direction(s, p, grads[i], p.update.view());
-    s.step_weights.push_back({p.update.view(), &p.layout, &p.tp, &p.gtp, *p.mode, p.algorithm});
+    const bool home = p.home.value_or(false);
+    s.step_params.push_back(i);
+    s.step_weights.push_back({p.update.view(), &p.layout, &p.tp, &p.gtp,
+                              home ? TpMode::kOwner : *p.mode, p.algorithm,
+                              home ? &p.dp : nullptr});
   }
+  // Before NS: a home's result replaces every replica's update, so a replica that differs would
+  // go unnoticed after it.
+  const std::string replicas = s.check_replicas(active);
   s.orthogonalizer.run(s.step_weights, s.ns, muon_scale_fn(s.options), *s.compute, &s.workspaces);
-  s.check_updates(active);  // every backend: one batched check, one agreement over the world
+  std::size_t owned = 0;  // last_owners() lists the owner weights in order
+  for (std::size_t w = 0; w < s.step_weights.size(); ++w) {
+    if (s.step_weights[w].mode == TpMode::kOwner)
+      s.params[s.step_params[w]].owner = s.orthogonalizer.last_owners()[owned++];
+  }
+  s.check_updates(active, replicas);  // every backend: one batched check, one agreement
   // The apply phase: rank-local, no collective.
   ++s.step;
   for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -396,8 +486,8 @@ void change_options(Muon::Impl& s, F change) {
 void Muon::set_options(const MuonOptions& options) {
   const MuonOptions& cur = impl_->options;
   const nlohmann::json now = cur, next = options;
-  for (const char* fixed : {"tp_mode", "ns_algorithm", "gram_restart", "use_syrk", "precision",
-                            "cost_model", "profile", "plan", "wisdom"}) {
+  for (const char* fixed : {"tp_mode", "replica_mode", "ns_algorithm", "gram_restart", "use_syrk",
+                            "precision", "cost_model", "profile", "plan", "wisdom"}) {
     if (now.at(fixed) != next.at(fixed)) {
       throw Error(fmt::format(
           "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,
@@ -440,7 +530,8 @@ std::vector<ParamInfo> Muon::parameters() const {
   for (const ParamState& p : impl_->params) {
     out.push_back({p.spec.name, p.muon, p.spec.rows, p.spec.cols, p.layout.tp_size,
                    p.layout.gtp_size, p.muon ? p.mode : std::nullopt, p.algorithm,
-                   p.auto_key ? std::optional<bool>(p.auto_key->crosses_domain) : std::nullopt});
+                   p.auto_key ? std::optional<bool>(p.auto_key->crosses_domain) : std::nullopt,
+                   p.layout.dp_size, p.home.value_or(false), p.owner});
   }
   return out;
 }

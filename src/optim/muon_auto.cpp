@@ -2,6 +2,7 @@
 // domain, from the world's topology), and one decision shared by every rank that holds a piece of
 // the weight.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <optional>
@@ -63,7 +64,74 @@ std::vector<std::vector<std::size_t>> buckets_of(const Muon::Impl& s,
   return buckets;
 }
 
+// The world's topology, gathered once: a probe failing on any rank fails every rank here, before
+// any group's collective.
+const Topology& world_topology(Muon::Impl& s) {
+  if (!s.auto_state->topology) {
+    try {
+      s.auto_state->topology = Topology::gather(s.world);
+    } catch (const CollectiveError& e) {
+      throw CollectiveError(fmt::format("tp_mode=auto: {}", e.what()), e.scope());
+    }
+  }
+  return *s.auto_state->topology;
+}
+
 }  // namespace
+
+void plan_replica_homes(Muon::Impl& s, std::span<const std::size_t> todo) {
+  DISTMUON_ASSERT(s.auto_state != nullptr, "replica_mode auto without a resolver");
+  const Topology& topology = world_topology(s);
+  // Whether each parameter's replicas cross an NVLink domain, on any rank (one all-reduce).
+  std::vector<std::int32_t> crosses(todo.size(), 0);
+  std::string why;
+  try {
+    for (std::size_t j = 0; j < todo.size(); ++j)
+      crosses[j] = topology.crosses(s.params[todo[j]].dp) ? 1 : 0;
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  agree_or_throw(s.world, why.empty(),
+                 "replica_mode=auto: the NVLink-domain crossing of the replicas", why);
+  s.world.all_reduce(std::span<std::int32_t>(crosses), ReduceOp::kMax);
+  // Buckets: the parameters with the same replicas (and crossing), priced together on rank 0.
+  const auto homes = decide_on_root<std::vector<std::int64_t>>(
+      s.world, 0, "replica_mode=auto: planning the homes", [&] {
+        std::vector<std::int64_t> out(todo.size(), 0);
+        std::vector<bool> done(todo.size(), false);
+        const AutoModeResolver& r = s.auto_state->resolver;
+        const HardwareProfile* profile = r.profile() ? &*r.profile() : nullptr;
+        for (std::size_t j = 0; j < todo.size(); ++j) {
+          if (done[j]) continue;
+          const ParamState& first = s.params[todo[j]];
+          std::vector<std::size_t> at;
+          std::vector<AutoKey> keys;
+          for (std::size_t q = j; q < todo.size(); ++q) {
+            const ParamState& p = s.params[todo[q]];
+            if (done[q] || &p.dp.impl() != &first.dp.impl() || crosses[q] != crosses[j]) continue;
+            done[q] = true;
+            at.push_back(q);
+            keys.push_back(auto_key(p.layout, s.ns, p.algorithm, false));
+          }
+          const ReplicaBucketEstimate e = estimate_replica_bucket(
+              keys, first.layout.dp_size, crosses[j] != 0, profile, r.cost_model());
+          const bool seconds = profile != nullptr;
+          spdlog::info(
+              "replica_mode=auto: {} weights over {} replicas{}: home {} (NS {} + exchange {}) vs "
+              "every rank {} -> {}",
+              keys.size(), first.layout.dp_size, crosses[j] != 0 ? " (crossing domains)" : "",
+              format_cost(e.home_cost(), seconds), format_cost(e.compute, seconds),
+              format_cost(e.comm_s, true), format_cost(e.every_rank, seconds),
+              e.chose_home() ? "home" : "every rank");
+          for (const std::size_t q : at)
+            out[q] = e.chose_home() ? 1 : 0;
+        }
+        return out;
+      });
+  DISTMUON_ASSERT(homes.size() == todo.size(), "one decision per replicated parameter");
+  for (std::size_t j = 0; j < todo.size(); ++j)
+    s.params[todo[j]].home = homes[j] != 0;
+}
 
 void plan_auto_modes(Muon::Impl& s) {
   DISTMUON_ASSERT(s.auto_state != nullptr, "tp_mode auto without a resolver");
@@ -72,15 +140,7 @@ void plan_auto_modes(Muon::Impl& s) {
     if (s.params[i].muon && !s.params[i].mode) todo.push_back(i);
   }
   if (todo.empty()) return;
-  // The world's topology, gathered once: a probe failing on any rank fails every rank here,
-  // before any group's collective.
-  if (!s.auto_state->topology) {
-    try {
-      s.auto_state->topology = Topology::gather(s.world);
-    } catch (const CollectiveError& e) {
-      throw CollectiveError(fmt::format("tp_mode=auto: {}", e.what()), e.scope());
-    }
-  }
+  world_topology(s);
   // Keys on every rank; a weight crosses a domain when any group holding a piece of it does, on
   // any rank (one all-reduce for all of them).
   std::vector<AutoKey> keys;

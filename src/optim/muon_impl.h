@@ -17,11 +17,15 @@
 namespace distmuon {
 
 struct ParamState {
-  ParamState(ParamSpec s, Communicator tp_group, Communicator gtp_group)
-      : spec(std::move(s)), tp(std::move(tp_group)), gtp(std::move(gtp_group)) {}
+  ParamState(ParamSpec s, Communicator tp_group, Communicator gtp_group, Communicator dp_group)
+      : spec(std::move(s)),
+        tp(std::move(tp_group)),
+        gtp(std::move(gtp_group)),
+        dp(std::move(dp_group)) {}
   ParamSpec spec;   // as registered, without its groups (add_parameter moves them to tp, gtp)
   Communicator tp;  // spec's TP group (a group of one when not TP-split), timed
   Communicator gtp;
+  Communicator dp;  // spec's replicas (a group of one when not replicated), timed
   detail::ShardLayout layout;
   bool muon = false;
   DeviceMatrix momentum;  // Muon: shard-shaped, compute's memory
@@ -30,6 +34,9 @@ struct ParamState {
   std::optional<TpMode> mode;                      // Muon: the mode used (auto: once planned)
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm (auto: planned)
   std::optional<AutoKey> auto_key;                 // auto: the key it was resolved on
+  // Muon, replicated: orthogonalised on one home of its replicas (decided with its mode).
+  std::optional<bool> home;
+  int owner = -1;  // owner mode or home: its owner index in the last step
   bool sharded() const { return layout.tp_dim != kNoPartition || layout.gtp_size > 1; }
 };
 
@@ -59,7 +66,9 @@ struct Muon::Impl {
   // The compute phase's orthogonalisation of every mode; holds owner mode's assignments.
   detail::WeightOrthogonalizer orthogonalizer;
   std::vector<detail::ShardedWeight> step_weights;  // the step's weights, kept across steps
+  std::vector<std::size_t> step_params;             // the parameter of each step weight
   NsOptions ns_gram;                                // ns with the Gram algorithm
+  std::vector<double> fingerprints;                 // replicated NS inputs' sums of squares
   std::size_t plan_timed_runs = 0;                  // plan measure: candidate runs timed
 
   Impl(MuonOptions o, Communicator w, Compute& c);
@@ -90,7 +99,16 @@ struct Muon::Impl {
   // stepping Muon parameter's update (a non-finite NS input leaves it NaN), agreed over the world
   // (CollectiveError on every rank naming the first failing rank's weight), before anything is
   // written.
-  void check_updates(std::span<const std::uint8_t> active) const;
+  // replicas: a failure of the replicas' fingerprint check (check_replicas), agreed with the rest.
+  void check_updates(std::span<const std::uint8_t> active, std::string_view replicas) const;
+  // Replicated stepping weights: the fingerprints of every replica's weight and NS input
+  // (p.update: gradient and momentum), one batched sum_squares, all-gathered over each replica
+  // group (control plane; one collective per group, in the order of the groups' first weights).
+  // Returns this rank's failure text (empty: every replica of every weight agrees), for
+  // check_updates to agree over the world.
+  std::string check_replicas(std::span<const std::uint8_t> active);
+  // Whether a Muon parameter with its mode set runs on one home of its replicas.
+  bool runs_on_home(const ParamState& p) const;
   // The NS options of a planned parameter (its algorithm).
   const NsOptions& ns_of(const ParamState& p) const {
     return p.algorithm == NsAlgorithm::kGram ? ns_gram : ns;
@@ -103,6 +121,11 @@ std::unique_ptr<AutoState, void (*)(AutoState*)> make_auto_state(const MuonOptio
 // Plans the mode and algorithm of every Muon parameter without one (collective over the world:
 // world rank 0 plans each bucket of parameters sharing their groups, and shares the result).
 void plan_auto_modes(Muon::Impl& impl);
+// replica_mode auto with tp_mode auto: whether each of todo's parameters (unsharded, replicated,
+// in no home yet) runs on a home of its replicas, by the cost model per bucket of parameters with
+// the same replicas (estimate_replica_bucket; world rank 0 decides and shares). Collective over
+// the world.
+void plan_replica_homes(Muon::Impl& impl, std::span<const std::size_t> todo);
 // plan_auto_modes with plan=measure (muon_measure.cpp): keys per todo parameter (crossing agreed),
 // buckets of parameter indices sharing their groups. Collective over the world.
 void plan_auto_modes_by_measuring(Muon::Impl& impl, std::span<const std::size_t> todo,

@@ -21,6 +21,13 @@ inline constexpr auto kEnumNames<ScaleMode> = std::array<EnumName<ScaleMode>, 3>
 }};
 
 template <>
+inline constexpr auto kEnumNames<ReplicaMode> = std::array<EnumName<ReplicaMode>, 3>{{
+    {ReplicaMode::kAuto, "auto"},
+    {ReplicaMode::kHome, "home"},
+    {ReplicaMode::kEveryRank, "every_rank"},
+}};
+
+template <>
 inline constexpr auto kEnumNames<ParamRole> = std::array<EnumName<ParamRole>, 4>{{
     {ParamRole::kHidden, "hidden"},
     {ParamRole::kEmbedding, "embedding"},

@@ -24,6 +24,14 @@ ScaleMode parse_scale_mode(std::string_view name) {
   return detail::parse_enum<ScaleMode>(name, "scale mode");
 }
 
+ReplicaMode parse_replica_mode(std::string_view name) {
+  return detail::parse_enum<ReplicaMode>(name, "replica mode");
+}
+
+const char* to_string(ReplicaMode mode) {
+  return detail::name_of(mode);
+}
+
 ParamRole parse_param_role(std::string_view name) {
   return detail::parse_enum<ParamRole>(name, "parameter role");
 }
@@ -122,6 +130,7 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"scale_mode", to_string(o.scale_mode)},
                      {"extra_scale_factor", o.extra_scale_factor},
                      {"tp_mode", to_string(o.tp_mode)},
+                     {"replica_mode", to_string(o.replica_mode)},
                      {"cost_model", o.cost_model},
                      {"profile", o.profile},
                      {"plan", to_string(o.plan)},
@@ -212,6 +221,9 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   o.scale_mode = parse_scale_mode(option<std::string>(j, "scale_mode"));
   o.extra_scale_factor = option<double>(j, "extra_scale_factor");
   o.tp_mode = parse_tp_mode(option<std::string>(j, "tp_mode"));
+  // Absent in options written before replicated weights: auto.
+  if (j.contains("replica_mode"))
+    o.replica_mode = parse_replica_mode(option<std::string>(j, "replica_mode"));
   o.cost_model = option<std::string>(j, "cost_model");
   o.profile = option<std::string>(j, "profile");
   // Absent in options written before measure mode: plan by the estimate.

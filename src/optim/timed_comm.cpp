@@ -35,6 +35,27 @@ class TimedComm final : public CommImpl {
       inner_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
     });
   }
+  std::unique_ptr<CommRequest> start_all_to_all_v(const void* send, const std::size_t* send_counts,
+                                                  const std::size_t* send_displs, void* recv,
+                                                  const std::size_t* recv_counts,
+                                                  const std::size_t* recv_displs,
+                                                  DType t) override {
+    // Its start and its wait are timed; the time between them is the caller's.
+    struct Timed final : CommRequest {
+      std::unique_ptr<CommRequest> inner;
+      TimedComm* comm;
+      void wait() override {
+        comm->timed([&] { inner->wait(); });
+      }
+    };
+    auto out = std::make_unique<Timed>();
+    out->comm = this;
+    timed([&] {
+      out->inner = inner_->start_all_to_all_v(send, send_counts, send_displs, recv, recv_counts,
+                                              recv_displs, t);
+    });
+    return out;
+  }
   void barrier() override {
     host_timed([&] { inner_->barrier(); });  // waits on the host, whatever the plane
   }

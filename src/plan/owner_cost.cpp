@@ -90,6 +90,47 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
   return out;
 }
 
+ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int replicas,
+                                              bool crosses, const HardwareProfile* profile,
+                                              CostModel model) {
+  if (replicas < 1 || replicas > kMaxGroupSize) {
+    throw Error(fmt::format("replica bucket estimate: {} replicas (valid: 1 to {})", replicas,
+                            kMaxGroupSize));
+  }
+  ReplicaBucketEstimate out;
+  const auto n = keys.size();
+  std::vector<double> flops(n), cost(n), bytes(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (keys[i].group_size != 1 || keys[i].second_group_size != 1) {
+      throw Error(
+          fmt::format("replica bucket estimate: weight {} ({}) is sharded", i, describe(keys[i])));
+    }
+    const CostEstimate e = estimate(keys[i], profile, model);
+    const NsAlgorithm a = e.prices_gram ? owner_algorithm(keys[i], e) : NsAlgorithm::kStandard;
+    out.algorithms.push_back(a);
+    flops[i] = e.of(TpMode::kDuplicated, a).flops;
+    cost[i] = e.cost(TpMode::kDuplicated, a);
+    bytes[i] = 4.0 * static_cast<double>(keys[i].m) * static_cast<double>(keys[i].n);
+    out.every_rank += cost[i];
+  }
+  out.homes = lpt_assign(flops, replicas);
+  const auto r_count = static_cast<std::size_t>(replicas);
+  std::vector<double> load(r_count, 0.0), send(r_count, 0.0), recv(r_count, 0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto h = static_cast<std::size_t>(out.homes[i]);
+    load[h] += cost[i];
+    send[h] += bytes[i] * (replicas - 1);  // to every other replica
+    for (std::size_t r = 0; r < r_count; ++r)
+      if (r != h) recv[r] += bytes[i];
+  }
+  out.compute = n == 0 ? 0.0 : *std::max_element(load.begin(), load.end());
+  out.payload_bytes = n == 0 ? 0.0 : *std::max_element(send.begin(), send.end());
+  const int elem_size = n == 0 ? 4 : keys.front().elem_size;
+  const detail::Rates rates(profile, elem_size, crosses);
+  out.comm_s = all_to_all_s(send, recv, replicas, crosses, rates);
+  return out;
+}
+
 BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,
                        CostModel model) {
   BucketPlan plan;

@@ -102,6 +102,25 @@ Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts)
   plan.owner = bucket.owner;
   plan.auto_owner = bucket.chose_owner();
   if (plan.auto_owner) plan.total_auto = bucket.owner->cost();
+  if (opts.replicas > 1) {
+    if (opts.replicas > kMaxGroupSize) {
+      throw Error(
+          fmt::format("plan: {} replicas is outside [1, {}]", opts.replicas, kMaxGroupSize));
+    }
+    std::vector<AutoKey> unsharded;
+    for (const auto& row : plan.rows) {
+      AutoKey k = opts.key(row.m, row.n);
+      k.group_size = 1;
+      k.second_group_size = 1;
+      k.partition_dim = 0;
+      k.crosses_domain = false;
+      if (k.algorithm == NsAlgorithm::kAuto && opts.model == CostModel::kReference)
+        k.algorithm = NsAlgorithm::kStandard;
+      unsharded.insert(unsharded.end(), static_cast<std::size_t>(row.count), k);
+    }
+    plan.replicated =
+        estimate_replica_bucket(unsharded, opts.replicas, opts.crosses_domain, profile, opts.model);
+  }
   return plan;
 }
 
@@ -155,6 +174,18 @@ std::string format_plan(const Plan& plan) {
   }
   out += fmt::format("  auto                {:>12}   {}\n", format_cost(plan.total_auto, s),
                      plan.auto_owner ? "owner mode" : "per-weight choices");
+  if (const auto& r = plan.replicated) {
+    out += fmt::format(
+        "replicated over {} ranks instead (data parallel, unsharded; docs/data-parallel.md):\n",
+        plan.options.replicas);
+    out += fmt::format("  every rank's NS     {:>12}\n", format_cost(r->every_rank, s));
+    out += fmt::format("  one home per weight {:>12}   busiest home {}, exchange {}\n",
+                       format_cost(r->home_cost(), s), format_cost(r->compute, s),
+                       format_cost(r->comm_s, true));
+    out += fmt::format("  replica_mode auto   {:>12}   {}\n",
+                       format_cost(r->chose_home() ? r->home_cost() : r->every_rank, s),
+                       r->chose_home() ? "home" : "every rank");
+  }
   return out;
 }
 
@@ -193,6 +224,14 @@ void to_json(json& j, const Plan& plan) {
              {"auto_mode", plan.auto_owner ? "owner" : "per-weight"},
              {"speedup_vs_duplicated", ratio(plan.total_duplicated, plan.total_auto)},
              {"speedup_vs_distributed", ratio(plan.total_distributed, plan.total_auto)}}},
+           {"replicated",
+            plan.replicated ? json{{"replicas", o.replicas},
+                                   {"every_rank", plan.replicated->every_rank},
+                                   {"home", plan.replicated->home_cost()},
+                                   {"home_compute", plan.replicated->compute},
+                                   {"home_exchange_s", plan.replicated->comm_s},
+                                   {"auto", plan.replicated->chose_home() ? "home" : "every_rank"}}
+                            : json(nullptr)},
            {"units", plan.in_seconds() ? "seconds" : "flops"},
            {"options",
             {{"group_size", o.group_size},

@@ -58,6 +58,10 @@ void ShardLayout::validate(const std::string& what) const {
                      shape_str(m, n), tp_pad, tp_size, tp_dim));
   }
   if (pad < 0) fail(fmt::format("pad_length {} is negative", pad));
+  if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
+    fail(fmt::format("replica {} of {} (a data-parallel group of at least one rank)", dp_rank,
+                     dp_size));
+  }
   if (padded_rows() % gtp_size != 0) {
     fail(fmt::format("{} TP-local rows plus pad_length {} do not split into {} equal GTP shards",
                      m_tp(), pad, gtp_size));

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <memory>
 #include <numeric>
 
 #include "distmuon/agreement.h"
@@ -12,9 +14,6 @@
 namespace distmuon::detail {
 namespace {
 
-bool sharded(const ShardLayout& l) {
-  return l.tp_on() || l.gtp_on();
-}
 std::size_t elems(Index rows, Index cols) {
   return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
 }
@@ -33,11 +32,19 @@ struct Exchange {
   }
 };
 
-// Packs every block sent into one staging buffer (peer by peer, one compute.copy per block), runs
-// the all-to-all over the group's data plane, and unpacks what arrives into the blocks received.
-// The staging buffers come from workspaces, kept across steps.
-void exchange(const Communicator& group, const Exchange& x, Compute& compute,
-              NsWorkspaces& workspaces) {
+// An exchange in flight: its request and where what arrives goes.
+struct Started {
+  std::unique_ptr<CommRequest> request;
+  const float* recv = nullptr;
+  std::vector<std::vector<MatrixView>> from;
+};
+
+// Packs every block sent into one staging buffer (peer by peer, one compute.copy per block) and
+// starts the all-to-all over the group's data plane (finish unpacks what arrives into the blocks
+// received). The staging buffers come from workspaces (slot: one per exchange in flight), kept
+// across steps.
+Started start_exchange(const Communicator& group, const Exchange& x, Compute& compute,
+                       NsWorkspaces& workspaces, std::size_t slot) {
   const std::size_t peers = x.to.size();
   DISTMUON_ASSERT(peers == static_cast<std::size_t>(group.size()), "one list per peer");
   std::vector<std::size_t> send_counts(peers, 0), recv_counts(peers, 0);
@@ -52,9 +59,13 @@ void exchange(const Communicator& group, const Exchange& x, Compute& compute,
   const std::size_t n_recv =
       std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
   float* const send =
-      workspaces.buffer(compute, BufferRole::kSend, 0, static_cast<Index>(n_send), 1).view().data;
+      workspaces.buffer(compute, BufferRole::kSend, slot, static_cast<Index>(n_send), 1)
+          .view()
+          .data;
   float* const recv =
-      workspaces.buffer(compute, BufferRole::kRecv, 0, static_cast<Index>(n_recv), 1).view().data;
+      workspaces.buffer(compute, BufferRole::kRecv, slot, static_cast<Index>(n_recv), 1)
+          .view()
+          .data;
   std::size_t at = 0;
   for (const auto& blocks : x.to) {
     for (const MatrixView& v : blocks) {
@@ -62,26 +73,47 @@ void exchange(const Communicator& group, const Exchange& x, Compute& compute,
       at += elems(v.rows, v.cols);
     }
   }
-  group.data().all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv}, recv_counts);
-  at = 0;
+  Started out{group.data().start_all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv},
+                                                     recv_counts),
+              recv, x.from};
+  return out;
+}
+
+void finish(Started& x, Compute& compute) {
+  x.request->wait();
+  std::size_t at = 0;
   for (const auto& blocks : x.from) {
     for (const MatrixView& v : blocks) {
-      compute.copy(ConstMatrixView{recv + at, v.rows, v.cols, v.cols}, v);
+      compute.copy(ConstMatrixView{x.recv + at, v.rows, v.cols, v.cols}, v);
       at += elems(v.rows, v.cols);
     }
   }
 }
 
-// The bucket's grid: T x G ranks, this rank at (t, g).
+// The exchange, waited for.
+void exchange(const Communicator& group, const Exchange& x, Compute& compute,
+              NsWorkspaces& workspaces) {
+  Started started = start_exchange(group, x, compute, workspaces, 0);
+  finish(started, compute);
+}
+
+// The bucket's grid: T x G ranks, this rank at (t, g), repeated over D replicas (this one d).
+// An owner index is a home: position t + T g within replica d_of(home).
 struct Grid {
-  int T = 1, G = 1, t = 0, g = 0;
+  int T = 1, G = 1, D = 1, t = 0, g = 0, d = 0;
   int t_of(int owner) const { return owner % T; }
-  int g_of(int owner) const { return owner / T; }
-  int me() const { return t + T * g; }
+  int g_of(int owner) const { return owner / T % G; }
+  int d_of(int owner) const { return owner / (T * G); }
+  int position_of(int owner) const { return owner % (T * G); }
+  int me() const { return t + T * g; }           // this rank's position in its replica
+  int home() const { return me() + T * G * d; }  // this rank's owner index
+  int homes() const { return T * G * D; }
 };
 
-Grid grid_of(const ShardLayout& l) {
-  return {l.tp_on() ? l.tp_size : 1, l.gtp_size, l.tp_on() ? l.tp_rank : 0, l.gtp_rank};
+Grid grid_of(const ShardLayout& l, bool replicated) {
+  const bool dp = replicated && l.dp_on();
+  return {l.tp_on() ? l.tp_size : 1, l.gtp_size, dp ? l.dp_size : 1,
+          l.tp_on() ? l.tp_rank : 0, l.gtp_rank, dp ? l.dp_rank : 0};
 }
 
 // The TP block of rank j in a full work matrix.
@@ -92,8 +124,9 @@ MatrixView tp_block(MatrixView full, const ShardLayout& l, int j) {
 
 // A one-line description of a layout (rank fields excluded): the composition key of a bucket.
 std::string describe(const ShardLayout& l) {
-  return fmt::format("{}x{}:tp{}/{}+{}:gtp{}:pad{}:qkv{}", l.m, l.n, l.tp_dim,
-                     l.tp_on() ? l.tp_size : 1, l.tp_pad, l.gtp_size, l.pad, fmt::join(l.qkv, ","));
+  return fmt::format("{}x{}:tp{}/{}+{}:gtp{}:pad{}:qkv{}:dp{}", l.m, l.n, l.tp_dim,
+                     l.tp_on() ? l.tp_size : 1, l.tp_pad, l.gtp_size, l.pad, fmt::join(l.qkv, ","),
+                     l.dp_size);
 }
 
 }  // namespace
@@ -108,33 +141,44 @@ OwnerCostFn ns_flops_cost(const NsOptions& ns) {
 }
 
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
-                         const Communicator& tp, const Communicator& gtp, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
+                         const Communicator& tp, const Communicator& gtp, const Communicator* dp,
+                         const NsOptions& ns, const ScaleFn& scale, Compute& compute,
+                         NsWorkspaces* workspaces, int chunks) {
   DISTMUON_ASSERT(items.size() == owners.size(), "one owner per item");
   if (items.empty()) return;
   NsWorkspaces call_workspaces;  // only when the caller keeps none
   NsWorkspaces& ws = workspaces != nullptr ? *workspaces : call_workspaces;
-  const Grid grid = grid_of(*items.front().layout);
+  const Grid grid = grid_of(*items.front().layout, dp != nullptr);
   DISTMUON_ASSERT(grid.T == 1 || tp.size() == grid.T, "TP group size");
   DISTMUON_ASSERT(grid.G == 1 || gtp.size() == grid.G, "GTP group size");
+  DISTMUON_ASSERT(grid.D == 1 || dp->size() == grid.D, "replica group size");
   const std::size_t n_items = items.size();
   auto layout = [&](std::size_t i) -> const ShardLayout& { return *items[i].layout; };
   const auto G = static_cast<std::size_t>(grid.G), T = static_cast<std::size_t>(grid.T);
-  auto mine = [&](std::size_t i) { return owners[i] == grid.me(); };
+  const auto D = static_cast<std::size_t>(grid.D);
+  // holds: this rank's position gathers the full matrix (in every replica); runs: this rank is
+  // the home that orthogonalises it.
+  auto holds = [&](std::size_t i) { return grid.position_of(owners[i]) == grid.me(); };
+  auto runs = [&](std::size_t i) { return owners[i] == grid.home(); };
   auto in_row = [&](std::size_t i) { return grid.g_of(owners[i]) == grid.g; };
+  const bool unsharded = grid.T == 1 && grid.G == 1;
 
   // The TP-local tensors this rank gathers (the weights whose owner sits in its GTP row,
   // g_o == g; without GTP every weight, its shard being the TP-local tensor), and the owner's
-  // full work matrices (without TP the TP-local tensor is the full one).
-  // Both kept across steps in ws, per weight of the bucket (slot i).
+  // full work matrices (without TP the TP-local tensor is the full one; unsharded, the shard
+  // itself). Both kept across steps in ws, per weight of the bucket (slot i).
   std::vector<MatrixView> tp_local(n_items), full(n_items);
   for (std::size_t i = 0; i < n_items; ++i) {
+    if (unsharded) {
+      tp_local[i] = items[i].shard;
+      continue;
+    }
     if (grid.G == 1 || in_row(i)) {
       tp_local[i] =
           ws.buffer(compute, BufferRole::kTpLocal, i, layout(i).padded_rows(), layout(i).n_tp())
               .view();
     }
-    if (grid.T > 1 && mine(i)) {
+    if (grid.T > 1 && holds(i)) {
       full[i] = ws.buffer(compute, BufferRole::kFull, i, full_work_rows(layout(i)),
                           full_work_cols(layout(i)))
                     .view();
@@ -160,57 +204,83 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     for (std::size_t i = 0; i < n_items; ++i) {
       if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
         over_tp.to[j].push_back(tp_local[i]);
-      if (mine(i)) over_tp.from[j].push_back(tp_block(full[i], layout(i), static_cast<int>(j)));
+      if (holds(i)) over_tp.from[j].push_back(tp_block(full[i], layout(i), static_cast<int>(j)));
+    }
+  }
+  // Replicas: the home sends its result to the same position of every other replica, in
+  // `chunks` exchanges of consecutive items, each started as soon as its items are orthogonalised
+  // (the next chunk's NS runs while it is in flight).
+  const std::size_t n_chunks =
+      grid.D > 1 ? std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1, n_items) : 0;
+  const std::size_t per_chunk = n_chunks == 0 ? n_items : (n_items + n_chunks - 1) / n_chunks;
+  std::vector<Exchange> over_dp(n_chunks, Exchange(D));
+  for (std::size_t c = 0; c < n_chunks; ++c) {
+    for (std::size_t j = 0; j < D; ++j) {
+      if (j == static_cast<std::size_t>(grid.d)) continue;
+      for (std::size_t i = c * per_chunk; i < std::min(n_items, (c + 1) * per_chunk); ++i) {
+        if (runs(i)) over_dp[c].to[j].push_back(work(i));
+        if (holds(i) && static_cast<std::size_t>(grid.d_of(owners[i])) == j)
+          over_dp[c].from[j].push_back(work(i));
+      }
     }
   }
 
   if (grid.G > 1) {
     exchange(gtp, over_gtp, compute, ws);
-  } else {
+  } else if (!unsharded) {
     for (std::size_t i = 0; i < n_items; ++i)
       compute.copy(items[i].shard, tp_local[i]);
   }
   if (grid.T > 1) exchange(tp, over_tp, compute, ws);
 
-  // The owner's NS: the code duplicated mode runs on the same matrix.
+  // The home's NS: the code duplicated mode runs on the same matrix.
   NsOptions gram = ns;
   gram.algorithm = NsAlgorithm::kGram;
-  for (std::size_t i = 0; i < n_items; ++i) {
-    if (!mine(i)) continue;
-    orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
-                       scale, compute, ws);
+  std::vector<Started> in_flight;
+  for (std::size_t c = 0; c < std::max<std::size_t>(n_chunks, 1); ++c) {
+    for (std::size_t i = c * per_chunk; i < std::min(n_items, (c + 1) * per_chunk); ++i) {
+      if (!runs(i)) continue;
+      orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
+                         scale, compute, ws);
+    }
+    if (n_chunks > 0) in_flight.push_back(start_exchange(*dp, over_dp[c], compute, ws, 1 + c));
   }
+  for (Started& x : in_flight)
+    finish(x, compute);
 
   // The scatter: stages 2 and 1 reversed.
   if (grid.T > 1) exchange(tp, over_tp.reversed(), compute, ws);
   if (grid.G > 1) {
     exchange(gtp, over_gtp.reversed(), compute, ws);
-  } else {
+  } else if (!unsharded) {
     for (std::size_t i = 0; i < n_items; ++i)
       compute.copy(tp_local[i], items[i].shard);
   }
 }
 
 bool OwnerOrthogonalizer::KeyLess::operator()(const Key& a, const Key& b) const {
-  const auto& [a_tp, a_gtp, a_s] = a;
-  const auto& [b_tp, b_gtp, b_s] = b;
+  const auto& [a_tp, a_gtp, a_dp, a_s] = a;
+  const auto& [b_tp, b_gtp, b_dp, b_s] = b;
   if (a_tp.owner_before(b_tp)) return true;
   if (b_tp.owner_before(a_tp)) return false;
   if (a_gtp.owner_before(b_gtp)) return true;
   if (b_gtp.owner_before(a_gtp)) return false;
+  if (a_dp.owner_before(b_dp)) return true;
+  if (b_dp.owner_before(a_dp)) return false;
   return a_s < b_s;
 }
 
 const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerItem> items,
                                                         const Communicator& tp,
-                                                        const Communicator& gtp) {
+                                                        const Communicator& gtp,
+                                                        const Communicator* dp) {
   const ShardLayout& first = *items.front().layout;
-  const Grid grid = grid_of(first);
-  std::string composition = fmt::format("grid {}x{}", grid.T, grid.G);
+  const Grid grid = grid_of(first, dp != nullptr);
+  std::string composition = fmt::format("grid {}x{}x{}", grid.T, grid.G, grid.D);
   for (const OwnerItem& it : items)
     composition += fmt::format(";{}:{}", describe(*it.layout), to_string(it.algorithm));
   Key key{first.tp_on() ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
-          composition};
+          grid.D > 1 ? dp->impl_ptr() : nullptr, composition};
   // Every call: every rank of the grid must see the same composition and sit where its layout
   // says (agree_on_tp_grid: all throw or none does). Only the assignment is cached: skipping the
   // check on a rank that saw its composition before would leave a rank holding a different, new
@@ -224,9 +294,13 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
     reason = fmt::format("GTP group has rank {} of {}, the layouts say {} of {}", gtp.rank(),
                          gtp.size(), grid.g, grid.G);
   }
+  if (grid.D > 1 && (dp->size() != grid.D || dp->rank() != grid.d)) {
+    reason = fmt::format("data-parallel group has rank {} of {}, the layouts say replica {} of {}",
+                         dp->rank(), dp->size(), grid.d, grid.D);
+  }
   const Communicator one = local_communicator();  // a dimension the layouts do not split
   agree_on_tp_grid(
-      grid.T > 1 ? tp : one, grid.G > 1 ? gtp : one,
+      grid.T > 1 ? tp : one, grid.G > 1 ? gtp : one, grid.D > 1 ? *dp : one,
       fnv1a64(composition.data(), composition.size()), reason.empty(),
       fmt::format("owner mode: the composition of a bucket of {} weights", items.size()), reason);
   if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
@@ -234,7 +308,7 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
   costs.reserve(items.size());
   for (const OwnerItem& it : items)
     costs.push_back(cost_(*it.layout, it.algorithm));
-  return cache_.emplace(std::move(key), lpt_assign(costs, grid.T * grid.G)).first->second;
+  return cache_.emplace(std::move(key), lpt_assign(costs, grid.homes())).first->second;
 }
 
 void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& ns,
@@ -244,26 +318,34 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
   struct Bucket {
     const Communicator* tp;
     const Communicator* gtp;
+    const Communicator* dp;  // nullptr: the bucket's replicas (if any) each run their own NS
     std::vector<std::size_t> index;
+  };
+  // The groups a weight's bucket is told apart by (nullptr for a dimension it does not span).
+  auto groups_of = [](const Weight& w) {
+    return std::array<const CommImpl*, 3>{
+        w.layout->tp_on() ? &w.tp->impl() : nullptr,
+        w.layout->gtp_size > 1 ? &w.gtp->impl() : nullptr,
+        w.dp != nullptr && w.layout->dp_on() ? &w.dp->impl() : nullptr};
   };
   std::vector<Bucket> buckets;
   for (std::size_t i = 0; i < weights.size(); ++i) {
     const Weight& w = weights[i];
     DISTMUON_ASSERT(w.layout != nullptr && w.tp != nullptr && w.gtp != nullptr, "owner weight");
-    if (!sharded(*w.layout)) {
+    const auto groups = groups_of(w);
+    if (groups == std::array<const CommImpl*, 3>{}) {  // one rank holds it all: the local NS
       NsOptions local = ns;
       local.algorithm = w.algorithm;
       orthogonalize_shard(w.shard, *w.layout, *w.tp, *w.gtp, TpMode::kDuplicated, local, scale,
                           compute, workspaces);
       continue;
     }
-    const CommImpl* tp = w.layout->tp_on() ? &w.tp->impl() : nullptr;
-    const CommImpl* gtp = w.layout->gtp_size > 1 ? &w.gtp->impl() : nullptr;
     auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& b) {
-      return (weights[b.index[0]].layout->tp_on() ? &b.tp->impl() : nullptr) == tp &&
-             (weights[b.index[0]].layout->gtp_size > 1 ? &b.gtp->impl() : nullptr) == gtp;
+      return groups_of(weights[b.index[0]]) == groups;
     });
-    if (it == buckets.end()) it = buckets.insert(buckets.end(), Bucket{w.tp, w.gtp, {}});
+    if (it == buckets.end()) {
+      it = buckets.insert(buckets.end(), Bucket{w.tp, w.gtp, groups[2] ? w.dp : nullptr, {}});
+    }
     it->index.push_back(i);
   }
   std::vector<OwnerItem> items;
@@ -271,10 +353,11 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     items.clear();
     for (const std::size_t i : b.index)
       items.push_back({weights[i].shard, weights[i].layout, weights[i].algorithm});
-    const std::vector<int>& owners = owners_for(items, *b.tp, *b.gtp);
+    const std::vector<int>& owners = owners_for(items, *b.tp, *b.gtp, b.dp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
       last_owners_[b.index[k]] = owners[k];
-    orthogonalize_owned(items, owners, *b.tp, *b.gtp, ns, scale, compute, workspaces);
+    orthogonalize_owned(items, owners, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces,
+                        chunks_);
   }
 }
 

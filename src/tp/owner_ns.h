@@ -14,6 +14,16 @@
 // One collective per stage per bucket (stages over a group of one are skipped); a weight's full
 // matrix crosses the network twice (in, out) instead of being all-gathered by every rank.
 //
+// Replicas (data parallelism): when a bucket's weights are replicated over a group of D ranks
+// (ShardLayout::dp_size, the same shard on each) and the caller passes that group, the homes
+// span the replicas: owner index o = t + T g + T G d, LPT over T G D homes. Every replica
+// gathers the weights whose home sits at its position (t, g) (the gather stages above, within the
+// replica), only the home runs NS, and one all-to-all-v over the replica group sends each home's
+// results to the same position of the other replicas (D - 1 copies, as a broadcast would), before
+// every replica scatters. Unsharded replicated weights (T = G = 1) move nothing but that: the
+// home orthogonalises its own copy in place and the others receive the result into theirs. The
+// home runs the NS every replica would have run on the same bits: bit-equal to every-rank NS.
+//
 // Owners are assigned by LPT (longest processing time first) on a per-weight cost estimate, ties
 // broken by weight index then by owner index, so every rank computes the same assignment; it is
 // decided once per bucket composition and cached.
@@ -54,17 +64,29 @@ struct OwnerItem {
 // rank of the T x G grid calls this with the same items in the same order. No agreement check:
 // see OwnerOrthogonalizer. The shards move over tp.data() and gtp.data(); the gathered buffers
 // and the all-to-all staging come from workspaces when given (kept across steps).
+// dp: the items' replica group when the homes span it (owners then range over T G D), else
+// nullptr (each replica, if any, runs its own). chunks: the results go to the other replicas in
+// up to this many all-to-alls of consecutive items, each started (non-blocking,
+// Communicator::start_all_to_all_v) once its items are orthogonalised, so that it is in flight
+// while the next chunk's NS runs; 1 is the serial schedule (every NS, then one exchange). The
+// same bits either way: the chunks only copy.
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
-                         const Communicator& tp, const Communicator& gtp, const NsOptions& ns,
-                         const ScaleFn& scale, Compute& compute,
-                         NsWorkspaces* workspaces = nullptr);
+                         const Communicator& tp, const Communicator& gtp, const Communicator* dp,
+                         const NsOptions& ns, const ScaleFn& scale, Compute& compute,
+                         NsWorkspaces* workspaces = nullptr, int chunks = 1);
 
-// Buckets a list of weights by group, assigns owners (cached per bucket composition; the first
-// time a composition is seen its ranks check, collectively, that they agree on it) and runs the
-// buckets in the order of their first weight. Unsharded weights run the local NS.
+// Buckets a list of weights by group (TP, GTP, replicas), assigns owners (cached per bucket
+// composition; the first time a composition is seen its ranks check, collectively, that they agree
+// on it) and runs the buckets in the order of their first weight. Unsharded weights without
+// replicas run the local NS.
 class OwnerOrthogonalizer {
  public:
-  explicit OwnerOrthogonalizer(OwnerCostFn cost) : cost_(std::move(cost)) {}
+  // pipeline: orthogonalize_owned's chunks for replicated buckets (1: serial).
+  explicit OwnerOrthogonalizer(OwnerCostFn cost, int pipeline = kDefaultPipeline)
+      : cost_(std::move(cost)), chunks_(pipeline) {}
+  // Replicated buckets are sent in 4 chunks by default: most of the exchange hides behind the
+  // NS of the later chunks, at 3 more all-to-all latencies.
+  static constexpr int kDefaultPipeline = 4;
 
   struct Weight {
     MatrixView shard;
@@ -72,20 +94,25 @@ class OwnerOrthogonalizer {
     const Communicator* tp = nullptr;   // this rank's TP group (any size when not TP-sharded)
     const Communicator* gtp = nullptr;  // this rank's GTP group
     NsAlgorithm algorithm = NsAlgorithm::kStandard;
+    // The replicas of the weight (layout->dp_size ranks) when its home spans them; nullptr:
+    // every replica orthogonalises its own copy.
+    const Communicator* dp = nullptr;
   };
   // NS takes its scratch from workspaces when given (kept across steps), else allocates it.
   void run(std::span<const Weight> weights, const NsOptions& ns, const ScaleFn& scale,
            Compute& compute, NsWorkspaces* workspaces = nullptr);
 
-  // Owner index (t + T g) of weights[i] in the last run; -1 for an unsharded weight.
+  // Owner index (t + T g + T G d) of weights[i] in the last run; -1 for a weight run locally.
   const std::vector<int>& last_owners() const { return last_owners_; }
 
  private:
   const std::vector<int>& owners_for(std::span<const OwnerItem> items, const Communicator& tp,
-                                     const Communicator& gtp);
+                                     const Communicator& gtp, const Communicator* dp);
 
   OwnerCostFn cost_;
-  using Key = std::tuple<std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>, std::string>;
+  int chunks_ = 1;
+  using Key = std::tuple<std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>,
+                         std::string>;
   struct KeyLess {
     bool operator()(const Key& a, const Key& b) const;
   };

@@ -13,7 +13,7 @@ void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsO
   for (const ShardedWeight& w : weights) {
     DISTMUON_ASSERT(w.layout != nullptr && w.tp != nullptr && w.gtp != nullptr, "sharded weight");
     if (w.mode == TpMode::kOwner) {
-      owned_.push_back({w.shard, w.layout, w.tp, w.gtp, w.algorithm});
+      owned_.push_back({w.shard, w.layout, w.tp, w.gtp, w.algorithm, w.dp});
       continue;
     }
     if (w.algorithm == NsAlgorithm::kGram && !gram) {

@@ -34,6 +34,10 @@ struct ShardedWeight {
   const Communicator* gtp = nullptr;  // this rank's GTP group
   TpMode mode = TpMode::kDuplicated;  // resolved: never auto
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // NS runs run()'s ns with this algorithm
+  // Owner mode only: the weight's replicas (layout->dp_size ranks holding the same shard) when
+  // its home spans them, so that one rank of them all orthogonalises it (owner_ns.h); nullptr:
+  // each replica runs its own. An unsharded replicated weight with a home is in owner mode.
+  const Communicator* dp = nullptr;
 };
 
 // Holds what persists across steps: owner mode's orthogonalizer (its LPT assignment per bucket
@@ -51,7 +55,8 @@ class WeightOrthogonalizer {
   void run(std::span<const ShardedWeight> weights, const NsOptions& ns, const ScaleFn& scale,
            Compute& compute, NsWorkspaces* workspaces = nullptr);
 
-  // Owner index (t + T g) of each owner weight of the last run, in order; -1 for an unsharded one.
+  // Owner index (t + T g + T G d) of each owner weight of the last run, in order; -1 for one run
+  // locally.
   const std::vector<int>& last_owners() const { return last_owners_; }
 
  private:

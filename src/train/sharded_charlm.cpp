@@ -24,9 +24,10 @@ std::uint64_t fingerprint(const CharLmConfig& c, std::uint64_t seed) {
 
 }  // namespace
 
-ShardedCharLm::ShardedCharLm(const CharLmConfig& config, std::uint64_t seed, Communicator group)
+ShardedCharLm::ShardedCharLm(const CharLmConfig& config, std::uint64_t seed, Communicator group,
+                             bool replicated)
     : group_(std::move(group)), model_(config) {
-  agree(group_, fingerprint(config, seed),
+  agree(group_, fingerprint(config, seed) ^ (replicated ? 1 : 0),
         fmt::format("sharded charlm: the ranks of the group (size {}) were given different model "
                     "configs or seeds",
                     group_.size()));
@@ -40,7 +41,7 @@ ShardedCharLm::ShardedCharLm(const CharLmConfig& config, std::uint64_t seed, Com
     sp.kind = info.kind;
     sp.rows = info.rows;
     sp.cols = info.cols;
-    sp.sharded = info.kind == ParamKind::kMuon;
+    sp.sharded = info.kind == ParamKind::kMuon && !replicated;
     if (sp.sharded) {
       sp.sharding = RowSharding::make(info.rows, info.cols, group_.size());
       sp.value = init_charlm_rows(config, seed, p, sp.sharding.first_row(group_.rank()),

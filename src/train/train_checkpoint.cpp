@@ -36,10 +36,12 @@ fs::path model_file(const fs::path& dir, int rank) {
 // optimizer's options may change).
 json run_identity(const TrainConfig& c) {
   const json all = to_json(c);
-  return {
-      {"model", all.at("model")},
-      {"data", all.at("data")},
-      {"train", {{"seed", all.at("train").at("seed")}, {"batch", all.at("train").at("batch")}}}};
+  return {{"model", all.at("model")},
+          {"data", all.at("data")},
+          {"train",
+           {{"seed", all.at("train").at("seed")},
+            {"batch", all.at("train").at("batch")},
+            {"weights", all.at("train").at("weights")}}}};
 }
 
 std::string first_difference(const json& saved, const json& mine) {

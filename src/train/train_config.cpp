@@ -132,6 +132,11 @@ TrainConfig from_json(const json& j) {
   train.read("eval_every", c.train.eval_every, 1, kMaxInt);
   train.read("eval_windows", c.train.eval_windows, Index{1}, kMaxIndex);
   train.read("device", c.train.device);
+  train.read("weights", c.train.weights);
+  if (c.train.weights != "sharded" && c.train.weights != "replicated") {
+    throw Error(fmt::format(
+        "train config: field 'train.weights': '{}' (valid: sharded, replicated)", c.train.weights));
+  }
   train.no_unknown_fields();
 
   if (j.contains("optimizer")) {
@@ -276,7 +281,8 @@ nlohmann::json to_json(const TrainConfig& c) {
         {"log_every", c.train.log_every},
         {"eval_every", c.train.eval_every},
         {"eval_windows", c.train.eval_windows},
-        {"device", c.train.device}}},
+        {"device", c.train.device},
+        {"weights", c.train.weights}}},
       {"optimizer", c.optimizer},
   };
 }

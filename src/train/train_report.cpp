@@ -58,10 +58,11 @@ void ConsoleReport::on_start(const Trainer& trainer, int first_step) {
                     group_size_, group_size_ == 1 ? "" : "s", trainer.world().backend(),
                     c.train.seed, steps_, batch_, batch_ / group_size_));
   print(fmt::format(
-      "model: context {}, embed {}, hidden {}, ffn {}, {} layers: {} parameters (Muon {}, rows "
-      "sharded over {} rank{}; AdamW {})",
+      "model: context {}, embed {}, hidden {}, ffn {}, {} layers: {} parameters (Muon {}, {} {} "
+      "rank{}; AdamW {})",
       c.model.context, c.model.embed, c.model.hidden, c.model.ffn, c.model.layers,
-      count_str(muon_params + adamw_params), count_str(muon_params), group_size_,
+      count_str(muon_params + adamw_params), count_str(muon_params),
+      c.train.replicated() ? "replicated on" : "rows sharded over", group_size_,
       group_size_ == 1 ? "" : "s", count_str(adamw_params)));
   print(fmt::format("blas: {}", blas_summary()));
   const TextData& d = trainer.data();
@@ -160,7 +161,12 @@ std::string format_decisions(const std::vector<ShapeDecision>& decisions) {
   if (decisions.empty()) return "no Muon weights\n";
   const ShapeDecision& first = decisions.front();
   std::string out;
-  if (first.key.group_size > 1) {
+  if (first.replicas > 1) {
+    out += fmt::format(
+        "Muon weights by shape: replicated on {} ranks (data parallel): NS once on a home rank per "
+        "weight, or on every rank; cost model estimates of one NS{}\n",
+        first.replicas, first.in_seconds ? "" : " (FLOPs: no hardware profile)");
+  } else if (first.key.group_size > 1) {
     out += fmt::format(
         "Muon weights by shape: rows sharded over {} ranks; cost model estimates per weight{}\n",
         first.key.group_size, first.in_seconds ? "" : " (FLOPs per rank: no hardware profile)");
@@ -177,7 +183,10 @@ std::string format_decisions(const std::vector<ShapeDecision>& decisions) {
   out +=
       gram ? fmt::format("  {:>12}  {:>12}  {:>12}\n", "dup+gram", "dist+gram", "owner NS") : "\n";
   for (const ShapeDecision& d : decisions) {
-    const std::string mode = d.sharded ? to_string(AutoChoice{d.mode, d.algorithm}) : "unsharded";
+    const std::string mode = d.sharded         ? to_string(AutoChoice{d.mode, d.algorithm})
+                             : d.replicas == 1 ? "unsharded"
+                             : d.home          ? fmt::format("home of {}", d.replicas)
+                                               : "every rank";
     const auto cost = [&](TpMode m, NsAlgorithm a) {
       return format_cost(d.estimate.cost(m, a), d.in_seconds);
     };

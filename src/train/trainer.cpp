@@ -72,7 +72,8 @@ Trainer::Trainer(TrainConfig config, Communicator world)
   // The run id: rank 0 draws it, every rank receives it.
   s.run_id = decide_on_root<std::string>(w, 0, "train: the run id", new_run_id);
 
-  s.model = std::make_unique<ShardedCharLm>(s.config.model, s.config.train.seed, w);
+  s.model = std::make_unique<ShardedCharLm>(s.config.model, s.config.train.seed, w,
+                                            s.config.train.replicated());
   Compute& compute = *s.compute;
   s.muon.emplace(s.options, w, compute);
   const bool mirror = compute.memory() != MemoryKind::kHost;
@@ -93,6 +94,8 @@ Trainer::Trainer(TrainConfig config, Communicator world)
       spec.gtp_sharded = true;
       spec.gtp_group = w;
       spec.pad_length = p.sharding.pad_length;
+    } else if (p.kind == ParamKind::kMuon) {
+      spec.dp_group = w;  // replicated: every rank holds it whole
     }
     s.muon->add_parameter(std::move(spec));
     s.grads.push_back(mirror ? std::as_const(s.grads_on_device.back()).view() : p.grad.view());
@@ -204,6 +207,8 @@ std::vector<ShapeDecision> Trainer::decisions() const {
     d.n = p.cols;
     d.names = {p.name};
     d.sharded = p.gtp_size > 1;
+    d.replicas = p.dp_size;
+    d.home = p.home;
     // Before the first step auto has not resolved yet: report the option.
     d.mode = p.mode.value_or(s.options.tp_mode);
     d.algorithm = p.algorithm;

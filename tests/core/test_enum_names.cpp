@@ -63,6 +63,7 @@ TEST(EnumNames, EveryTableRoundTrips) {
   expect_table_complete_and_round_trips<CostModel>("cost model");
   expect_table_complete_and_round_trips<WeightDecayMethod>("weight decay method");
   expect_table_complete_and_round_trips<ScaleMode>("scale mode");
+  expect_table_complete_and_round_trips<ReplicaMode>("replica mode");
   expect_table_complete_and_round_trips<ParamRole>("parameter role");
   expect_table_complete_and_round_trips<ParamKind>("parameter kind");
   expect_table_complete_and_round_trips<CollectiveKind>("collective");

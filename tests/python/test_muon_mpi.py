@@ -56,6 +56,32 @@ def reference_run(steps):
     return fulls
 
 
+def replicated_run(replica_mode, steps):
+    """Every weight whole on every rank (data parallelism), declared replicated over COMM."""
+    opt = distmuon.Muon(COMM, tp_mode="auto", replica_mode=replica_mode, lr=0.05,
+                        weight_decay=0.01)
+    fulls = []
+    for k, (name, m, n, _) in enumerate(WEIGHTS):
+        f = full_weight(m, n, k)
+        opt.add_parameter(f, name, data_parallel_group=COMM)
+        fulls.append(f)
+    for step in range(1, steps + 1):
+        opt.step([full_grad(m, n, k, step) for k, (_, m, n, _) in enumerate(WEIGHTS)])
+    return opt, fulls
+
+
+def test_replicated_weights_on_homes_equal_every_rank_ns():
+    # The home runs the NS every replica would run on the same bits: equal, not close.
+    opt, homes = replicated_run("home", 3)
+    _, every = replicated_run("every_rank", 3)
+    for h, e in zip(homes, every):
+        assert np.array_equal(h, e)
+    info = opt.parameters()
+    assert all(p["dp_size"] == G and p["home"] == (G > 1) for p in info)
+    if G > 1:
+        assert {p["owner"] for p in info} <= set(range(G))
+
+
 def test_duplicated_shards_equal_the_full_reference():
     _, shards = sharded_run("duplicated", 4)
     ref = reference_run(4)

@@ -105,6 +105,38 @@ TEST(Trainer, AutoMatchesDuplicatedLossesAtEveryStep) {
   }
 }
 
+// Data parallelism (train.weights replicated): every rank holds the Muon weights whole and Muon
+// orthogonalises each on one home rank (replica_mode auto: the cost model, FLOPs without a
+// profile, gives homes for these 5 weights); the losses equal every rank's NS bit for bit (the
+// home runs the same NS on the same bits), and the run learns.
+TEST(Trainer, ReplicatedWeightsOnHomesMatchEveryRankNsExactly) {
+  SharedDir dir("trainer_replicated");
+  const fs::path text = write_text(dir.path());
+  constexpr int kSteps = 10;
+  auto run = [&](const std::string& replica_mode, std::vector<ShapeDecision>* decisions) {
+    TrainConfig c = tiny_config(text, kSteps);
+    c.train.weights = "replicated";
+    c.optimizer["replica_mode"] = replica_mode;
+    Trainer t(c, world());
+    const TrainSummary s = run_training(t, {});
+    if (decisions != nullptr) *decisions = t.decisions();
+    return s;
+  };
+  std::vector<ShapeDecision> decisions;
+  const TrainSummary home = run("auto", &decisions);
+  const TrainSummary every = run("every_rank", nullptr);
+  ASSERT_EQ(home.records.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_EQ(every.records.size(), static_cast<std::size_t>(kSteps));
+  for (std::size_t i = 0; i < home.records.size(); ++i)
+    EXPECT_EQ(home.records[i].loss, every.records[i].loss) << "step " << i + 1;
+  EXPECT_LT(home.records.back().loss, home.records.front().loss);
+  for (const ShapeDecision& d : decisions) {
+    EXPECT_FALSE(d.sharded);
+    EXPECT_EQ(d.replicas, world().size());
+    EXPECT_EQ(d.home, world().size() > 1) << d.m << "x" << d.n;
+  }
+}
+
 // Bit for bit: the weights, the optimizer state (momentum, AdamW moments, step, auto decisions)
 // and the data (a function of seed, step and rank) are the same, so every operation repeats.
 TEST(Trainer, ResumeReproducesTheUninterruptedRunExactly) {

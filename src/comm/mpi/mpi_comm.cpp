@@ -13,8 +13,10 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -89,6 +91,34 @@ int checked_count(std::size_t count, const char* op) {
     throw Error(fmt::format("MPI {}: {} elements exceed MPI's int count", op, count));
   }
   return static_cast<int>(count);
+}
+
+// n elements of type t at data become NaN (floating-point types; others are left as they are).
+void fill_nan(void* data, std::size_t n, DType t) {
+  if (t == DType::kF32) {
+    std::fill_n(static_cast<float*>(data), n, std::numeric_limits<float>::quiet_NaN());
+  } else if (t == DType::kF64) {
+    std::fill_n(static_cast<double*>(data), n, std::numeric_limits<double>::quiet_NaN());
+  }
+}
+
+// A started MPI collective and the arrays it reads until it completes.
+struct MpiRequest final : CommRequest {
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<int> sc, sd, rc, rd;
+  std::string detail;
+  DType type = DType::kF32;
+  std::vector<std::pair<void*, std::size_t>> poison;  // a fault's NaN chunks (core/fault.h)
+  void wait() override;
+  ~MpiRequest() override {
+    if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);  // best effort
+  }
+};
+
+void MpiRequest::wait() {
+  check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "Ialltoallv (wait)", detail);
+  for (const auto& [data, n] : poison)
+    fill_nan(data, n, type);
 }
 
 class MpiComm final : public CommImpl {
@@ -174,6 +204,42 @@ class MpiComm final : public CommImpl {
         make_nan(static_cast<char*>(recv) + recv_displs[r] * dtype_size(t), recv_counts[r], t);
     }
   }
+  std::unique_ptr<CommRequest> start_all_to_all_v(const void* send, const std::size_t* send_counts,
+                                                  const std::size_t* send_displs, void* recv,
+                                                  const std::size_t* recv_counts,
+                                                  const std::size_t* recv_displs,
+                                                  DType t) override {
+    // The count arrays must outlive the collective: the request holds them.
+    auto req = std::make_unique<MpiRequest>();
+    const auto n = static_cast<std::size_t>(size_);
+    req->sc.resize(n);
+    req->sd.resize(n);
+    req->rc.resize(n);
+    req->rd.resize(n);
+    std::size_t sent = 0, received = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      req->sc[r] = checked_count(send_counts[r], "Ialltoallv");
+      req->sd[r] = checked_count(send_displs[r], "Ialltoallv");
+      req->rc[r] = checked_count(recv_counts[r], "Ialltoallv");
+      req->rd[r] = checked_count(recv_displs[r], "Ialltoallv");
+      checked_count(send_displs[r] + send_counts[r], "Ialltoallv");
+      checked_count(recv_displs[r] + recv_counts[r], "Ialltoallv");
+      sent += send_counts[r];
+      received += recv_counts[r];
+    }
+    req->detail = fmt::format("(sends {}, receives {} x {} on rank {} of {})", sent, received,
+                              dtype_name(t), rank_, size_);
+    if (fault("all_to_all_v", received, t)) {
+      for (std::size_t r = 0; r < n; ++r)
+        req->poison.emplace_back(static_cast<char*>(recv) + recv_displs[r] * dtype_size(t),
+                                 recv_counts[r]);
+    }
+    req->type = t;
+    check_mpi(MPI_Ialltoallv(send, req->sc.data(), req->sd.data(), mpi_type(t), recv,
+                             req->rc.data(), req->rd.data(), mpi_type(t), comm_, &req->request),
+              "Ialltoallv", req->detail);
+    return req;
+  }
   void barrier() override {
     fault("barrier", 0, DType::kU8);
     check_mpi(MPI_Barrier(comm_), "Barrier");
@@ -246,13 +312,7 @@ class MpiComm final : public CommImpl {
         "collective", fmt::format("{} {} x {} over {} ranks", op, count, dtype_name(t), size_));
   }
   // n elements of type t at data become NaN (floating-point types; others are left as they are).
-  static void make_nan(void* data, std::size_t n, DType t) {
-    if (t == DType::kF32) {
-      std::fill_n(static_cast<float*>(data), n, std::numeric_limits<float>::quiet_NaN());
-    } else if (t == DType::kF64) {
-      std::fill_n(static_cast<double*>(data), n, std::numeric_limits<double>::quiet_NaN());
-    }
-  }
+  static void make_nan(void* data, std::size_t n, DType t) { fill_nan(data, n, t); }
   std::string detail(std::size_t count, DType t) const {
     return fmt::format("({} x {} on rank {} of {})", count, dtype_name(t), rank_, size_);
   }

@@ -1,0 +1,106 @@
+// bench --model --replicated (model_bench_replicated.h).
+#include "bench/model_bench_replicated.h"
+
+#include <memory>
+#include <random>
+
+#include "distmuon/agreement.h"
+#include "ns/ns_workspaces.h"
+#include "plan/candidate_runner.h"
+#include "tp/owner_ns.h"
+
+namespace distmuon::detail {
+namespace {
+
+// Every weight of the model (count copies of each shape) whole on this rank, as its replicas
+// hold it, and one orthogonalizer run over all of them: with dp null every rank runs every
+// weight's NS, with dp the homes span the group.
+struct ReplicatedRun {
+  std::vector<ShardLayout> layouts;
+  std::vector<DeviceMatrix> work;
+  std::vector<OwnerOrthogonalizer::Weight> weights;
+  std::unique_ptr<OwnerOrthogonalizer> orth;
+  std::vector<double> samples;
+};
+
+}  // namespace
+
+ModelBenchReplicated run_replicated_bench(const Communicator& group, const ModelBenchConfig& config,
+                                          const HardwareProfile* profile, CostModel model,
+                                          bool crosses, Compute& compute) {
+  const Communicator planes = group.has_data_plane() ? group : compute.data_communicator(group);
+  const bool emulated = config.link.latency_s > 0 || config.link.bytes_per_s > 0;
+  const Communicator dp = emulated ? emulated_link_communicator(planes, config.link) : planes;
+  const Communicator one = compute.data_communicator(local_communicator());
+  // The inputs: each shape's full matrix drawn on the host (the same on every rank), uploaded once.
+  std::vector<DeviceMatrix> inputs;
+  std::vector<AutoKey> keys;
+  std::vector<std::size_t> input_of;  // per weight
+  for (std::size_t i = 0; i < config.weights.size(); ++i) {
+    const WeightShape& w = config.weights[i];
+    Matrix full(w.m, w.n);
+    std::mt19937_64 rng(config.seed + 1000 + i);
+    std::normal_distribution<float> dist;
+    for (float& v : full.values())
+      v = dist(rng);
+    inputs.push_back(to_device(compute, full.view()));
+    for (Index c = 0; c < w.count; ++c) {
+      input_of.push_back(i);
+      keys.push_back(
+          auto_key(ShardLayout{.m = w.m, .n = w.n}, config.ns, NsAlgorithm::kStandard, false));
+    }
+  }
+  const std::size_t n = input_of.size();
+  ReplicatedRun runs[3];  // every rank, homes (serial), homes (pipelined)
+  NsWorkspaces workspaces;
+  std::vector<MeasureTask> tasks;
+  const ScaleFn unit = [](Index, Index) { return 1.0; };
+  for (int r = 0; r < 3; ++r) {
+    ReplicatedRun& run = runs[r];
+    run.layouts.reserve(n);
+    ResetCopies copies;
+    for (std::size_t w = 0; w < n; ++w) {
+      const WeightShape& s = config.weights[input_of[w]];
+      ShardLayout l{.m = s.m, .n = s.n};
+      if (r > 0) {
+        l.dp_size = group.size();
+        l.dp_rank = group.rank();
+      }
+      run.layouts.push_back(l);
+      run.work.emplace_back(compute, s.m, s.n);
+      copies.emplace_back(inputs[input_of[w]].view(), run.work.back().view());
+    }
+    for (std::size_t w = 0; w < n; ++w) {
+      run.weights.push_back({run.work[w].view(), &run.layouts[w], &one, &one,
+                             NsAlgorithm::kStandard, r > 0 ? &dp : nullptr});
+    }
+    run.orth = std::make_unique<OwnerOrthogonalizer>(ns_flops_cost(config.ns),
+                                                     r == 2 ? config.pipeline : 1);
+    tasks.push_back({[&run, &config, &compute, &workspaces, unit] {
+                       run.orth->run(run.weights, config.ns, unit, compute, &workspaces);
+                       compute.synchronize();
+                     },
+                     copy_reset(compute, std::move(copies))});
+  }
+  CandidateRounds options{
+      config.timing.warmup, config.timing.reps, "bench --model --replicated", {}};
+  std::vector<std::vector<double>> timed = run_candidates(group, tasks, options);
+  ModelBenchReplicated out;
+  out.replicas = group.size();
+  out.every_rank = summarize(std::move(timed[0]));
+  out.home = summarize(std::move(timed[1]));
+  out.home_pipelined = summarize(std::move(timed[2]));
+  out.pipeline = config.pipeline;
+  out.link = config.link;
+  out.homes = runs[1].orth->last_owners();
+  const ReplicaBucketEstimate e =
+      estimate_replica_bucket(keys, group.size(), crosses, profile, model);
+  out.auto_home = e.chose_home();
+  if (profile != nullptr) {
+    out.predicted_every_rank_s = e.every_rank;
+    out.predicted_home_s = e.home_cost();
+  }
+  return out;
+}
+
+}  // namespace distmuon::detail

@@ -1,0 +1,197 @@
+// Replicated weights (ParamSpec::dp_group) orthogonalised once, on one LPT-balanced home of their
+// replicas (replica_mode home), against every replica running its own NS (every_rank): the same
+// bits on every rank (tolerance 0: the home runs the code every replica would run, on the same
+// bits, and the exchange only copies), the NS products of the world divided by the replicas (each
+// rank runs only its homes' NS, counted by a counting Compute), and a replica that differs is an
+// error on every rank, before anything is updated.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "distmuon/error.h"
+#include "distmuon/muon.h"
+#include "distmuon/tp.h"
+#include "optim_test_util.h"
+#include "tp/owner_ns.h"
+
+namespace distmuon {
+namespace {
+
+using test::CountingCompute;
+using test::TestLayout;
+
+// The weights of a run: full shapes (rows, cols), TP-split along tp_dim over T ranks when T > 1.
+struct Shape {
+  Index m, n;
+  int tp_dim;
+};
+
+struct RunResult {
+  std::vector<Matrix> weights;  // this rank's shards after the steps
+  double products = 0;          // this rank's NS products (gemm + syrk)
+  std::vector<ParamInfo> info;
+};
+
+// World = T TP ranks x D replicas (TP fastest). Every replica holds the same shards; three steps
+// with the same gradients on every replica (as after a data-parallel all-reduce).
+RunResult run(const std::vector<Shape>& shapes, int T, TpMode mode, ReplicaMode replicas,
+              int differing_rank = -1) {
+  const Communicator& world = test::world();
+  const ProcessGroups groups = make_process_groups(world, T, 1);
+  const int t = world.rank() % T;
+  const Communicator dp = world.split(t, world.rank());  // the ranks with this TP rank
+  MuonOptions o;
+  o.tp_mode = mode;
+  o.replica_mode = replicas;
+  o.weight_decay = 0.01;
+  CountingCompute counting;
+  Muon muon(o, world, counting);
+  RunResult out;
+  std::vector<TestLayout> layouts;
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    TestLayout l{.m = shapes[k].m, .n = shapes[k].n};
+    if (T > 1) {
+      l.tp_dim = shapes[k].tp_dim;
+      l.tp = T;
+    }
+    layouts.push_back(l);
+    out.weights.push_back(test::shard_for(test::random_matrix(l.m, l.n, 1 + k).view(), l, t, 0));
+    if (static_cast<int>(k) == 1 && world.rank() == differing_rank)
+      out.weights.back().data()[0] += 1.0f;
+  }
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    ParamSpec s =
+        test::layout_spec(layouts[k], groups, out.weights[k].view(), "w" + std::to_string(k));
+    s.dp_group = dp;
+    muon.add_parameter(s);
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Matrix> grads;
+    std::vector<ConstMatrixView> views;
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      const TestLayout& l = layouts[k];
+      grads.push_back(test::shard_for(
+          test::random_matrix(l.m, l.n, 100 + 10 * static_cast<unsigned>(step) + k).view(), l, t,
+          0));
+    }
+    for (const Matrix& g : grads)
+      views.push_back(g.view());
+    muon.step(views);
+  }
+  out.products = counting.calls["gemm"] + counting.calls["syrk"];
+  out.info = muon.parameters();
+  return out;
+}
+
+bool bit_equal(const Matrix& a, const Matrix& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())) == 0;
+}
+
+void expect_home_equals_every_rank(const std::vector<Shape>& shapes, int T, TpMode mode) {
+  const Communicator& world = test::world();
+  const int D = world.size() / T;
+  const RunResult home = run(shapes, T, mode, ReplicaMode::kHome);
+  const RunResult every = run(shapes, T, mode, ReplicaMode::kEveryRank);
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    SCOPED_TRACE("weight " + std::to_string(k));
+    EXPECT_TRUE(bit_equal(home.weights[k], every.weights[k]));
+    EXPECT_EQ(home.info[k].dp_size, D);
+    EXPECT_TRUE(home.info[k].home);
+    EXPECT_FALSE(every.info[k].home);
+    EXPECT_GE(home.info[k].owner, 0);
+    EXPECT_LT(home.info[k].owner, world.size());
+  }
+  // Each weight's NS runs once over its replicas instead of once per replica.
+  const double world_home = world.all_reduce(home.products);
+  const double world_every = world.all_reduce(every.products);
+  EXPECT_GT(world_home, 0);
+  EXPECT_EQ(world_home * D, world_every);
+  // Unsharded, every replica runs every weight's NS; with a home each rank runs fewer (LPT
+  // spreads more weights than ranks over every rank). Owner mode splits within a replica anyway.
+  if (T == 1) EXPECT_LT(home.products, every.products);
+}
+
+// Unsharded weights replicated over the whole world (DDP), in tp_mode auto and duplicated.
+TEST(ReplicatedHome, UnshardedWeightsOverTheWorldAreBitEqualToEveryRankNs) {
+  const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 0}, {40, 40, 0}, {24, 56, 0},
+                                     {64, 16, 0}, {16, 16, 0}, {56, 24, 0}, {36, 28, 0}};
+  for (const TpMode mode : {TpMode::kAuto, TpMode::kDuplicated}) {
+    SCOPED_TRACE(to_string(mode));
+    expect_home_equals_every_rank(shapes, 1, mode);
+  }
+  // replica_mode auto, tp_mode auto: the cost model (no profile: FLOPs, the exchange free) gives
+  // 8 weights over 2 or 4 replicas homes; bit-equal still.
+  const RunResult autos = run(shapes, 1, TpMode::kAuto, ReplicaMode::kAuto);
+  const RunResult every = run(shapes, 1, TpMode::kAuto, ReplicaMode::kEveryRank);
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    EXPECT_TRUE(autos.info[k].home);
+    EXPECT_TRUE(bit_equal(autos.weights[k], every.weights[k]));
+  }
+}
+
+// TP 2 x 2 replicas (4 ranks): owner mode's homes span the replicas.
+TEST(ReplicatedHome, OwnerModeHomesSpanTheReplicas) {
+  if (test::world().size() % 4 != 0) GTEST_SKIP() << "needs TP 2 x 2 replicas";
+  const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 1}, {40, 40, 0},
+                                     {24, 56, 1}, {64, 16, 0}, {16, 16, 1}};
+  expect_home_equals_every_rank(shapes, 2, TpMode::kOwner);
+}
+
+// The pipelined schedule (the results sent in chunks, each started while the next chunk's NS runs)
+// gives the serial schedule's bits, over an emulated link too; every rank ends with the same
+// result of every weight.
+TEST(ReplicatedHome, PipelinedExchangeIsBitEqualToTheSerialSchedule) {
+  const Communicator& world = test::world();
+  const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 0}, {40, 40, 0}, {24, 56, 0},
+                                     {64, 16, 0}, {16, 16, 0}, {56, 24, 0}};
+  const Communicator one = local_communicator();
+  const Communicator slow = emulated_link_communicator(world, {1e-3, 1e9});
+  NsOptions ns;
+  const ScaleFn unit = [](Index, Index) { return 1.0; };
+  auto run = [&](int chunks, const Communicator& dp) {
+    std::vector<ShardLayout> layouts;
+    std::vector<Matrix> work;
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      layouts.push_back(
+          {.m = shapes[k].m, .n = shapes[k].n, .dp_size = world.size(), .dp_rank = world.rank()});
+      work.push_back(test::random_matrix(shapes[k].m, shapes[k].n, 7 + k));
+    }
+    std::vector<detail::OwnerOrthogonalizer::Weight> weights;
+    for (std::size_t k = 0; k < shapes.size(); ++k)
+      weights.push_back({work[k].view(), &layouts[k], &one, &one, NsAlgorithm::kStandard, &dp});
+    detail::OwnerOrthogonalizer orth(detail::ns_flops_cost(ns), chunks);
+    orth.run(weights, ns, unit, cpu_compute());
+    return work;
+  };
+  const std::vector<Matrix> serial = run(1, world);
+  for (const int chunks : {2, 3, 7, 100}) {
+    for (const Communicator* dp : {&world, &slow}) {
+      const std::vector<Matrix> piped = run(chunks, *dp);
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        EXPECT_TRUE(bit_equal(piped[k], serial[k])) << chunks << " chunks, weight " << k;
+        // Every replica holds the same result: rank 0's bytes, compared on every rank.
+        Matrix root = piped[k];
+        world.broadcast<float>({root.data(), static_cast<std::size_t>(root.size())}, 0);
+        EXPECT_TRUE(bit_equal(root, piped[k]));
+      }
+    }
+  }
+}
+
+TEST(ReplicatedHome, AReplicaThatDiffersFailsOnEveryRank) {
+  const Communicator& world = test::world();
+  const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 0}, {40, 40, 0}};
+  try {
+    run(shapes, 1, TpMode::kAuto, ReplicaMode::kHome, world.size() - 1);
+    ADD_FAILURE() << "no error";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("the replicas of weight 'w1' differ"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace distmuon
