@@ -27,12 +27,17 @@ constexpr std::array kInputOptions = {"--config", "--data",  "--profile", "--pla
 // indentation, key order kept or not) agrees; any other file by its size and the checksum of
 // every byte (a difference in the middle of a large file counts as much as one at its ends).
 // Files that are no regular file (a device, a FIFO: they may never end) are not read here: the
-// command refuses them itself.
+// command refuses them itself. Nor are files over kMaxFingerprintBytes, compared by their size
+// only: no command reads one on every rank (the training text is at most 2 GiB and agreed byte
+// by byte by the trainer; a larger .npy input is read by rank 0 alone and sent), and reading it
+// would cost seconds per GiB before the command's own size checks could refuse it.
+constexpr std::uintmax_t kMaxFingerprintBytes = std::uintmax_t{4} << 30;
 std::string fingerprint(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return {};
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) return {};
+  if (size > kMaxFingerprintBytes) return fmt::format("{} bytes (content not compared)", size);
   std::ifstream in(path, std::ios::binary);
   if (!in) return fmt::format("{} bytes, unreadable", size);
   if (size <= kMaxJsonFileBytes) {

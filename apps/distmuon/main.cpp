@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
       for (const CLI::App* sub : app.get_subcommands())
         command = "distmuon " + sub->get_name();
       agreed = true;
-      cli::agree_command_line(ctx.world, cli::command_line_text(app), {});
+      // One process has no peer to agree with: its input files are not read for fingerprints.
+      if (ctx.world.size() > 1) cli::agree_command_line(ctx.world, cli::command_line_text(app), {});
     });
     cli::add_demo_command(app, ctx);
     cli::add_orthogonalize_command(app, ctx);
