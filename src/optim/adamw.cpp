@@ -21,7 +21,8 @@ void AdamWOptions::validate() const {
   check(f32(lr) && lr >= 0, "lr", lr, in_range);
   check(beta1 >= 0 && beta1 < 1, "beta1", beta1, "0 <= beta1 < 1");
   check(beta2 >= 0 && beta2 < 1, "beta2", beta2, "0 <= beta2 < 1");
-  check(f32(eps) && eps > 0, "eps", eps, fmt::format("a number > 0 and <= {:g}", kMaxFloat32));
+  check(f32(eps) && eps > 0, "eps", eps,
+        fmt::format("a number > 0 and <= {:g} (float32's range)", kMaxFloat32));
   check(f32(weight_decay) && weight_decay >= 0, "weight_decay", weight_decay, in_range);
   check(f32(1.0 - lr * weight_decay), "weight_decay", weight_decay,
         fmt::format("a decay factor 1 - lr x weight_decay within float32's range ({:g})",

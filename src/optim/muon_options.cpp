@@ -73,10 +73,11 @@ void MuonOptions::validate() const {
         fmt::format("a decay factor 1 - lr x weight_decay within float32's range ({:g})",
                     kMaxFloat32));
   check(f32(eps) && eps > 0, "eps", fmt::format("{}", eps),
-        fmt::format("a number > 0 and <= {:g}", kMaxFloat32));
-  check(f32(extra_scale_factor) && extra_scale_factor > 0 && f32(lr * extra_scale_factor),
-        "extra_scale_factor", fmt::format("{}", extra_scale_factor),
-        fmt::format("a number > 0 whose product with lr is <= {:g}", kMaxFloat32));
+        fmt::format("a number > 0 and <= {:g} (float32's range)", kMaxFloat32));
+  check(
+      f32(extra_scale_factor) && extra_scale_factor > 0 && f32(lr * extra_scale_factor),
+      "extra_scale_factor", fmt::format("{}", extra_scale_factor),
+      fmt::format("a number > 0 whose product with lr is <= {:g} (float32's range)", kMaxFloat32));
   check(detail::find_enum<CostModel>(cost_model).has_value(), "cost_model", cost_model,
         detail::enum_name_list<CostModel>());
   // The reference model prices standard NS only: auto would run standard where gram was asked.
