@@ -192,7 +192,18 @@ void replace_dir_atomic(const std::filesystem::path& staging, const std::filesys
 }
 
 FolderLock::FolderLock(const std::filesystem::path& dir, std::string_view what) {
-  const std::filesystem::path file = dir / kFolderLockName;
+  lock(dir / kFolderLockName, dir, what);
+}
+
+FolderLock FolderLock::of_file(const std::filesystem::path& lock_file,
+                               const std::filesystem::path& subject, std::string_view what) {
+  FolderLock out;
+  out.lock(lock_file, subject, what);
+  return out;
+}
+
+void FolderLock::lock(const std::filesystem::path& file, const std::filesystem::path& dir,
+                      std::string_view what) {
   fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     throw Error(
