@@ -1,4 +1,4 @@
-// Logs and plots (docs/reliability.md, "Logs, plots and messages"): a training log held by one
+// Logs and plots (docs/reliability.md, "Bad inputs", rows 166-169): a training log held by one
 // run at a time, a log's last line cut short tolerated on resume, a write past the file-size
 // limit reported instead of ending the process by SIGXFSZ, and a gnuplot that fails halfway
 // leaving no truncated PNG.
@@ -31,8 +31,17 @@ class CliLogs : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   test::CliRun train(int np, const std::string& args) {
-    return test::run_cli(np, fmt::format("train --config {} {}", path("tiny.json"), args),
-                         dir_ / "out.log");
+    return checked(test::run_cli(np, fmt::format("train --config {} {}", path("tiny.json"), args),
+                                 dir_ / "out.log"));
+  }
+  // Every message speaks to the user: no library or type name, no exception text of the
+  // standard library or the JSON parser, no crash report.
+  static test::CliRun checked(test::CliRun run) {
+    for (const char* internal : {"std::", "json.exception", "basic_filebuf", "bad_alloc",
+                                 "what():", "terminate called", "This should be caught"}) {
+      EXPECT_EQ(run.output.find(internal), std::string::npos) << internal << " in:\n" << run.output;
+    }
+    return run;
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::vector<int> logged_steps(const std::string& name) const {
@@ -78,12 +87,12 @@ TEST_F(CliLogs, ALastLineCutShortIsDroppedOnResume) {
 // `ulimit -f 4` (4 KiB; the log of 100 steps holds about 9): the log's write fails with an error
 // naming the file, not SIGXFSZ (exit status 153 from the shell) halfway through a line.
 TEST_F(CliLogs, AFileSizeLimitIsReportedNotASignal) {
-  const auto run = test::run_cli(
+  const auto run = checked(test::run_cli(
       0,
       fmt::format("--version >/dev/null; ulimit -f 4; exec {} train --config {} --steps 100 "
                   "--log-interval 100 --eval-interval 100 --log {}",
                   DISTMUON_CLI, path("tiny.json"), path("log.jsonl")),
-      dir_ / "out.log");
+      dir_ / "out.log"));
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_NE(run.output.find("cannot write '" + path("log.jsonl") + "'"), std::string::npos)
       << run.output;
@@ -97,8 +106,8 @@ TEST_F(CliLogs, AFailedGnuplotLeavesNoTruncatedPng) {
          "printf 'PNG partial' > \"$out\"\necho 'gnuplot: out of memory' >&2\nexit 1\n";
   fs::permissions(dir_ / "bin" / "gnuplot", fs::perms::owner_all);
   const auto run =
-      test::run_cli(0, "plan --shape 64x32 -G 2 --map " + path("map.png"), dir_ / "out.log",
-                    fmt::format("PATH={}:$PATH", (dir_ / "bin").string()));
+      checked(test::run_cli(0, "plan --shape 64x32 -G 2 --map " + path("map.png"), dir_ / "out.log",
+                            fmt::format("PATH={}:$PATH", (dir_ / "bin").string())));
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("out of memory"), std::string::npos) << run.output;
   EXPECT_FALSE(fs::exists(dir_ / "map.png"));

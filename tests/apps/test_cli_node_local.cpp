@@ -1,4 +1,4 @@
-// Inputs agreed by what they hold (docs/reliability.md, "Inputs agreed by content"). Each rank
+// Inputs agreed by what they hold (docs/reliability.md, "Bad inputs", rows 154-165). Each rank
 // is given its own view of the same paths, as node-local disks give it: a wrapper script run by
 // mpirun enters DIR/r<rank> before it starts distmuon, so a relative path (a checkpoint folder, a
 // preset, DISTMUON_DATA_DIR) names another file on each rank. Where the views differ every rank
@@ -24,6 +24,16 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+// Every message these runs print speaks to the user: no library or type name, no text of the
+// standard library's or the JSON parser's exceptions, no crash report.
+void expect_plain_messages(const std::string& output) {
+  for (const char* internal :
+       {"std::", "json.exception", "basic_filebuf", "bad_alloc", "what():", "terminate called",
+        "This should be caught", "free():", "munmap_chunk", "MPI_ERR_", "Assertion", "KeyError"}) {
+    EXPECT_EQ(output.find(internal), std::string::npos) << internal << " in:\n" << output;
+  }
+}
 
 class CliNodeLocal : public ::testing::Test {
  protected:
@@ -55,6 +65,7 @@ class CliNodeLocal : public ::testing::Test {
     const std::string cmd = fmt::format("timeout -k 5 60 {}{} {}", launcher, program, args);
     test::CommandRun run = test::run_command(cmd, dir_ / "out.log");
     if (run.exit_code == 124) ADD_FAILURE() << "timed out (a hang?): " << cmd << "\n" << run.output;
+    expect_plain_messages(run.output);
     return run;
   }
   std::string view() const { return (dir_ / "view.sh").string(); }

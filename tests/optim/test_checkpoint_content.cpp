@@ -1,6 +1,6 @@
-// Optimizer checkpoints agreed by what they hold, and finite (docs/reliability.md, "Inputs agreed
-// by content"): ranks that read different checkpoints (node-local folders under one path hold
-// another step: here each rank names its own folder, which is the same to Muon::load) are
+// Optimizer checkpoints agreed by what they hold, and finite (docs/reliability.md, "Bad inputs",
+// rows 155, 162, 163): ranks that read different checkpoints (node-local folders under one path
+// hold another step: here each rank names its own folder, which is the same to Muon::load) are
 // refused on every rank before anything changes; a state that is not finite is never saved and
 // never loaded; settings past float32's range are refused.
 #include <fmt/format.h>
