@@ -261,6 +261,9 @@ FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
 std::vector<char> read_file_bytes(const std::filesystem::path& path) {
   // A device or a FIFO is refused before it is read (it may never end), and the bytes must fit in
   // memory (a checkpoint file on a smaller node): checked from the size, before reading.
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(ENOENT)));
   const std::uint64_t size =
       check_input_file(path, "file", std::numeric_limits<std::uint64_t>::max());
   check_memory_fits(static_cast<double>(size), fmt::format("reading '{}'", path.string()));
