@@ -1,4 +1,4 @@
-"""distmuon.torch.Muon over mpi4py (mpirun -np 2 and -np 4): the ranks agree on their param
+"""distmuon.torch.Muon over mpi4py (mpirun -np 2; any count works): the ranks agree on their param
 groups before any collective of a group. A rank that holds another number of groups, or adds a
 group the others do not, raises distmuon.CollectiveError on every rank instead of leaving the
 ranks in different collectives (before: a hang)."""
