@@ -20,6 +20,7 @@
 #include "compute/precision_names.h"
 #include "distmuon/error.h"
 #include "distmuon/matrix.h"
+#include "distmuon/newton_schulz.h"
 #include "ns/ns_names.h"
 #include "plan/plan_names.h"
 #include "tp/tp_mode_names.h"
@@ -101,8 +102,7 @@ inline std::pair<Index, Index> parse_shape(std::string_view text, std::string_vi
   return {m, n};
 }
 
-// The most Newton-Schulz steps an option accepts: published schedules run 5 to 10 steps, and a
-// run of more than 100 is never useful (the iteration has converged in fp32 long before).
-inline constexpr int kMaxNsStepsOption = 100;
+// The most Newton-Schulz steps an option accepts: the library's bound (newton_schulz.h).
+inline constexpr int kMaxNsStepsOption = kMaxNsSteps;
 
 }  // namespace distmuon::cli

@@ -6,6 +6,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
 #include <utility>
 
 #include "command_line_errors.h"
@@ -13,6 +16,8 @@
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "distmuon/json_file.h"
+#include "distmuon/memory_check.h"
 #include "distmuon/npy.h"
 #include "distmuon/tp.h"
 
@@ -26,6 +31,19 @@ Matrix read_on_root(const Communicator& world, const std::string& path, const st
   run_on_root(world, "checking the output path", [&] { check_output_file(out, "output"); });
   Matrix full;
   run_on_root(world, "reading the input", [&] {
+    // The memory is checked from the file's size before anything is read: each rank holds the
+    // whole matrix and the gathered result, rank 0 also the output (read_npy refuses a file whose
+    // size is not its header's shape, so the size is the matrix's bytes), plus its shard and NS
+    // scratch (ns_workspace_bytes: at most 5 s^2 + m n for an m x n shard). A 100000 x 100000 input
+    // is refused at once, naming the need and the room.
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {  // a missing file: read_npy says so
+      const double bytes = static_cast<double>(
+          check_input_file(path, "input", std::numeric_limits<std::uint64_t>::max()));
+      check_memory_fits(
+          3.0 * bytes + 6.0 * bytes / world.size(),
+          fmt::format("orthogonalize of '{}' ({:.2f} GiB of float32)", path, bytes / (1u << 30)));
+    }
     full = read_npy(path);
     for (float v : full.values()) {
       if (!std::isfinite(v)) throw Error(fmt::format("'{}' contains non-finite values", path));

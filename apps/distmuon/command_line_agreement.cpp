@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -11,6 +12,7 @@
 
 #include "distmuon/agreement.h"
 #include "distmuon/hash.h"
+#include "distmuon/json_file.h"
 
 namespace distmuon::cli {
 namespace {
@@ -20,27 +22,58 @@ namespace {
 constexpr std::array kInputOptions = {"--config", "--data",  "--profile", "--plan",
                                       "--wisdom", "--model", "--map",     "input"};
 
-// Size and checksum of the first and last MiB: a file that differs between the ranks' nodes
-// differs there in practice (a config, a data file of another length or version), read in
-// milliseconds however large the file.
+// What a file named by an input option holds, as the ranks compare it: a JSON file (a config, a
+// profile, a preset, wisdom) by its parsed content, so that a copy reformatted on one node (other
+// indentation, key order kept or not) agrees; any other file by its size and the checksum of
+// every byte (a difference in the middle of a large file counts as much as one at its ends).
+// Files that are no regular file (a device, a FIFO: they may never end) are not read here: the
+// command refuses them itself. Nor are files over kMaxFingerprintBytes, compared by their size
+// only: no command reads one on every rank (the training text is at most 2 GiB and agreed byte
+// by byte by the trainer; a larger .npy input is read by rank 0 alone and sent), and reading it
+// would cost seconds per GiB before the command's own size checks could refuse it.
+constexpr std::uintmax_t kMaxFingerprintBytes = std::uintmax_t{4} << 30;
 std::string fingerprint(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return {};
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) return {};
+  if (size > kMaxFingerprintBytes) return fmt::format("{} bytes (content not compared)", size);
   std::ifstream in(path, std::ios::binary);
   if (!in) return fmt::format("{} bytes, unreadable", size);
-  constexpr std::uintmax_t kEdge = 1 << 20;
-  std::vector<char> buf(static_cast<std::size_t>(std::min(size, kEdge)));
-  in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-  std::uint64_t h = fnv1a64(buf.data(), static_cast<std::size_t>(in.gcount()));
-  if (size > kEdge) {
-    in.clear();
-    in.seekg(static_cast<std::streamoff>(size - std::min(size - kEdge, kEdge)));
+  if (size <= kMaxJsonFileBytes) {
+    std::string text(static_cast<std::size_t>(size), '\0');
+    in.read(text.data(), static_cast<std::streamsize>(size));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+    const nlohmann::json parsed = nlohmann::json::parse(text, nullptr, false);
+    if (!parsed.is_discarded()) {
+      const std::string canonical = parsed.dump();
+      return fmt::format("JSON, checksum {:016x}", fnv1a64(canonical.data(), canonical.size()));
+    }
+    return fmt::format("{} bytes, checksum {:016x}", size, fnv1a64(text.data(), text.size()));
+  }
+  std::vector<char> buf(std::size_t{1} << 20);
+  std::uint64_t h = kFnv1a64Basis;
+  while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     h = fnv1a64(buf.data(), static_cast<std::size_t>(in.gcount()), h);
   }
   return fmt::format("{} bytes, checksum {:016x}", size, h);
+}
+
+// A value as the command reads it: for a numeric option, the number it parses to (so that
+// `--steps 03` and `--steps 3`, or `-4.775` and `-4.7750`, are one value); any other value as
+// given.
+std::string parsed_value(const CLI::Option& opt, const std::string& given) {
+  const std::string type = opt.get_type_name();
+  const bool numeric = type.starts_with("INT") || type.starts_with("UINT") ||
+                       type.starts_with("FLOAT") || type.starts_with("NUMBER");
+  if (!numeric || given.empty()) return given;
+  const char* first = given.data() + (given.front() == '+' ? 1 : 0);
+  const char* last = given.data() + given.size();
+  double v = 0;
+  const auto [end, err] = std::from_chars(first, last, v);
+  if (err != std::errc() || end != last) return given;
+  return fmt::format("{}", v);
 }
 
 void add_options(const CLI::App& app, const std::string& prefix, std::vector<std::string>& lines) {
@@ -48,7 +81,10 @@ void add_options(const CLI::App& app, const std::string& prefix, std::vector<std
     const std::string name = opt->get_name();
     if (name == "--help" || name == "-h" || name == "--version") continue;
     const std::vector<std::string>& given = opt->results();
-    const std::string value = opt->count() > 0 ? fmt::format("{}", fmt::join(given, ","))
+    std::vector<std::string> values;
+    for (const std::string& v : given)
+      values.push_back(parsed_value(*opt, v));
+    const std::string value = opt->count() > 0 ? fmt::format("{}", fmt::join(values, ","))
                                                : "(default " + opt->get_default_str() + ")";
     lines.push_back(fmt::format("{}{}={}", prefix, name, value));
     if (std::find(kInputOptions.begin(), kInputOptions.end(), name) == kInputOptions.end())

@@ -1,7 +1,8 @@
 #pragma once
 // Every rank of a job runs the same command: before its first collective, each command agrees on
-// its whole parsed option set (every option of the command, defaults included) and on
-// fingerprints of the input files it names (size and checksum of their first and last MiB). A
+// its whole parsed option set (every option of the command, defaults included; numbers by the
+// value they parse to) and on fingerprints of the input files it names (a JSON file by its parsed
+// content, any other by its size and the checksum of all its bytes). A
 // launch that differs per rank (an MPMD command line, a launch script with a per-rank option, an
 // input file that differs between nodes) ends every rank with an error naming the option or file,
 // not in a hang, a crash or a mixed result.

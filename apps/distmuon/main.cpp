@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <new>
@@ -27,6 +28,9 @@ int main(int argc, char** argv) {
   if (::isatty(STDOUT_FILENO) == 0) std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string command = "distmuon";  // the subcommand, once parsed (for out-of-memory errors)
   try {
+    // A write past the file-size limit (ulimit -f) fails with EFBIG and is reported, instead of
+    // SIGXFSZ ending the process halfway through a line with the other ranks left waiting.
+    std::signal(SIGXFSZ, SIG_IGN);
     cli::fix_blas_core(argv);  // may re-execute this program: before MPI_Init
     if (launched_by_mpi()) {
       mpi.emplace(&argc, &argv);
@@ -60,7 +64,8 @@ int main(int argc, char** argv) {
       for (const CLI::App* sub : app.get_subcommands())
         command = "distmuon " + sub->get_name();
       agreed = true;
-      cli::agree_command_line(ctx.world, cli::command_line_text(app), {});
+      // One process has no peer to agree with: its input files are not read for fingerprints.
+      if (ctx.world.size() > 1) cli::agree_command_line(ctx.world, cli::command_line_text(app), {});
     });
     cli::add_demo_command(app, ctx);
     cli::add_orthogonalize_command(app, ctx);

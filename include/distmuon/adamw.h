@@ -9,11 +9,16 @@
 // AdamW is elementwise, so a sharded parameter needs no communication.
 
 #include <cstdint>
+#include <limits>
 
 #include "distmuon/compute.h"
 #include "distmuon/matrix.h"
 
 namespace distmuon {
+
+// The largest finite float32 (3.4e38): settings are applied as float32 factors, so each must be
+// (and so must the factors made of them, such as 1 - lr x weight_decay) at most this.
+inline constexpr double kMaxFloat32 = std::numeric_limits<float>::max();
 
 struct AdamWOptions {
   double lr = 1e-3;

@@ -18,6 +18,13 @@
 //
 // Checksum: FNV-1a 64 (fnv1a64 in file_io.h) over the file's bytes, stored as 16 hex digits. It
 // detects corruption and truncation, not tampering.
+//
+// Loading: every rank reads the manifest and the rank files it needs from its own view of the
+// folder (node-local disks may hold another run or step under the same path). The ranks agree on
+// the manifest's FNV-1a 64 before anything changes, and each rank file is checked against the
+// manifest's checksum, so a load either installs one checkpoint on every rank or changes
+// nothing anywhere. A state that is not finite is never saved (Muon::save refuses it on every
+// rank) and never loaded.
 
 #include <cstddef>
 #include <cstdint>

@@ -53,6 +53,10 @@ class FolderLock {
  public:
   FolderLock() = default;
   FolderLock(const std::filesystem::path& dir, std::string_view what);
+  // The same lock on a named lock file that guards subject (a file: a training log guarded by
+  // "<log>.lock"); the message names subject as it names the folder.
+  static FolderLock of_file(const std::filesystem::path& lock_file,
+                            const std::filesystem::path& subject, std::string_view what);
   ~FolderLock();
   FolderLock(FolderLock&& other) noexcept;
   FolderLock& operator=(FolderLock&& other) noexcept;
@@ -61,6 +65,8 @@ class FolderLock {
   bool held() const { return fd_ >= 0; }
 
  private:
+  void lock(const std::filesystem::path& file, const std::filesystem::path& subject,
+            std::string_view what);
   int fd_ = -1;
 };
 inline constexpr const char* kFolderLockName = ".lock";

@@ -25,6 +25,11 @@
 
 namespace distmuon {
 
+// The most Newton-Schulz steps a run accepts (every entry point: the CLI, the optimizer, the
+// planner, Python): published schedules run 5 to 10 steps, and more than 100 are never useful
+// (the iteration has converged in fp32 long before), while each costs a full step's work.
+inline constexpr int kMaxNsSteps = 100;
+
 struct NsCoefficients {
   double a = 0, b = 0, c = 0;
   friend bool operator==(const NsCoefficients&, const NsCoefficients&) = default;

@@ -36,6 +36,10 @@ struct TextDataOptions {
 // The text every Debian system ships, used when no file is given.
 inline constexpr const char* kDefaultTextPath = "/usr/share/common-licenses/GPL-3";
 
+// The largest training text the trainer reads (it is read whole on every rank and held twice
+// while its splits are built).
+inline constexpr std::uint64_t kMaxTextDataBytes = std::uint64_t{2} << 30;
+
 enum class Split { kTrain, kValidation };
 const char* to_string(Split split);
 
@@ -43,7 +47,9 @@ class TextData {
  public:
   // Throws distmuon::Error when the options are invalid or a split ends up without windows.
   TextData(std::vector<std::uint8_t> bytes, const TextDataOptions& options);
-  // Reads the whole file; throws naming the path when it cannot be read.
+  // Reads the whole file; throws naming the path when it cannot be read, is no regular file (a
+  // device such as /dev/zero, a FIFO) or holds more than kMaxTextDataBytes or than memory allows
+  // (checked from its size before it is read).
   static TextData from_file(const std::string& path, const TextDataOptions& options);
 
   const TextDataOptions& options() const { return options_; }

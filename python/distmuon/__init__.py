@@ -112,8 +112,13 @@ def _newton_schulz(x, coefficients, steps, algorithm, syrk, gram_restart, out, i
     if src.ndim == 3 or getattr(dst, "ndim", 0) == 3:
         if src.ndim != 3 or dst.ndim != 3 or src.shape[0] != dst.shape[0]:
             raise Error(f"newton_schulz: output {dst.shape} for an input {src.shape}")
-        for i in range(src.shape[0]):  # each matrix of the batch on its own
-            _core.newton_schulz(src[i], dst[i], backend, *args)
+        # Each matrix of the batch on its own, into a working batch copied to dst at the end: a
+        # matrix that fails leaves the caller's out (or x, in place) as it was, earlier ones too.
+        work = dst if out is None and not inplace else np.empty(src.shape, dtype=np.float32)
+        for i in range(src.shape[0]):
+            _core.newton_schulz(src[i], work[i], backend, *args)
+        if work is not dst:
+            dst[...] = work
         return result
     _core.newton_schulz(src, dst, backend, *args)
     return result
@@ -142,8 +147,9 @@ def _newton_schulz_torch(x, out, inplace, allow_copy, backend, index, args):
     target = x if inplace else out
     if target is None:
         dst = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    elif target.dtype == torch.float32 and (not inplace or src.data_ptr() == x.data_ptr()):
-        dst = target.detach()
+    elif target.dtype == torch.float32 and src.dim() == 2 and (
+            not inplace or src.data_ptr() == x.data_ptr()):
+        dst = target.detach()  # one matrix: the core leaves it unchanged when NS fails
     else:
         dst = torch.empty(target.shape, dtype=torch.float32, device=target.device)
     if src.dim() != dst.dim() or (src.dim() == 3 and src.shape[0] != dst.shape[0]):

@@ -387,6 +387,7 @@ class Muon(torch.optim.Optimizer):
         group.setdefault("initial_lr", group["lr"])  # AdamW's schedule factor (see _adamw_factor)
         gi = len(self.param_groups) - 1
         try:
+            self._agree_on_structure(f"add param group {gi} of {len(group['params'])} parameters")
             self._add_group(group, gi)
         except BaseException:
             self.param_groups.pop()
@@ -424,6 +425,15 @@ class Muon(torch.optim.Optimizer):
         for gi, (group, (core, _)) in enumerate(zip(self.param_groups, self._cores)):
             if core is None:
                 self._install(gi, *self._add_core(group, gi))
+
+    def _agree_on_structure(self, operation):
+        """Collective, first in every operation that runs collectives: the ranks agree on the
+        operation and on the param groups they hold (how many, how many parameters each), so
+        that a rank that added a group the others did not (or runs another operation) raises
+        CollectiveError on every rank instead of leaving them in different collectives."""
+        groups = ",".join(str(len(entries)) for _, entries in self._cores)
+        self._world.agree_on(f"{operation}; param groups of [{groups}] parameters",
+                             "distmuon.torch.Muon: the ranks' operation and param groups")
 
     def _add_core(self, group, gi):
         """(core, entries, options) of a param group: checked on this rank, agreed, then
@@ -528,6 +538,7 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._agree_on_structure("step")
         self._materialize()
         checked, failure = [], ""
         try:

@@ -30,6 +30,14 @@ void init_comm(py::module_& m) {
           py::call_guard<py::gil_scoped_release>(),
           "Collective: raises CollectiveError on every rank when ok is False on any rank, "
           "naming the failing ranks and the first one's reason")
+      .def(
+          "agree_on",
+          [](const Communicator& c, const std::string& value, const std::string& what) {
+            agree_on(c, value, what);
+          },
+          py::arg("value"), py::arg("what"), py::call_guard<py::gil_scoped_release>(),
+          "Collective: raises CollectiveError on every rank unless every rank passes the same "
+          "value (compared by its FNV-1a 64 hash), naming the ranks that differ from rank 0")
       .def("__repr__", [](const Communicator& c) {
         return "<distmuon.Communicator " + c.backend() + " rank " + std::to_string(c.rank()) +
                " of " + std::to_string(c.size()) + ">";

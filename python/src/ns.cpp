@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <utility>
 #include <vector>
 
 #include "arrays.h"
@@ -73,15 +74,22 @@ void init_ns(py::module_& m) {
         }
         py::gil_scoped_release release;
         Compute& compute = *backend.compute;
-        if (to.data == src.data) {
-          dst.upload();
-        } else if (dst.staged()) {
-          dst.upload(src);  // the input straight into the output's copy
-        } else {
-          compute.copy(in.view(), dst.view());
+        if (dst.staged()) {  // the caller's out changes only at the download, after success
+          if (to.data == src.data) {
+            dst.upload();
+          } else {
+            dst.upload(src);  // the input straight into the output's copy
+          }
+          newton_schulz_tp(dst.view(), 0, local_communicator(), TpMode::kDuplicated, opts, compute);
+          dst.download();
+          return;
         }
-        newton_schulz_tp(dst.view(), 0, local_communicator(), TpMode::kDuplicated, opts, compute);
-        dst.download();
+        // NS runs on a working copy, copied into out only once it succeeded: a refused input
+        // (not finite, a norm that overflows) leaves the caller's out (or x, in place) unchanged.
+        DeviceMatrix work(compute, src.rows, src.cols);
+        compute.copy(in.view(), work.view());
+        newton_schulz_tp(work.view(), 0, local_communicator(), TpMode::kDuplicated, opts, compute);
+        compute.copy(std::as_const(work).view(), dst.view());
       },
       py::arg("x"), py::arg("out"), py::arg("backend"), py::arg("coefficients"), py::arg("custom"),
       py::arg("steps"), py::arg("algorithm"), py::arg("syrk"), py::arg("gram_restart"),

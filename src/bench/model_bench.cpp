@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "bench/model_bench_measure.h"
@@ -16,6 +18,7 @@
 #include "distmuon/auto_mode.h"
 #include "distmuon/error.h"
 #include "distmuon/fsdp.h"
+#include "distmuon/hardware_profile.h"
 #include "distmuon/memory_check.h"
 #include "distmuon/topology.h"
 #include "ns/ns_workspaces.h"
@@ -25,6 +28,37 @@
 
 namespace distmuon {
 namespace {
+
+// What run_model_bench read from files, one line per distinct shape and the profile: the text
+// the ranks agree on.
+std::string model_bench_inputs_text(const std::vector<ModelBenchShape>& shapes,
+                                    const std::optional<HardwareProfile>& profile) {
+  std::string text;
+  for (const ModelBenchShape& s : shapes)
+    text +=
+        fmt::format("shape {} x{} ({})\n", shape_str(s.m, s.n), s.count, fmt::join(s.names, ","));
+  text += "profile " + (profile ? nlohmann::json(*profile).dump() : std::string("none"));
+  return text;
+}
+
+// The first line of mine that differs from root's, for the agreement's message.
+std::string first_differing_line(std::string_view root, std::string_view mine) {
+  std::size_t a = 0, b = 0;
+  while (a < root.size() || b < mine.size()) {
+    const std::size_t ea = std::min(root.find('\n', a), root.size());
+    const std::size_t eb = std::min(mine.find('\n', b), mine.size());
+    const std::string_view la = root.substr(a, ea - a), lb = mine.substr(b, eb - b);
+    if (la != lb) {
+      const auto cut = [](std::string_view l) {
+        return l.empty() ? std::string("nothing") : std::string(l.substr(0, 160));
+      };
+      return fmt::format("this rank has {} where rank 0 has {}", cut(lb), cut(la));
+    }
+    a = ea + 1;
+    b = eb + 1;
+  }
+  return "the same lines";
+}
 
 bool has_mode(const std::vector<TpMode>& modes, TpMode m) {
   return std::find(modes.begin(), modes.end(), m) != modes.end();
@@ -207,6 +241,14 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     }
   }
   agree_or_throw(group, why.empty(), fmt::format("bench --model {}", config.model), why);
+  // Each rank looked the model and the profile up itself (a preset name resolves in the rank's
+  // own data folders; another DISTMUON_DATA_DIR or node-local file gives other shapes): what they
+  // read must be one content before the first collective that the shapes size.
+  agree_on(group, model_bench_inputs_text(shapes, resolver->profile()),
+           fmt::format("bench --model {}: the ranks read different models or profiles (the preset "
+                       "or profile file differs between their nodes)",
+                       config.model),
+           first_differing_line);
 
   ModelBenchReport rep;
   rep.model = config.model;

@@ -13,21 +13,54 @@
 
 namespace distmuon {
 
-std::string read_text_file(const std::filesystem::path& path, std::string_view what) {
+std::uint64_t check_input_file(const std::filesystem::path& path, std::string_view what,
+                               std::uint64_t max_bytes) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (fs::is_directory(st))
     throw Error(fmt::format("{} '{}' is a directory, not a file", what, path.string()));
   if (!fs::exists(st)) throw Error(fmt::format("{} '{}' does not exist", what, path.string()));
+  if (!fs::is_regular_file(st)) {
+    throw Error(
+        fmt::format("{} '{}' is not a regular file (a device, a pipe or a socket, which "
+                    "may never end); give a file",
+                    what, path.string()));
+  }
+  const std::uintmax_t size = fs::file_size(path, ec);
+  if (ec) {
+    throw Error(fmt::format("{} '{}': cannot read its size ({})", what, path.string(),
+                            std::strerror(ec.value())));
+  }
+  if (size > max_bytes) {
+    throw Error(fmt::format(
+        "{} '{}' has {} bytes, more than the {} bytes (= {:.3g} GiB) a {} may "
+        "have",
+        what, path.string(), size, max_bytes, static_cast<double>(max_bytes) / (1u << 30), what));
+  }
+  return size;
+}
+
+std::string read_text_file(const std::filesystem::path& path, std::string_view what,
+                           std::uint64_t max_bytes) {
+  const std::uint64_t size = check_input_file(path, what, max_bytes);
   errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw Error(fmt::format("{} '{}': cannot open it ({})", what, path.string(),
                             errno != 0 ? std::strerror(errno) : "unknown reason"));
   }
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // At most size + 1 bytes are read: a file that grew after its size was read is refused.
+  std::string text(static_cast<std::size_t>(size + 1), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) throw Error(fmt::format("{} '{}': reading it failed", what, path.string()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > size) {
+    throw Error(
+        fmt::format("{} '{}' grew past its {} bytes while it was read; read it again once "
+                    "it is complete",
+                    what, path.string(), size));
+  }
   return text;
 }
 

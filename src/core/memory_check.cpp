@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -70,6 +71,18 @@ std::uint64_t mapped_bytes() {
 
 }  // namespace
 
+int ranks_on_this_host() {
+  // The launchers' own count of the job's processes on this host (Open MPI, MPICH / Hydra).
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    if (const char* v = std::getenv(name)) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (end != v && *end == '\0' && n >= 1 && n <= (1 << 20)) return static_cast<int>(n);
+    }
+  }
+  return 1;
+}
+
 std::uint64_t available_memory_bytes() {
   std::uint64_t avail = kUnknown;
   if (const auto m = meminfo_available()) {
@@ -85,6 +98,9 @@ std::uint64_t available_memory_bytes() {
     const std::uint64_t anon = cgroup_anon_bytes();
     avail = std::min(avail, *max > anon ? *max - anon : 0);
   }
+  // The host's memory is shared by the job's ranks on it, which allocate alike: each may count on
+  // its share only (two ranks that each take the whole would need twice the host).
+  if (avail != kUnknown) avail /= static_cast<std::uint64_t>(ranks_on_this_host());
   rlimit as{};
   if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
     const std::uint64_t used = mapped_bytes();
@@ -99,8 +115,11 @@ void check_memory_fits(double bytes, std::string_view what) {
       (avail == kUnknown || bytes <= static_cast<double>(avail)))
     return;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  throw Error(fmt::format("{} needs about {:.1f} GiB of memory, more than the {:.1f} GiB available",
-                          what, bytes / kGiB, static_cast<double>(avail) / kGiB));
+  const int ranks = ranks_on_this_host();
+  throw Error(fmt::format(
+      "{} needs about {:.1f} GiB of memory, more than the {:.1f} GiB available{}", what,
+      bytes / kGiB, static_cast<double>(avail) / kGiB,
+      ranks > 1 ? fmt::format(" to each of the {} ranks on this host", ranks) : std::string()));
 }
 
 }  // namespace distmuon

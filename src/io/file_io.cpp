@@ -12,11 +12,14 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "core/fault.h"
 #include "distmuon/error.h"
+#include "distmuon/json_file.h"
+#include "distmuon/memory_check.h"
 
 namespace distmuon {
 
@@ -189,7 +192,18 @@ void replace_dir_atomic(const std::filesystem::path& staging, const std::filesys
 }
 
 FolderLock::FolderLock(const std::filesystem::path& dir, std::string_view what) {
-  const std::filesystem::path file = dir / kFolderLockName;
+  lock(dir / kFolderLockName, dir, what);
+}
+
+FolderLock FolderLock::of_file(const std::filesystem::path& lock_file,
+                               const std::filesystem::path& subject, std::string_view what) {
+  FolderLock out;
+  out.lock(lock_file, subject, what);
+  return out;
+}
+
+void FolderLock::lock(const std::filesystem::path& file, const std::filesystem::path& dir,
+                      std::string_view what) {
   fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     throw Error(
@@ -245,11 +259,21 @@ FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
 }
 
 std::vector<char> read_file_bytes(const std::filesystem::path& path) {
+  // A device or a FIFO is refused before it is read (it may never end), and the bytes must fit in
+  // memory (a checkpoint file on a smaller node): checked from the size, before reading.
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(ENOENT)));
+  const std::uint64_t size =
+      check_input_file(path, "file", std::numeric_limits<std::uint64_t>::max());
+  check_memory_fits(static_cast<double>(size), fmt::format("reading '{}'", path.string()));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
-  std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (in.bad())
-    throw Error(fmt::format("read of '{}' failed: {}", path.string(), std::strerror(errno)));
+  std::vector<char> bytes(static_cast<std::size_t>(size));
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  if (in.bad() || static_cast<std::uint64_t>(in.gcount()) != size)
+    throw Error(fmt::format("read of '{}' failed: {}", path.string(),
+                            in.bad() ? std::strerror(errno) : "the file shrank while it was read"));
   return bytes;
 }
 
@@ -258,7 +282,7 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   try {
     return nlohmann::json::parse(bytes.begin(), bytes.end());
   } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("'{}' is not valid JSON: {}", path.string(), e.what()));
+    throw Error(fmt::format("'{}' is not valid JSON: {}", path.string(), json_error_text(e)));
   }
 }
 

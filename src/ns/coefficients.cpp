@@ -92,7 +92,10 @@ const NsCoefficients& CoefficientSet::at(int step) const {
 }
 
 void CoefficientSet::validate_steps(int steps) const {
-  if (steps < 1) throw Error(fmt::format("Newton-Schulz steps must be >= 1, got {}", steps));
+  if (steps < 1 || steps > kMaxNsSteps) {
+    throw Error(
+        fmt::format("Newton-Schulz steps must be between 1 and {}, got {}", kMaxNsSteps, steps));
+  }
   if (required_steps && steps != *required_steps) {
     throw Error(fmt::format("coefficient set '{}' requires exactly {} steps, got {}", name,
                             *required_steps, steps));

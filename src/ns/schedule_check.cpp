@@ -15,8 +15,9 @@ namespace distmuon {
 namespace {
 
 // Singular values of the normalised input: 200 log-spaced from 1e-6 up to the floor, then every
-// 1/4096 from the floor to 1 (the composed polynomials of the built-in sets vary on a scale of
-// about 0.01, so a narrow dip between two grid points is not missed).
+// 1/4096 from the floor to 1. The band is checked at these points (the composed polynomials of
+// the built-in sets vary on a scale of about 0.01); a reversed or diverging direction is checked
+// over the whole of every cell between two points (apply_range), so none is missed.
 const std::vector<double>& sigma_grid() {
   static const std::vector<double> grid = [] {
     std::vector<double> g;
@@ -39,11 +40,49 @@ double apply(const NsCoefficients& k, double x) {
   return x * (k.a + x2 * (k.b + x2 * k.c));
 }
 
+// The exact range of p(x) = a x + b x^3 + c x^5 over [lo, hi]: its values at the ends and where
+// its derivative a + 3b x^2 + 5c x^4 vanishes inside (a quadratic in y = x^2). The image of an
+// interval under a continuous function is the interval between its extremes, so propagating a
+// cell's interval step by step gives the exact range of the composed schedule over the cell:
+// no dip between grid points, however narrow, is missed.
+struct Range {
+  double lo, hi;
+};
+Range apply_range(const NsCoefficients& k, Range r) {
+  Range out{std::min(apply(k, r.lo), apply(k, r.hi)), std::max(apply(k, r.lo), apply(k, r.hi))};
+  const auto consider = [&](double y) {  // a critical point at x^2 = y
+    if (!(y > 0) || !std::isfinite(y)) return;
+    for (const double x : {std::sqrt(y), -std::sqrt(y)}) {
+      if (x > r.lo && x < r.hi) {
+        out.lo = std::min(out.lo, apply(k, x));
+        out.hi = std::max(out.hi, apply(k, x));
+      }
+    }
+  };
+  const double qa = 5.0 * k.c, qb = 3.0 * k.b, qc = k.a;  // qa y^2 + qb y + qc = 0
+  if (qa == 0.0) {
+    if (qb != 0.0) consider(-qc / qb);
+  } else {
+    const double disc = qb * qb - 4.0 * qa * qc;
+    if (disc >= 0.0) {
+      // The two roots without cancellation (Numerical Recipes 5.6).
+      const double q = -0.5 * (qb + std::copysign(std::sqrt(disc), qb));
+      consider(q / qa);
+      if (q != 0.0) consider(qc / q);
+    }
+  }
+  return out;
+}
+
 // Runs the schedule for up_to steps over the grid; result[k - 1] is the check at k steps (with
 // every_step; otherwise the one check at up_to steps).
 std::vector<ScheduleCheck> run_checks(const CoefficientSet& set, int up_to, bool every_step) {
   const std::vector<double>& grid = sigma_grid();
   std::vector<double> x = grid;
+  // The exact range of every cell [grid[i], grid[i + 1]] under the steps so far.
+  std::vector<Range> cells(grid.size() - 1);
+  for (std::size_t i = 0; i + 1 < grid.size(); ++i)
+    cells[i] = {grid[i], grid[i + 1]};
   std::vector<ScheduleCheck> out;
   std::string broken;  // an intermediate that failed: every longer run fails the same way
   for (int step = 0; step < up_to; ++step) {
@@ -52,6 +91,18 @@ std::vector<ScheduleCheck> run_checks(const CoefficientSet& set, int up_to, bool
     double worst_below = 0, worst_below_sigma = 0;  // the largest final value below the floor
     c.final_lo = std::numeric_limits<double>::infinity();
     c.final_hi = -std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      cells[i] = apply_range(k, cells[i]);
+      if (broken.empty() &&
+          !(std::isfinite(cells[i].lo) && std::isfinite(cells[i].hi) && cells[i].lo > 0)) {
+        broken = fmt::format("it takes a singular value in [{:.6g}, {:.6g}] to {:.4g} at step {}{}",
+                             grid[i], grid[i + 1],
+                             std::isfinite(cells[i].hi) ? cells[i].lo : cells[i].hi, step + 1,
+                             std::isfinite(cells[i].lo) && std::isfinite(cells[i].hi)
+                                 ? " (a reversed or cancelled direction of the update)"
+                                 : " (it diverges)");
+      }
+    }
     for (std::size_t i = 0; i < grid.size(); ++i) {
       x[i] = apply(k, x[i]);
       if (broken.empty() && !(std::isfinite(x[i]) && x[i] > 0)) {

@@ -9,16 +9,24 @@
 namespace distmuon {
 
 void AdamWOptions::validate() const {
-  auto check = [](bool ok, const char* field, double value, const char* valid) {
+  auto check = [](bool ok, const char* field, double value, const std::string& valid) {
     if (!ok)
       throw Error(fmt::format("AdamW option {} = {} is invalid; valid: {}", field, value, valid));
   };
-  check(std::isfinite(lr) && lr >= 0, "lr", lr, "a finite number >= 0");
+  // Every setting is used as a float32 factor: a finite double past float32's range (1e39) would
+  // write infinities into the weights.
+  const auto f32 = [](double v) { return std::isfinite(v) && std::abs(v) <= kMaxFloat32; };
+  const std::string in_range =
+      fmt::format("a number >= 0 and <= {:g} (float32's range)", kMaxFloat32);
+  check(f32(lr) && lr >= 0, "lr", lr, in_range);
   check(beta1 >= 0 && beta1 < 1, "beta1", beta1, "0 <= beta1 < 1");
   check(beta2 >= 0 && beta2 < 1, "beta2", beta2, "0 <= beta2 < 1");
-  check(std::isfinite(eps) && eps > 0, "eps", eps, "a finite number > 0");
-  check(std::isfinite(weight_decay) && weight_decay >= 0, "weight_decay", weight_decay,
-        "a finite number >= 0");
+  check(f32(eps) && eps > 0, "eps", eps,
+        fmt::format("a number > 0 and <= {:g} (float32's range)", kMaxFloat32));
+  check(f32(weight_decay) && weight_decay >= 0, "weight_decay", weight_decay, in_range);
+  check(f32(1.0 - lr * weight_decay), "weight_decay", weight_decay,
+        fmt::format("a decay factor 1 - lr x weight_decay within float32's range ({:g})",
+                    kMaxFloat32));
 }
 
 void adamw_update(MatrixView p, ConstMatrixView g, MatrixView exp_avg, MatrixView exp_avg_sq,

@@ -12,6 +12,7 @@
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "distmuon/json_file.h"
 #include "optim/muon_impl.h"
 
 namespace distmuon {
@@ -183,6 +184,14 @@ void Muon::save(const std::filesystem::path& dir) {
         for (std::size_t k = 0; k < mats.size(); ++k) {
           // The state lives in the backend's memory: copied to host staging, then to the bytes.
           const Matrix t = to_host(*s.compute, mats[k]->view());
+          // A checkpoint holds finite values only: a state that overflowed is refused on every
+          // rank before anything replaces the folder.
+          if (const auto at = cpu_compute().find_non_finite(t.view())) {
+            throw Error(fmt::format(
+                "the {} of parameter '{}' has a non-finite value at ({}, {}) on rank {}; a "
+                "checkpoint holds finite values only, nothing was written",
+                names[k], p.spec.name, at->row, at->col, rank));
+          }
           tensors.push_back({{"name", names[k]},
                              {"offset", bytes.size()},
                              {"rows", t.rows()},
@@ -256,9 +265,15 @@ struct CheckpointManifest {
   std::int64_t step() const { return json.at("step").get<std::int64_t>(); }
 };
 
-CheckpointManifest read_manifest(Muon::Impl& s, const std::filesystem::path& dir) {
+// The manifest's digest (FNV-1a 64 of its bytes) is set first, so that a manifest that fails a
+// later check is still agreed on by content.
+CheckpointManifest read_manifest(Muon::Impl& s, const std::filesystem::path& dir,
+                                 std::uint64_t& digest) {
   CheckpointManifest out{dir / kManifestName, {}};
-  out.json = read_json_file(out.path);
+  const std::vector<char> bytes = read_file_bytes(out.path);
+  digest = fnv1a64(bytes.data(), bytes.size());
+  out.json = parse_json_text(std::string_view(bytes.data(), bytes.size()),
+                             fmt::format("checkpoint manifest '{}'", out.path.string()));
   const nlohmann::json& manifest = out.json;
   if (manifest.value("format", "") != kCheckpointFormat ||
       manifest.value("version", 0) != kCheckpointVersion) {
@@ -327,6 +342,16 @@ LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, Ran
                   row_bytes, reinterpret_cast<char*>(out.tensors[k].view().row_block(j, 1).data));
     }
   }
+  // A checkpoint holds finite values only: one that does not (written by another program, or
+  // damaged with a matching checksum) is refused before anything changes.
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    if (const auto at = cpu_compute().find_non_finite(out.tensors[k].view())) {
+      throw Error(fmt::format(
+          "the saved {} of parameter '{}' has a non-finite value at row {}, column {} of this "
+          "rank's part; a checkpoint must hold finite values",
+          names[k], p.spec.name, at->row, at->col));
+    }
+  }
   // A decision of tp_mode=auto is kept when the layout is unchanged and the key it was made for is
   // the key the current options give (the same NS steps, syrk, Gram formations and allowed
   // algorithms; the domain probe is not repeated): a decision made under other options is dropped
@@ -379,8 +404,9 @@ void Muon::load(const std::filesystem::path& dir) {
   std::vector<LoadedParam> loaded;
   std::int64_t step = 0;
   std::string reason;
+  std::uint64_t digest = 0;  // of the manifest this rank read
   try {
-    const CheckpointManifest manifest = read_manifest(s, dir);
+    const CheckpointManifest manifest = read_manifest(s, dir, digest);
     step = manifest.step();
     RankFiles files(dir, manifest.ranks());
     for (std::size_t i = 0; i < s.params.size(); ++i)
@@ -388,7 +414,16 @@ void Muon::load(const std::filesystem::path& dir) {
   } catch (const std::exception& e) {
     reason = e.what();
   }
-  agree_or_throw(s.world, reason.empty(), fmt::format("Muon::load '{}'", dir.string()), reason);
+  const std::string what = fmt::format("Muon::load '{}'", dir.string());
+  agree_or_throw(s.world, reason.empty(), what, reason);
+  // Every rank read its own copy of the folder (node-local disks may hold another run or step
+  // under the same path): the manifests must be one content, and with them the rank files, each
+  // checked against the manifest's checksum above. A mixture is refused before anything changes.
+  agree(s.world, digest,
+        fmt::format("{}: the ranks read different checkpoints (their manifests differ: the "
+                    "folder holds another run or step on some nodes)",
+                    what),
+        fmt::format("manifest FNV-1a 64 {}, step {}", checksum_hex(digest), step));
   restore(s, step, loaded);
 }
 

@@ -66,16 +66,28 @@ void MuonOptions::validate() const {
     if (!ok)
       throw Error(fmt::format("Muon option {} = {} is invalid; valid: {}", field, value, valid));
   };
-  check(std::isfinite(lr) && lr >= 0, "lr", fmt::format("{}", lr), "a finite number >= 0");
+  // Every setting is used as a float32 factor: a finite double past float32's range (1e39) would
+  // write infinities into the weights.
+  const auto f32 = [](double v) { return std::isfinite(v) && std::abs(v) <= kMaxFloat32; };
+  const std::string in_range =
+      fmt::format("a number >= 0 and <= {:g} (float32's range)", kMaxFloat32);
+  check(f32(lr) && lr >= 0, "lr", fmt::format("{}", lr), in_range);
   // momentum 1 keeps the buffer as it is (torch.optim.Muon's lerp with weight 0); above 1 the
   // buffer would grow geometrically with every step.
   check(momentum >= 0 && momentum <= 1, "momentum", fmt::format("{}", momentum),
         "0 <= momentum <= 1");
-  check(std::isfinite(weight_decay) && weight_decay >= 0, "weight_decay",
-        fmt::format("{}", weight_decay), "a finite number >= 0");
-  check(std::isfinite(eps) && eps > 0, "eps", fmt::format("{}", eps), "a finite number > 0");
-  check(std::isfinite(extra_scale_factor) && extra_scale_factor > 0, "extra_scale_factor",
-        fmt::format("{}", extra_scale_factor), "a finite number > 0");
+  check(f32(weight_decay) && weight_decay >= 0, "weight_decay", fmt::format("{}", weight_decay),
+        in_range);
+  check(f32(1.0 - lr * weight_decay) && f32(1.0 - weight_decay), "lr x weight_decay",
+        fmt::format("{:g} x {:g}", lr, weight_decay),
+        fmt::format("a decay factor 1 - lr x weight_decay within float32's range ({:g})",
+                    kMaxFloat32));
+  check(f32(eps) && eps > 0, "eps", fmt::format("{}", eps),
+        fmt::format("a number > 0 and <= {:g} (float32's range)", kMaxFloat32));
+  check(
+      f32(extra_scale_factor) && extra_scale_factor > 0 && f32(lr * extra_scale_factor),
+      "extra_scale_factor", fmt::format("{}", extra_scale_factor),
+      fmt::format("a number > 0 whose product with lr is <= {:g} (float32's range)", kMaxFloat32));
   check(detail::find_enum<CostModel>(cost_model).has_value(), "cost_model", cost_model,
         detail::enum_name_list<CostModel>());
   // The reference model prices standard NS only: auto would run standard where gram was asked.

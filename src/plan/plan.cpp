@@ -9,6 +9,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/memory_check.h"
+#include "distmuon/newton_schulz.h"
 
 namespace distmuon {
 namespace {
@@ -56,6 +57,10 @@ std::string PlanOptions::describe() const {
 
 Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts) {
   if (weights.empty()) throw Error("plan: no weights (give --shape or --model)");
+  if (opts.steps < 1 || opts.steps > kMaxNsSteps) {
+    throw Error(
+        fmt::format("plan: Newton-Schulz steps {} are outside [1, {}]", opts.steps, kMaxNsSteps));
+  }
   if (opts.group_size < 1 || opts.group_size > kMaxGroupSize) {
     throw Error(
         fmt::format("plan: group size {} is outside [1, {}]", opts.group_size, kMaxGroupSize));

@@ -62,8 +62,7 @@ plot {grid} using 1:2:3 with image notitle, \
      {weights} using 1:2 with points pt 7 ps 1.3 lc rgb "black" title "weights", \
      {weights} using 1:2:3 with labels offset 0,1 font ",8" notitle
 )gp",
-      fmt::arg("terminal", detail::gnuplot_png_terminal(960, 800)),
-      fmt::arg("png", detail::gnuplot_quoted(png.string())),
+      fmt::arg("terminal", detail::gnuplot_png_terminal(960, 800)), fmt::arg("png", job.output()),
       fmt::arg("title", detail::gnuplot_quoted("tp_mode=auto decision: " + opts.describe())),
       fmt::arg("lo", kMinLog2 - kStep / 2), fmt::arg("hi", kMaxLog2 + kStep / 2),
       fmt::arg("tics", tics), fmt::arg("grid", grid_file), fmt::arg("weights", weights_file));

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
@@ -118,11 +119,15 @@ std::string GnuplotJob::data(const std::string& name, const std::string& text) {
   return gnuplot_quoted(file.string());
 }
 
+std::string GnuplotJob::output() const {
+  return gnuplot_quoted((dir_ / "plot.png").string());
+}
+
 void GnuplotJob::run(const std::string& script, const fs::path& png) {
   check_output_file(png, what_);
   data("plot.gp", script);
   std::error_code ec;
-  fs::remove(png, ec);  // so that a stale file cannot pass for gnuplot's output
+  const fs::path staged = dir_ / "plot.png";
   const int status = run_gnuplot(gnuplot_, dir_ / "plot.gp", dir_ / "gnuplot.log");
   if (status != 0) {
     keep_ = true;
@@ -131,11 +136,13 @@ void GnuplotJob::run(const std::string& script, const fs::path& png) {
         fmt::format("{}: gnuplot ({}) failed with status {}; script and data kept in {}: {}", what_,
                     gnuplot_.string(), status, dir_.string(), why));
   }
-  if (!fs::is_regular_file(png, ec) || fs::file_size(png, ec) == 0) {
+  if (!fs::is_regular_file(staged, ec) || fs::file_size(staged, ec) == 0) {
     keep_ = true;
     throw Error(fmt::format("{}: gnuplot ran but wrote no {} (script kept in {}): {}", what_,
                             png.string(), dir_.string(), read_text(dir_ / "gnuplot.log")));
   }
+  const std::vector<char> bytes = read_file_bytes(staged);
+  write_file_atomic(png, bytes.data(), bytes.size());
 }
 
 }  // namespace distmuon::detail

@@ -28,8 +28,14 @@ class GnuplotJob {
 
   // Writes a data file into the folder; returns its path, quoted for the script.
   std::string data(const std::string& name, const std::string& text);
-  // Runs gnuplot on the script and checks that it wrote a non-empty png. On failure the folder
-  // is kept (named in the error, with gnuplot's messages); on success it is removed.
+  // Where the script sets its output, quoted for the script: a file in the job's folder. gnuplot
+  // writes there, and run() moves it into place only once gnuplot succeeded, so a gnuplot that
+  // fails halfway never leaves a truncated PNG under the user's name.
+  std::string output() const;
+  // Runs gnuplot on the script (whose output is output()), checks that it wrote a non-empty
+  // PNG, and writes it to png atomically (write_file_atomic). On failure the folder is kept
+  // (named in the error, with gnuplot's messages) and png is left as it was; on success the
+  // folder is removed.
   void run(const std::string& script, const std::filesystem::path& png);
 
  private:

@@ -73,8 +73,7 @@ set grid ytics
 set key top left noenhanced
 plot {plot}
 )gp",
-      fmt::arg("terminal", detail::gnuplot_png_terminal(1100, 650)),
-      fmt::arg("png", detail::gnuplot_quoted(png.string())),
+      fmt::arg("terminal", detail::gnuplot_png_terminal(1100, 650)), fmt::arg("png", job.output()),
       fmt::arg("title", detail::gnuplot_quoted(title)), fmt::arg("width", width),
       fmt::arg("xmax", static_cast<double>(r.shapes.size()) - 0.4), fmt::arg("tics", tics),
       fmt::arg("plot", plot));

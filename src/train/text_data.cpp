@@ -12,6 +12,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/json_file.h"
+#include "distmuon/memory_check.h"
 #include "train/counter_rng.h"
 #include "train/train_names.h"
 
@@ -73,7 +74,13 @@ TextData::TextData(std::vector<std::uint8_t> bytes, const TextDataOptions& optio
 }
 
 TextData TextData::from_file(const std::string& path, const TextDataOptions& options) {
-  const std::string text = read_text_file(path, "text data");
+  // Read whole and held twice while the splits are built: the size is checked against memory
+  // before anything is read (a 40 GB file is refused at once, not after minutes of reading).
+  const std::uint64_t size = check_input_file(path, "text data", kMaxTextDataBytes);
+  check_memory_fits(
+      2.0 * static_cast<double>(size),
+      fmt::format("text data '{}' ({} bytes, held twice while it is split)", path, size));
+  const std::string text = read_text_file(path, "text data", kMaxTextDataBytes);
   std::vector<std::uint8_t> bytes(text.begin(), text.end());
   try {
     return TextData(std::move(bytes), options);

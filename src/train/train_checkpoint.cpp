@@ -16,6 +16,7 @@
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "distmuon/json_file.h"
 #include "train/trainer_impl.h"
 
 namespace distmuon {
@@ -240,6 +241,7 @@ void Trainer::resume(const fs::path& where) {
   int step = 0;
   std::string run_id;
   std::vector<char> bytes;
+  std::uint64_t digest = 0;  // of the trainer.json this rank read
   try {
     if (dir.empty()) {
       throw Error(
@@ -247,7 +249,11 @@ void Trainer::resume(const fs::path& where) {
                       "every step-NNNNNNNN folder)",
                       where.string(), kTrainerFile));
     }
-    const json meta = read_json_file(dir / kTrainerFile);
+    const std::vector<char> meta_bytes = read_file_bytes(dir / kTrainerFile);
+    digest = fnv1a64(meta_bytes.data(), meta_bytes.size());
+    const json meta =
+        parse_json_text(std::string_view(meta_bytes.data(), meta_bytes.size()),
+                        fmt::format("checkpoint '{}'", (dir / kTrainerFile).string()));
     try {
       if (meta.at("format") != kTrainCheckpointFormat ||
           meta.at("version") != kTrainCheckpointVersion) {
@@ -300,13 +306,22 @@ void Trainer::resume(const fs::path& where) {
       }
       verify_checksum(path, bytes, entry.at("fnv1a64").get<std::string>());
     } catch (const json::exception& e) {
-      throw Error(fmt::format("'{}' is malformed: {}", (dir / kTrainerFile).string(), e.what()));
+      throw Error(
+          fmt::format("'{}' is malformed: {}", (dir / kTrainerFile).string(), json_error_text(e)));
     }
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  agree_or_throw(w, failure.empty(), fmt::format("train: resuming from '{}'", where.string()),
-                 failure);
+  const std::string what = fmt::format("train: resuming from '{}'", where.string());
+  agree_or_throw(w, failure.empty(), what, failure);
+  // Each rank read the folder rank 0 chose from its own disk (node-local folders under one path
+  // may hold another run or step): trainer.json, which binds every other file of the checkpoint
+  // by its checksum (checked above), must be one content on every rank before anything changes.
+  agree(w, digest,
+        fmt::format("{}: the ranks read different checkpoints in '{}' (its {} differs: the "
+                    "folder holds another run or step on some nodes)",
+                    what, dir.string(), kTrainerFile),
+        fmt::format("{} FNV-1a 64 {}, step {}", kTrainerFile, checksum_hex(digest), step));
   // Muon::load checks its own files on every rank and changes nothing on failure.
   s.muon->load(dir / "optimizer");
   std::size_t offset = 0;

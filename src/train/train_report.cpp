@@ -307,8 +307,7 @@ set grid
 set key top right noenhanced
 plot {series}
 )gp",
-      fmt::arg("terminal", detail::gnuplot_png_terminal(960, 600)),
-      fmt::arg("png", detail::gnuplot_quoted(png.string())),
+      fmt::arg("terminal", detail::gnuplot_png_terminal(960, 600)), fmt::arg("png", job.output()),
       fmt::arg("title", detail::gnuplot_quoted(title)),
       fmt::arg("series", fmt::join(series, ", \\\n     ")));
   job.run(script, png);

@@ -18,6 +18,8 @@
 #include "distmuon/checkpoint.h"
 #include "distmuon/error.h"
 #include "distmuon/file_io.h"
+#include "distmuon/json_file.h"
+#include "distmuon/text_data.h"
 #include "distmuon/trainer.h"
 #include "train/trainer_impl.h"
 
@@ -34,21 +36,37 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // The JSONL log, open on rank 0 only. Each line is written with one call and flushed.
 class JsonlLog {
  public:
-  // Truncates the file, or (resume) keeps its lines of steps <= keep_through and appends.
+  // Truncates the file, or (resume) keeps its lines of steps <= keep_through and appends. The
+  // log is held by one run at a time: "<log>.lock" is locked (FolderLock) before the log is read
+  // or truncated, so a second run naming the same log at once is refused instead of
+  // interleaving its lines. A last line cut short (a run that stopped while writing it, a full
+  // disk) is dropped with a warning; any other line that is no step record is refused.
   void open(const fs::path& path, int keep_through) {
     check_output_file(path, "train log");
+    lock_ = FolderLock::of_file(fs::path(path.string() + ".lock"), path, "train log");
     path_ = path;
     if (keep_through > 0 && fs::exists(path)) {
-      std::ifstream in(path);
-      std::string line, kept;
-      while (std::getline(in, line)) {
+      const std::string text = read_text_file(path, "train log", kMaxTextDataBytes);
+      std::string kept;
+      for (std::size_t start = 0; start < text.size();) {
+        const std::size_t end = std::min(text.find('\n', start), text.size());
+        const std::string line = text.substr(start, end - start);
+        const bool last_unterminated = end == text.size();
+        start = end + 1;
         if (line.empty()) continue;
-        try {
-          if (json::parse(line).at("step").get<int>() > keep_through) continue;
-        } catch (const json::exception& e) {
-          throw Error(fmt::format("train log '{}': a line is not a step record ({}): {}",
-                                  path.string(), e.what(), line));
+        const json record = json::parse(line, nullptr, false);
+        const bool is_record =
+            record.is_object() && record.contains("step") && record.at("step").is_number_integer();
+        if (!is_record && last_unterminated) {
+          spdlog::warn("train log '{}': dropping its last line, cut short while it was written: {}",
+                       path.string(), line.substr(0, 80));
+          continue;
         }
+        if (!is_record) {
+          throw Error(fmt::format("train log '{}': a line is not a step record: {}", path.string(),
+                                  line.substr(0, 200)));
+        }
+        if (record.at("step").get<int>() > keep_through) continue;
         kept += line + "\n";
       }
       write_file_atomic(path, kept.data(), kept.size());
@@ -80,6 +98,7 @@ class JsonlLog {
   }
 
  private:
+  FolderLock lock_;  // on "<log>.lock", while the log is open
   fs::path path_;
   std::FILE* file_ = nullptr;
 };

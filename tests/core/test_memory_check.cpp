@@ -2,6 +2,7 @@
 // address-space limit honoured, absurd estimates refused.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <cstdlib>
 
 #include <cmath>
 #include <limits>
@@ -37,6 +38,29 @@ TEST(MemoryCheck, SmallEstimatesPassHugeOnesNameTheFigure) {
   EXPECT_NE(error_of(std::numeric_limits<double>::infinity()), "");
   EXPECT_NE(error_of(std::numeric_limits<double>::quiet_NaN()), "");
   EXPECT_NE(error_of(-1), "");
+}
+
+// The ranks of a job on one host share its memory: with the launcher's count of 4 ranks on this
+// host (OMPI_COMM_WORLD_LOCAL_SIZE) each may count on a quarter of what one process alone may
+// (within 20%: the host's free memory moves between the two readings), and an estimate that fits
+// one process but not a quarter is refused naming the 4 ranks.
+TEST(MemoryCheck, RanksOnOneHostShareItsMemory) {
+  const char* old = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const std::string saved = old != nullptr ? old : "";
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const double alone = static_cast<double>(available_memory_bytes());
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+  const int ranks = ranks_on_this_host();
+  const double shared = static_cast<double>(available_memory_bytes());
+  const std::string msg = error_of(0.5 * alone);
+  if (old != nullptr) {
+    ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", saved.c_str(), 1);
+  } else {
+    ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  }
+  EXPECT_EQ(ranks, 4);
+  EXPECT_NEAR(shared, alone / 4, 0.2 * alone / 4);
+  EXPECT_NE(msg.find("to each of the 4 ranks on this host"), std::string::npos) << msg;
 }
 
 // `ulimit -v`: the room left under RLIMIT_AS bounds the estimate (restored afterwards).

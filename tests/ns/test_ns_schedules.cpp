@@ -237,6 +237,81 @@ TEST(NsSchedules, APublishedTableGivenAsCustomKeepsItsSetsBand) {
   EXPECT_FALSE(refused_clearly_or_orthogonalises(near_default, 5, "near torch default"));
 }
 
+// The composed schedule in double at sigma.
+double composed(const CoefficientSet& set, int steps, double sigma) {
+  double x = sigma;
+  for (int k = 0; k < steps; ++k) {
+    const NsCoefficients& t = set.at(k);
+    x = x * (t.a + x * x * (t.b + x * x * t.c));
+  }
+  return x;
+}
+
+// A first step negative only on (0.50005, 0.50015), narrower than the check's grid spacing of
+// 1/4096 and between two of its points, then quintic and a converging tail: every grid point ends
+// in [0.98, 1], but sigma = 0.5001 ends near -0.47 (a reversed direction). The check bounds each
+// step's polynomial over whole intervals and refuses it.
+TEST(NsSchedules, ADipBetweenTheGridPointsIsRefused) {
+  const double al = 0.50005 * 0.50005, be = 0.50015 * 0.50015;
+  const double k = 1.0 / (al * be - (al + be) + 1.0);  // p(1) = 1
+  std::vector<NsCoefficients> table{{al * be * k, -(al + be) * k, k}};
+  table.insert(table.end(), 12, {3.4445, -4.7750, 2.0315});
+  table.insert(table.end(), 7, {1.875, -1.25, 0.375});
+  const CoefficientSet set = custom_coefficients(table);
+  ASSERT_LT(composed(set, 20, 0.5001), -0.4);  // the schedule really reverses it
+  const ScheduleCheck c = check_schedule(set, 20);
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.problem.find("reversed or cancelled"), std::string::npos) << c.problem;
+  EXPECT_NE(c.problem.find("at step 1"), std::string::npos) << c.problem;
+}
+
+// Property: no schedule the check accepts reverses or blows up a direction anywhere in
+// [1e-6, 1] (the normalised input's singular values), in exact (double) arithmetic: 300 random
+// schedules (narrow dips like the one above at random places, published tables perturbed by up to
+// 0.5%, arbitrary tables), each accepted one evaluated at 20000 random singular values.
+TEST(NsSchedules, NoAcceptedScheduleReversesOrBlowsUpADirection) {
+  std::mt19937_64 rng(35);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::uniform_int_distribution<int> steps_of(1, 20);
+  int accepted = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<NsCoefficients> table;
+    if (trial % 3 == 0) {  // a narrow dip at a random place, then a converging tail
+      const double r = 0.02 + 0.95 * unit(rng), w = 1e-5 + 2e-4 * unit(rng);
+      const double al = r * r, be = (r + w) * (r + w);
+      const double k = 1.0 / (al * be - (al + be) + 1.0);
+      table.push_back({al * be * k, -(al + be) * k, k});
+      table.insert(table.end(), 12, {3.4445, -4.7750, 2.0315});
+      table.insert(table.end(), 7, {1.875, -1.25, 0.375});
+    } else if (trial % 3 == 1) {  // a published table perturbed by ~0.5%, at 5 to 20 steps
+      const char* names[] = {"quintic", "polar_express", "cans", "deepseekv4", "simple"};
+      for (NsCoefficients c : coefficient_set(names[trial % 5]).table) {
+        c.a *= 1 + 0.01 * (unit(rng) - 0.5);
+        c.b *= 1 + 0.01 * (unit(rng) - 0.5);
+        c.c *= 1 + 0.01 * (unit(rng) - 0.5);
+        table.push_back(c);
+      }
+    } else {
+      const int n = 1 + static_cast<int>(5 * unit(rng));
+      for (int t = 0; t < n; ++t)
+        table.push_back({-2 + 12 * unit(rng), -30 + 35 * unit(rng), -5 + 25 * unit(rng)});
+    }
+    const CoefficientSet set = custom_coefficients(table);
+    const int steps = trial % 3 == 0 ? 20 : trial % 3 == 1 ? 5 + trial % 16 : steps_of(rng);
+    if (!check_schedule(set, steps).ok) continue;
+    ++accepted;
+    for (int i = 0; i < 20000; ++i) {
+      const double sigma = i % 2 == 0 ? std::pow(10.0, -6.0 * unit(rng)) : unit(rng);
+      if (sigma < 1e-6) continue;
+      const double y = composed(set, steps, sigma);
+      ASSERT_TRUE(std::isfinite(y) && y > 0)
+          << "trial " << trial << ": sigma " << sigma << " -> " << y << " at " << steps << " steps";
+    }
+  }
+  EXPECT_GE(accepted, 3);  // accepted ones exist, so the property is exercised
+  std::printf("  %d of 300 random schedules accepted\n", accepted);
+}
+
 TEST(NsSchedules, TheReportedSchedulesAreRefused) {
   const auto error_of = [](const CoefficientSet& set, int steps) {
     NsOptions o;
