@@ -13,36 +13,12 @@
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
 #include "test_util.h"
+#include "two_weight_model.h"
 
 namespace distmuon {
 namespace {
 
-// This rank's shards: a 16 x 8 Muon weight "hidden.w" with its rows over the world, and a full
-// 6 x 4 AdamW weight "embed" on every rank.
-struct Model {
-  Matrix hidden, embed;
-  Muon opt;
-  explicit Model(const Communicator& w)
-      : hidden(test::random_matrix(16 / w.size(), 8, 10 + static_cast<std::uint64_t>(w.rank()))),
-        embed(test::random_matrix(6, 4, 20)),
-        opt(MuonOptions{.tp_mode = TpMode::kDuplicated}, w, cpu_compute()) {
-    opt.add_parameter({.name = "hidden.w",
-                       .local = hidden.view(),
-                       .rows = 16,
-                       .cols = 8,
-                       .gtp_sharded = w.size() > 1,
-                       .gtp_group = w});
-    opt.add_parameter({.name = "embed",
-                       .local = embed.view(),
-                       .rows = 6,
-                       .cols = 4,
-                       .role = ParamRole::kEmbedding});
-  }
-  void step(const Matrix& gh, const Matrix& ge) {
-    const ConstMatrixView grads[] = {gh.view(), ge.view()};
-    opt.step(grads);
-  }
-};
+using Model = test::TwoWeightModel;
 
 struct Grads {
   Matrix hidden, embed;

@@ -22,6 +22,7 @@
 #include "distmuon/file_io.h"
 #include "distmuon/muon.h"
 #include "test_util.h"
+#include "two_weight_model.h"
 
 namespace distmuon {
 namespace {
@@ -40,33 +41,14 @@ fs::path shared_dir() {
   return w.broadcast_string(name, 0);
 }
 
-// A 16 x 8 Muon weight with its rows over the world and a 6 x 4 AdamW embedding on every rank.
-struct Model {
-  Matrix hidden, embed;
-  Muon opt;
-  explicit Model(const Communicator& w, MuonOptions o = {.tp_mode = TpMode::kDuplicated})
-      : hidden(test::random_matrix(16 / w.size(), 8, 10 + static_cast<std::uint64_t>(w.rank()))),
-        embed(test::random_matrix(6, 4, 20)),
-        opt(o, w, cpu_compute()) {
-    opt.add_parameter({.name = "hidden.w",
-                       .local = hidden.view(),
-                       .rows = 16,
-                       .cols = 8,
-                       .gtp_sharded = w.size() > 1,
-                       .gtp_group = w});
-    opt.add_parameter({.name = "embed",
-                       .local = embed.view(),
-                       .rows = 6,
-                       .cols = 4,
-                       .role = ParamRole::kEmbedding});
-  }
+// The two-weight model, stepped with gradients drawn from a seed, and its whole state.
+struct Model : test::TwoWeightModel {
+  using TwoWeightModel::TwoWeightModel;
   void step(std::uint64_t seed) {
     const Communicator& w = test::world();
     const Matrix gh =
         test::random_matrix(16 / w.size(), 8, seed + static_cast<std::uint64_t>(w.rank()));
-    const Matrix ge = test::random_matrix(6, 4, seed + 100);
-    const ConstMatrixView grads[] = {gh.view(), ge.view()};
-    opt.step(grads);
+    TwoWeightModel::step(gh, test::random_matrix(6, 4, seed + 100));
   }
   std::vector<float> state() {
     std::vector<float> out;

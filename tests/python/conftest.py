@@ -19,3 +19,16 @@ def cli():
 @pytest.fixture
 def checkpoint_peer():
     return _binary("DISTMUON_CHECKPOINT_PEER")
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    """torch.distributed over gloo for the modules that run under torchrun (`pytestmark =
+    pytest.mark.usefixtures("gloo")`), one torch thread per process."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    yield

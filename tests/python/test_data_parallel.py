@@ -15,12 +15,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 SHAPES = [(24, 16), (16, 40), (32, 32), (12, 20), (40, 8)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torch_distributed():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    yield
+pytestmark = pytest.mark.usefixtures("gloo")
 
 
 def _full(k, step=None):

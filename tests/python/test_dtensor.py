@@ -35,12 +35,7 @@ RTOL = 1e-5
 MODES = ["duplicated", "distributed", "owner", "auto"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _torch_distributed():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    yield
+pytestmark = pytest.mark.usefixtures("gloo")
 
 
 def _hidden():

@@ -11,26 +11,14 @@ import torch.optim._muon as torch_muon
 
 import distmuon
 import distmuon.torch as dmt
+from torch_reference import fp32_zeropower
 
 SHAPES = [(48, 16), (32, 48), (64, 64), (8, 40)]  # tall, wide, square, very wide
 
 
-def _fp32_zeropower(grad, ns_coefficients, ns_steps, eps):
-    """torch.optim.Muon's Newton-Schulz (torch/optim/_muon.py) in float32 instead of bf16."""
-    a, b, c = ns_coefficients
-    x = grad.float()
-    if grad.size(0) > grad.size(1):
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(ns_steps):
-        g = x @ x.T
-        x = a * x + (b * g + c * g @ g) @ x
-    return x.T if grad.size(0) > grad.size(1) else x
-
-
 @pytest.fixture
 def fp32_torch_ns(monkeypatch):
-    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz", _fp32_zeropower)
+    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz", fp32_zeropower)
 
 
 def _weights(seed=0, shapes=SHAPES, dtype=torch.float32):

@@ -10,6 +10,7 @@ import torch.optim._muon as torch_muon
 
 import distmuon
 import distmuon.torch as dmt
+from torch_reference import fp32_zeropower
 
 
 def _steps(params, grads, n=3, **kw):
@@ -72,19 +73,6 @@ def test_diverging_values_refused_with_their_reason(kw, why):
         dmt.Muon([torch.nn.Parameter(torch.zeros(4, 4))], **kw)
 
 
-def _fp32_zeropower(grad, ns_coefficients, ns_steps, eps):
-    """torch.optim.Muon's Newton-Schulz (torch/optim/_muon.py) in float32 instead of bf16."""
-    a, b, c = ns_coefficients
-    x = grad.float()
-    if grad.size(0) > grad.size(1):
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(ns_steps):
-        g = x @ x.T
-        x = a * x + (b * g + c * g @ g) @ x
-    return x.T if grad.size(0) > grad.size(1) else x
-
-
 # Schedules torch runs that end outside their band (under-converged): run, with one warning.
 UNDER = [dict(ns_steps=1), dict(ns_steps=2), dict(ns_steps=3),
          dict(ns_coefficients=(1.5, -0.5, 0.0))]  # the classic cubic, 5 steps
@@ -94,7 +82,7 @@ UNDER = [dict(ns_steps=1), dict(ns_steps=2), dict(ns_steps=3),
 def test_under_converging_schedules_run_as_torch_runs_them(kw, monkeypatch, caplog):
     """Within 1e-5 relative of torch.optim.Muon with its NS in fp32 after 5 steps (fp32 rounding
     of different GEMMs; a few NS steps amplify it little)."""
-    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz", _fp32_zeropower)
+    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz", fp32_zeropower)
     torch.manual_seed(7)
     w0 = [torch.randn(32, 20), torch.randn(16, 40)]
     ours = [torch.nn.Parameter(w.clone()) for w in w0]

@@ -15,12 +15,7 @@ import distmuon
 import distmuon.torch as dmt
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _world():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    yield
+pytestmark = pytest.mark.usefixtures("gloo")
 
 
 class Experts(nn.Module):

@@ -12,12 +12,7 @@ import torch.distributed as dist
 import distmuon.torch as dmt
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _world():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    yield
+pytestmark = pytest.mark.usefixtures("gloo")
 
 
 def _step(rows):
