@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "counting_compute.h"
 #include "distmuon/cost_model.h"
 #include "distmuon/layout.h"
 #include "distmuon/tp.h"
@@ -16,58 +17,7 @@
 namespace distmuon {
 namespace {
 
-// Forwards to the CPU backend and counts FLOPs as ns_flops does: gemm 2 m n k, syrk n^2 k.
-class CountingCompute final : public Compute {
- public:
-  double flops = 0;
-  std::string name() const override { return "counting"; }
-  MemoryKind memory() const override { return MemoryKind::kHost; }
-  void copy_from_host(ConstMatrixView host, MatrixView dst) override {
-    cpu_compute().copy_from_host(host, dst);
-  }
-  void copy_to_host(ConstMatrixView src, MatrixView host) override {
-    cpu_compute().copy_to_host(src, host);
-  }
-  void do_gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
-               MatrixView c, Precision precision) override {
-    flops += 2.0 * c.rows * c.cols * (ta == Trans::kNo ? a.cols : a.rows);
-    (void)tb;
-    cpu_compute().gemm(ta, tb, alpha, a, b, beta, c, precision);
-  }
-  void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
-               Precision precision) override {
-    flops += 1.0 * c.rows * c.cols * (ta == Trans::kNo ? a.cols : a.rows);
-    cpu_compute().syrk(ta, alpha, a, beta, c, precision);
-  }
-  double sum_squares(ConstMatrixView a, bool in_double) override {
-    return cpu_compute().sum_squares(a, in_double);
-  }
-  void scale(MatrixView a, float alpha) override { cpu_compute().scale(a, alpha); }
-  void axpby(float alpha, ConstMatrixView x, float beta, MatrixView y) override {
-    cpu_compute().axpby(alpha, x, beta, y);
-  }
-  void add_diagonal(MatrixView a, float alpha) override { cpu_compute().add_diagonal(a, alpha); }
-  void round(MatrixView a, Precision precision) override { cpu_compute().round(a, precision); }
-  void fill(MatrixView a, float value) override { cpu_compute().fill(a, value); }
-  void copy(ConstMatrixView src, MatrixView dst) override { cpu_compute().copy(src, dst); }
-  std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {
-    return cpu_compute().find_non_finite(a);
-  }
-  void muon_momentum(const MomentumStep& k, ConstMatrixView g, ConstMatrixView w, MatrixView buf,
-                     MatrixView u) override {
-    cpu_compute().muon_momentum(k, g, w, buf, u);
-  }
-  void adamw(const AdamWStep& k, ConstMatrixView g, MatrixView m, MatrixView v,
-             MatrixView p) override {
-    cpu_compute().adamw(k, g, m, v, p);
-  }
-
- protected:
-  float* do_allocate(std::size_t count) override { return cpu_compute().allocate(count); }
-  void do_release(float* data, std::size_t count) noexcept override {
-    cpu_compute().release(data, count);
-  }
-};
+using test::CountingCompute;
 
 void expect_counts_match(const CommStats& stats, double flops, const ModeCost& c) {
   EXPECT_EQ(stats.all_gather.calls, static_cast<std::size_t>(c.all_gathers));
