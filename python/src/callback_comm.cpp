@@ -32,10 +32,16 @@ py::dtype numpy_dtype(DType t) {
       return py::dtype::of<std::uint8_t>();
     case DType::kF16:
       return py::dtype("float16");
-    case DType::kBf16:
-      throw Error("a Python communicator cannot move bf16 buffers (NumPy has no bf16)");
+    case DType::kBf16:  // NumPy has no bf16: its bits move as float16's, never reduced
+      return py::dtype("float16");
   }
   DISTMUON_ASSERT(false, "unknown dtype");
+}
+
+// bf16 travels as bits (the bf16 wire moves it); adding it as float16 would be wrong.
+void refuse_bf16(const char* op, DType t) {
+  if (t == DType::kBf16)
+    throw Error(fmt::format("a Python communicator cannot reduce bf16 values ({})", op));
 }
 
 const char* op_name(ReduceOp op) {
@@ -102,10 +108,12 @@ class CallbackComm final : public CommImpl {
     });
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
+    refuse_bf16("all_reduce", t);
     call("all_reduce", [&] { impl_.attr("all_reduce")(borrow(buf, count, t), op_name(op)); });
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                       ReduceOp op) override {
+    refuse_bf16("reduce_scatter", t);
     call("reduce_scatter", [&] {
       impl_.attr("reduce_scatter")(borrow(send, count * static_cast<std::size_t>(size_), t),
                                    borrow(recv, count, t), op_name(op));

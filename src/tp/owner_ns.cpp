@@ -32,19 +32,27 @@ struct Exchange {
   }
 };
 
-// An exchange in flight: its request and where what arrives goes.
+// An exchange in flight: its request and where what arrives goes (on a bf16 wire it arrives
+// packed in recv16, n_recv values, and is unpacked into recv first).
 struct Started {
   std::unique_ptr<CommRequest> request;
-  const float* recv = nullptr;
+  float* recv = nullptr;
   std::vector<std::vector<MatrixView>> from;
+  const float* recv16 = nullptr;
+  std::size_t n_recv = 0;
 };
+
+MatrixView column(float* data, std::size_t n) {
+  return {data, static_cast<Index>(n), 1, 1};
+}
 
 // Packs every block sent into one staging buffer (peer by peer, one compute.copy per block) and
 // starts the all-to-all over the group's data plane (finish unpacks what arrives into the blocks
 // received). The staging buffers come from workspaces (slot: one per exchange in flight), kept
-// across steps.
+// across steps. bf16: the staging is packed into bf16 (Compute::pack_bf16) and sent so, half the
+// bytes.
 Started start_exchange(const Communicator& group, const Exchange& x, Compute& compute,
-                       NsWorkspaces& workspaces, std::size_t slot) {
+                       NsWorkspaces& workspaces, std::size_t slot, bool bf16 = false) {
   const std::size_t peers = x.to.size();
   DISTMUON_ASSERT(peers == static_cast<std::size_t>(group.size()), "one list per peer");
   std::vector<std::size_t> send_counts(peers, 0), recv_counts(peers, 0);
@@ -73,14 +81,26 @@ Started start_exchange(const Communicator& group, const Exchange& x, Compute& co
       at += elems(v.rows, v.cols);
     }
   }
-  Started out{group.data().start_all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv},
-                                                     recv_counts),
-              recv, x.from};
-  return out;
+  if (!bf16) {
+    return {group.data().start_all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv},
+                                                   recv_counts),
+            recv, x.from};
+  }
+  auto packed = [&](BufferRole role, std::size_t n) {
+    return workspaces.buffer(compute, role, slot, static_cast<Index>((n + 1) / 2), 1).view().data;
+  };
+  float* const send16 = packed(BufferRole::kSendBf16, n_send);
+  float* const recv16 = packed(BufferRole::kRecvBf16, n_recv);
+  if (n_send > 0) compute.pack_bf16(column(send, n_send), send16);
+  return {group.data().start_all_to_all_v<Bf16Bits>(
+              {reinterpret_cast<const Bf16Bits*>(send16), n_send}, send_counts,
+              {reinterpret_cast<Bf16Bits*>(recv16), n_recv}, recv_counts),
+          recv, x.from, recv16, n_recv};
 }
 
 void finish(Started& x, Compute& compute) {
   x.request->wait();
+  if (x.recv16 != nullptr && x.n_recv > 0) compute.unpack_bf16(x.recv16, column(x.recv, x.n_recv));
   std::size_t at = 0;
   for (const auto& blocks : x.from) {
     for (const MatrixView& v : blocks) {
@@ -143,7 +163,7 @@ OwnerCostFn ns_flops_cost(const NsOptions& ns) {
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
-                         NsWorkspaces* workspaces, int chunks) {
+                         NsWorkspaces* workspaces, int chunks, bool bf16_wire) {
   DISTMUON_ASSERT(items.size() == owners.size(), "one owner per item");
   if (items.empty()) return;
   NsWorkspaces call_workspaces;  // only when the caller keeps none
@@ -242,8 +262,11 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
       if (!runs(i)) continue;
       orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
                          scale, compute, ws);
+      // A bf16 wire: the home keeps what the other replicas receive.
+      if (bf16_wire && n_chunks > 0) compute.round(work(i), Precision::kBf16);
     }
-    if (n_chunks > 0) in_flight.push_back(start_exchange(*dp, over_dp[c], compute, ws, 1 + c));
+    if (n_chunks > 0)
+      in_flight.push_back(start_exchange(*dp, over_dp[c], compute, ws, 1 + c, bf16_wire));
   }
   for (Started& x : in_flight)
     finish(x, compute);
@@ -356,8 +379,8 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     const std::vector<int>& owners = owners_for(items, *b.tp, *b.gtp, b.dp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
       last_owners_[b.index[k]] = owners[k];
-    orthogonalize_owned(items, owners, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces,
-                        chunks_);
+    orthogonalize_owned(items, owners, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces, chunks_,
+                        bf16_replicas_);
   }
 }
 
