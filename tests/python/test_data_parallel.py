@@ -87,3 +87,25 @@ def test_bf16_wire_within_bf16_rounding_and_replicas_equal():
         w0 = _full(k).double()
         update = (f.double() - w0 + 0.02 * 0.01 * w0).abs()
         assert ((b.double() - f.double()).abs() <= update * 2**-8 + w0.abs() * 2**-21).all()
+
+
+def test_homes_exchange_with_torch_async_work(monkeypatch):
+    """The homes' results travel through torch's async_op work handles (the pipelined chunks'
+    all-to-alls started while the next chunk's NS runs; one start per chunk per step), bit-equal
+    to every replica's own NS."""
+    from distmuon._torch_comm import TorchCollectives
+
+    started = []
+    start = TorchCollectives.start_all_to_all_v
+
+    def counting(self, *args):
+        work = start(self, *args)
+        started.append(work is not None and hasattr(work, "wait"))
+        return work
+
+    monkeypatch.setattr(TorchCollectives, "start_all_to_all_v", counting)
+    plain = lambda k, full: full.clone()  # noqa: E731
+    home, info = _run(plain, "home", data_parallel_group="world")
+    assert started and all(started)
+    every, _ = _run(plain, "every_rank", data_parallel_group="world")
+    _expect_homes(home, every, info, dist.get_world_size())
