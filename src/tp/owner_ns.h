@@ -11,7 +11,8 @@
 //               rank (t, g_o) then holds TP rank t's TP-local (padded) tensor of w.
 //            2. all-to-all-v over TP: the ranks (t, g_o) send it to TP rank t_o(w), the owner.
 //   scatter  the same two exchanges in reverse (TP, then GTP).
-// One collective per stage per bucket (stages over a group of one are skipped); a weight's full
+// One collective per stage per bucket (stages over a group of one are skipped), or with one stage
+// one per chunk of a pipelined bucket (orthogonalize_owned's chunks); a weight's full
 // matrix crosses the network twice (in, out) instead of being all-gathered by every rank.
 //
 // Replicas (data parallelism): when a bucket's weights are replicated over a group of D ranks
