@@ -138,6 +138,59 @@ std::vector<float> run_step(const Communicator& world, PlanMode plan, ScenarioRe
   return model.state();
 }
 
+// Data parallelism: three weights whole on every rank, replicated over the world, each
+// orthogonalised on its home (replica_mode home, the bf16 wire) with the results exchanged in
+// pipelined chunks; the same values and gradients on every replica; two steps.
+std::vector<float> run_replicated(const Communicator& world, const fs::path&,
+                                  ScenarioRecord& record) {
+  MuonOptions o;
+  o.lr = 0.05;
+  o.replica_mode = ReplicaMode::kHome;
+  o.replica_wire = ReplicaWire::kBf16;
+  Muon opt(o, world, cpu_compute());
+  const WeightShape shapes[] = {{"wq", 64, 32, 0}, {"fc1", 48, 16, 0}, {"fc2", 16, 48, 0}};
+  std::vector<Matrix> local;
+  for (const WeightShape& w : shapes) {
+    local.emplace_back(w.m, w.n);
+    fill(local.back().view(), 2000 + 10 * local.size());
+    ParamSpec s;
+    s.name = w.name;
+    s.local = local.back().view();
+    s.rows = w.m;
+    s.cols = w.n;
+    s.dp_group = world;
+    opt.add_parameter(s);
+  }
+  auto weights = [&] {
+    std::vector<float> out;
+    for (const Matrix& m : local)
+      append(out, m.view());
+    return out;
+  };
+  for (int step = 1; step <= 2; ++step) {
+    std::vector<Matrix> grads;
+    std::vector<ConstMatrixView> views;
+    for (const Matrix& m : local) {
+      grads.emplace_back(m.rows(), m.cols());
+      fill(grads.back().view(), 7919 * static_cast<std::uint64_t>(step) + 31 * grads.size());
+    }
+    for (const Matrix& g : grads)
+      views.push_back(g.view());
+    const std::vector<float> before = weights();
+    try {
+      opt.step(views);
+    } catch (...) {
+      record.failed_step_left_weights = weights() == before;
+      throw;
+    }
+  }
+  std::vector<float> out = weights();
+  for (std::size_t i = 0; i < local.size(); ++i)
+    for (const MatrixView t : opt.state_tensors(i))
+      append(out, t);
+  return out;
+}
+
 // Two steps, a save into dir/ckpt after each (the second replaces the first), then a load into
 // a new optimizer, whose state ends the result.
 std::vector<float> run_checkpoint(const Communicator& world, const fs::path& dir,
@@ -257,6 +310,7 @@ const std::vector<Scenario>& fault_scenarios() {
          return run_step(w, PlanMode::kMeasure, r);
        },
        false},
+      {"step-replicated", run_replicated},
       {"checkpoint", run_checkpoint, true, resume_checkpoint,
        [](const fs::path& dir) { return fs::exists(dir / "ckpt") ? dir / "ckpt" : fs::path(); }},
       {"train", run_train, true, resume_train, latest_step_folder},

@@ -1,7 +1,7 @@
-// The fault matrix (docs/reliability.md, "Fault matrix"): every MPI collective of four scenarios
+// The fault matrix (docs/reliability.md, "Fault matrix"): every MPI collective of five scenarios
 // at 4 ranks (one optimizer step with plan estimate and with plan measure over a TP 2 x GTP 2
-// grid, a checkpoint save and load, the training loop with its checkpoints) made to fail on
-// each rank in turn.
+// grid, two steps of weights replicated over the world on their homes, a checkpoint save and
+// load, the training loop with its checkpoints) made to fail on each rank in turn.
 //  - nan: the collective's result on that rank becomes NaN (every floating-point collective, on
 //    every rank). Run within one 4-rank job, case after case: every rank must end the scenario
 //    with the same error agreed over the world, a failed step must leave the weights as they
@@ -137,7 +137,9 @@ std::vector<std::string> record_sites(const Scenario& s, const Communicator& wor
 }
 
 bool floating_point_site(const std::string& label) {
-  return label.find(" x f32 ") != std::string::npos || label.find(" x f64 ") != std::string::npos;
+  for (const char* t : {" x f32 ", " x f64 ", " x bf16 ", " x f16 "})
+    if (label.find(t) != std::string::npos) return true;
+  return false;
 }
 
 // Same within 1e-4 relative (Frobenius): plan=measure may pick another mode than a clean run,

@@ -10,6 +10,7 @@
 #include "distmuon/error.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -99,6 +100,9 @@ void fill_nan(void* data, std::size_t n, DType t) {
     std::fill_n(static_cast<float*>(data), n, std::numeric_limits<float>::quiet_NaN());
   } else if (t == DType::kF64) {
     std::fill_n(static_cast<double*>(data), n, std::numeric_limits<double>::quiet_NaN());
+  } else if (t == DType::kBf16 || t == DType::kF16) {  // their quiet NaNs' bits
+    std::fill_n(static_cast<std::uint16_t*>(data), n,
+                static_cast<std::uint16_t>(t == DType::kBf16 ? 0x7FC0 : 0x7E00));
   }
 }
 
