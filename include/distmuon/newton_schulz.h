@@ -2,7 +2,7 @@
 // Newton-Schulz orthogonalisation, as Muon uses it.
 //
 // For an M x N input G the iteration works along the smaller dimension s = min(M, N):
-//   X = G / max(||G||_F, eps)
+//   X = G / max(||G||_F, eps)   (the aol set then rescales X by AOL: CoefficientSet::input_scaling)
 //   per step with coefficients (a, b, c):  A = X X^T (s x s),  B = b A + c A A,  X = a X + B X
 //   (when c == 0: X = a X + b A X, without forming A A).
 // A wide G (M <= N) is iterated as is. A tall G is iterated as X = G^T without any copy: with
@@ -55,6 +55,17 @@ struct CoefficientSet {
   // (check_schedule; docs/optimizer.md lists each set's band and supported step counts).
   double band_lo = kCustomBandLo;
   double band_hi = kCustomBandHi;
+  // How the input is scaled before the first step. kFrobenius: X / max(||X||_F, eps). kAol: that,
+  // then AOL rescaling (Prach & Lampert 2022, as Turbo-Muon / flash-newton-schulz precondition
+  // NS): with A = X X^T on the Gram side, row i of X (column i of a tall X) is multiplied by
+  // 1 / sqrt(sum_j |A_ij|). The result has spectral norm <= 1 (for y = D x,
+  // x^T A x <= sum_ij |A_ij| |x_i x_j| <= sum_i x_i^2 sum_j |A_ij|), so its singular values lie in
+  // (0, 1] as after the Frobenius norm, and the check below holds for it; an orthogonal or rank-1
+  // input lands exactly at 1, and most others closer to 1 than after the Frobenius norm. AOL is
+  // scale-invariant, so the Frobenius step before it changes nothing but keeps the Gram matrix
+  // in range and the non-finite check of the input. Only the aol set uses it.
+  enum class InputScaling { kFrobenius, kAol };
+  InputScaling input_scaling = InputScaling::kFrobenius;
   // A schedule that ends outside its band without reversing, diverging or blowing up a direction
   // (ScheduleCheck::refused false: it under- or over-converges) is warned about once per process
   // instead of refused (torch.optim.Muon runs any schedule; distmuon.torch.Muon sets this).
@@ -178,7 +189,8 @@ Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute)
 
 // Standard Newton-Schulz by its definition, on the host in T (double: the float64 reference that
 // precision errors are measured against, docs/precision.md; float: an independent fp32 one):
-// the wide orientation (the transpose of a tall g), X = G / max(||G||_F, eps), then per step
+// the wide orientation (the transpose of a tall g), X = G / max(||G||_F, eps) (and the aol set's
+// AOL rescaling, CoefficientSet::input_scaling), then per step
 // A = X X^T, X = a X + (b A + c A^2) X with the step's coefficients. g and the result are
 // row-major rows x cols. Plain loops, O(s^2 l) per step: for small matrices.
 template <typename T>
@@ -213,8 +225,8 @@ double gram_growth_limit(Precision precision);
 // Whether the Gram algorithm with opts re-forms R after step `step` (0-based) instead of
 // updating it (never after the last step).
 bool gram_restarts_after(const NsOptions& opts, int step);
-// How many Gram matrices of the s x L iterate one Gram run with opts forms (1 + restarts); with a
-// group, each is one all-reduce of s x s elements.
+// How many Gram matrices of the s x L iterate one Gram run with opts forms (1 + restarts, + 1 for
+// the aol set's input scaling); with a group, each is one all-reduce of s x s elements.
 int gram_ns_gram_count(const NsOptions& opts);
 // The plain-GEMM count used for reporting GFLOP/s: steps * (4 s^2 L + 2 s^3).
 double ns_gemm_flops(Index m, Index n, int steps);

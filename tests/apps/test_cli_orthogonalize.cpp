@@ -49,8 +49,8 @@ TEST_F(CliOrthogonalize, MatchesIndependentFloat32Implementation) {
   for (const auto& name : coefficient_set_names()) {
     if (name == "custom") continue;
     const CoefficientSet& set = coefficient_set(name);
-    // The largest step count of 1-12 each set supports (aol: none, refused; BadInputFailsWithout-
-    // Output and test_cli_bad_options check the refusals).
+    // The largest step count of 1-12 each set supports (aol: 12, with its AOL input scaling in
+    // both; BadInputFailsWithoutOutput and test_cli_bad_options check the refusals).
     std::vector<int> supported = supported_steps(set, 12);
     if (supported.empty()) continue;
     const int steps = supported.back();

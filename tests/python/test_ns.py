@@ -125,7 +125,7 @@ def test_cpp_errors_keep_their_message():
 
 
 @pytest.mark.parametrize("coefficients,steps,needle", [
-    ("aol", 5, "'aol' supports no step count"),           # reversed the update (cosine -0.998)
+    ("aol", 5, "'aol' supports 4, 8, 12, 16, 20 steps"),  # a 4-step design, cycled
     ("quintic", 6, "supports 4-5, 9-10, 14-15, 19-20"),    # shrank it ~10x
     ([(100.0, 100.0, 100.0)], 5, "'custom' at 5 steps"),  # returned an all-NaN array
 ])
@@ -145,8 +145,8 @@ def test_schedules_that_do_not_orthogonalise_are_refused_before_any_write(coeffi
 def test_muon_refuses_a_divergent_schedule_before_any_step():
     with pytest.raises(distmuon.Error, match="'custom' at 5 steps does not orthogonalise"):
         distmuon.Muon(coefficients="custom", custom_coefficients="100,100,100")
-    with pytest.raises(distmuon.Error, match="'aol' supports no step count"):
-        distmuon.Muon(coefficients="aol", steps=4)
+    with pytest.raises(distmuon.Error, match="'aol' supports 4, 8, 12, 16, 20 steps"):
+        distmuon.Muon(coefficients="aol", steps=5)
 
 
 def test_muon_refuses_a_non_finite_weight_and_keeps_the_others():
