@@ -194,8 +194,8 @@ TEST(Precision, ScratchIsKeptAcrossProducts) {
   cpu_compute().syrk(Trans::kNo, 1.0f, a.view(), 0.0f, c.view(), Precision::kTf32);
   cpu_compute().gemm(Trans::kNo, Trans::kYes, 1.0f, a.view(), a.view(), 0.0f, c.view(),
                      Precision::kBf16);
-  cpu_compute().gemm(Trans::kYes, Trans::kNo, 1.0f, a.view(), a.view(), 0.0f, Matrix(50, 50).view(),
-                     Precision::kBf16);
+  cpu_compute().gemm(Trans::kYes, Trans::kNo, 1.0f, a.view(), a.view(), 0.0f,
+                     Matrix(50, 50).view(), Precision::kBf16);
   const MemoryStats before = cpu_compute().memory_stats();
   for (int i = 0; i < 3; ++i) {
     cpu_compute().syrk(Trans::kNo, 1.0f, a.view(), 0.0f, c.view(), Precision::kTf32);
