@@ -78,10 +78,11 @@ struct CoefficientSet {
   // Throws distmuon::Error naming the tuple when a coefficient is not finite or its magnitude
   // exceeds kMaxCoefficientMagnitude.
   void validate_values() const;
-  // Throws distmuon::Error when the schedule run for `steps` steps does not orthogonalise
-  // (check_schedule), naming the set, the step count, the reason and the supported step counts;
-  // with warn_outside_band, only when it is refused (ScheduleCheck::refused), else logs a warning.
-  void validate_schedule(int steps) const;
+  // Throws distmuon::Error when the schedule run for `steps` steps at `precision` does not
+  // orthogonalise (check_schedule), naming the set, the step count, the reason and the supported
+  // step counts; with warn_outside_band, only when it is refused (ScheduleCheck::refused), else
+  // logs a warning.
+  void validate_schedule(int steps, Precision precision = Precision::kFp32) const;
 };
 
 // The schedule check (scalar work, once per options; src/ns/schedule_check.cpp). NS maps each
@@ -96,19 +97,36 @@ inline constexpr double kScheduleSigmaFloor = 0.01;
 // A final value above this blows that direction up (the update more than twice as large along it
 // as an orthogonal update): refused even with warn_outside_band.
 inline constexpr double kScheduleBlowUp = 2.0;
+// At a reduced precision (tf32, bf16) the check also runs the schedule with each step's rounding:
+// a step computes a x + b x^3 + c x^5 from operands rounded to the precision's format, and where
+// the terms cancel (cans's first step at sigma = 1: 8.47 - 25.1 + 18.6 = 1.99) the result carries
+// the rounding of the terms, not of the sum. So each step's upper end is raised by
+// u (|a| x + |b| x^3 + |c| x^5), u the format's unit roundoff (schedule_rounding), and a schedule
+// whose raised values diverge or end above kScheduleBlowUp is refused at that precision (even with
+// warn_outside_band): cans at tf32 and bf16 (measured: finite garbage, ||X|| in the thousands, at
+// 8 steps), aol past 4 steps at bf16. The band is still judged on the exact values. fp32 (u =
+// 6e-8) is checked exactly, as before.
+double schedule_rounding(Precision precision);  // 0 for fp32, 2^-11 tf32, 2^-9 bf16
 // Step counts 1..kScheduleCheckedSteps are tried to list the ones a set supports.
 inline constexpr int kScheduleCheckedSteps = 20;
 
 struct ScheduleCheck {
   bool ok = false;
+  Precision precision = Precision::kFp32;  // the precision it was checked for
   bool refused = false;  // reverses, cancels, diverges or blows up (> kScheduleBlowUp) a direction
   std::string problem;   // why not (empty when ok)
   double final_lo = 0, final_hi = 0;  // the final values for sigma in [kScheduleSigmaFloor, 1]
+  // The largest final value for any sigma in (0, 1] with the precision's rounding
+  // (schedule_rounding; the exact one at fp32): what the result's largest singular value stays
+  // under.
+  double rounded_hi = 0;
 };
-// The check at `steps` (>= 1) steps. Does not throw.
-ScheduleCheck check_schedule(const CoefficientSet& set, int steps);
+// The check at `steps` (>= 1) steps and `precision`. Does not throw.
+ScheduleCheck check_schedule(const CoefficientSet& set, int steps,
+                             Precision precision = Precision::kFp32);
 // The step counts in 1..up_to at which check_schedule passes (and validate_steps accepts).
-std::vector<int> supported_steps(const CoefficientSet& set, int up_to = kScheduleCheckedSteps);
+std::vector<int> supported_steps(const CoefficientSet& set, int up_to = kScheduleCheckedSteps,
+                                 Precision precision = Precision::kFp32);
 
 // The largest |a|, |b|, |c| a schedule may hold: about 40 times the largest of any published set
 // (cans, b = -25.1). A larger value is a typo or a corrupt file; it makes the iterate overflow to

@@ -195,7 +195,7 @@ void NsOptions::validate() const {
   if (coefficients.table.empty()) throw Error("Newton-Schulz options: empty coefficient set");
   coefficients.validate_values();
   coefficients.validate_steps(steps);
-  coefficients.validate_schedule(steps);
+  coefficients.validate_schedule(steps, precision);
   if (!(eps > 0)) throw Error(fmt::format("Newton-Schulz options: eps must be > 0, got {}", eps));
   if (algorithm == NsAlgorithm::kAuto) {
     throw Error(

@@ -66,12 +66,16 @@ Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
       compute(&c),
       comm_timer(c.stream_timer()),
       ns_gram(ns) {
+  // The schedule at the precision NS runs at (the backend's when the options leave it): a
+  // schedule that its rounding makes diverge is refused here, before any step.
+  ns.validate();
   ns_gram.algorithm = NsAlgorithm::kGram;
   options_text = nlohmann::json(options).dump();
 }
 
 void Muon::Impl::use_options(MuonOptions o) {
   NsOptions n = o.ns_options(compute->default_precision());
+  n.validate();
   NsOptions g = n;
   g.algorithm = NsAlgorithm::kGram;
   std::string text = nlohmann::json(o).dump();
