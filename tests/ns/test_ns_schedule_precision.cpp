@@ -88,8 +88,13 @@ TEST(NsSchedulePrecision, TheOtherSetsKeepTheirDesignStepCounts) {
             std::vector<int>{4});
   EXPECT_EQ(supported_steps(coefficient_set("aol"), kScheduleCheckedSteps, Precision::kTf32),
             (std::vector<int>{4, 8}));
-  EXPECT_EQ(supported_steps(coefficient_set("quintic"), kScheduleCheckedSteps, Precision::kBf16),
-            supported_steps(coefficient_set("quintic")));
+  for (const char* name : {"simple", "quintic", "polar_express", "deepseekv4", "cubic5"}) {
+    for (const Precision p : {Precision::kTf32, Precision::kBf16}) {
+      EXPECT_EQ(supported_steps(coefficient_set(name), kScheduleCheckedSteps, p),
+                supported_steps(coefficient_set(name)))
+          << name << " " << to_string(p);
+    }
+  }
 }
 
 // ---- The property over random schedules ---------------------------------------------------
