@@ -1,5 +1,6 @@
 """Checkpoints between C++ and Python: tests/python/checkpoint_peer.cpp writes or resumes the
 same 5-step run that this file mirrors; the resumed weights are bit-equal either way."""
+import json
 import subprocess
 
 import numpy as np
@@ -155,3 +156,32 @@ def test_adamw_gradient_past_float32_range_is_refused():
     run(opt, 3, 3)
     assert opt.step_count == 3
     assert all(np.isfinite(t).all() for p in opt.state_dict()["params"] for t in p["state"])
+
+
+def _fnv1a64(data):
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+    return f"{h:016x}"
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_load_refuses_a_checkpoint_holding_a_non_finite_value(tmp_path, bad):
+    # A rank file holding an infinity or a NaN with a checksum that matches (written by another
+    # program): Muon.load raises naming the state and changes nothing.
+    opt, _ = _stepped()
+    opt.save(tmp_path / "ckpt")
+    rank_file = tmp_path / "ckpt" / "rank-00000.bin"
+    data = bytearray(rank_file.read_bytes())
+    data[0:4] = np.float32(bad).tobytes()  # the first momentum element
+    rank_file.write_bytes(bytes(data))
+    manifest_path = tmp_path / "ckpt" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["ranks"][0]["fnv1a64"] = _fnv1a64(data)
+    manifest_path.write_text(json.dumps(manifest))
+    fresh, _ = _stepped()
+    run(fresh, 3, 3)
+    before = fresh.state_dict()
+    with pytest.raises(distmuon.Error, match="momentum of parameter 'a' has a non-finite value"):
+        fresh.load(tmp_path / "ckpt")
+    _same_state(fresh.state_dict(), before)
