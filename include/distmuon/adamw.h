@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <span>
 
 #include "distmuon/compute.h"
 #include "distmuon/matrix.h"
@@ -29,6 +31,22 @@ struct AdamWOptions {
 
   void validate() const;  // throws distmuon::Error naming the field and its valid range
 };
+
+// Where an AdamW step with gradient g would take the second moment b2 v + (1 - b2) g^2 of a finite
+// gradient past float32's range (g of about 8e19 and more at beta2 = 0.95): the first such
+// element, or nothing. One batched sum of squares of every g and v (one transfer on a device
+// backend) bounds every element (b2 ||v||_2 + (1 - b2) ||g||_2^2); only a parameter over that
+// bound is read on the host and checked element by element (in double, refused within 1e-6 of
+// the range). The caller refuses the step before anything is written (Muon::step names the
+// parameter, agreed over the world). grads[i] and exp_avg_sq[i] have the same shape.
+struct AdamWOverflow {
+  std::size_t index = 0;  // into grads
+  MatrixIndex at;         // the element
+  float grad = 0;         // its gradient
+};
+std::optional<AdamWOverflow> adamw_overflow(std::span<const ConstMatrixView> grads,
+                                            std::span<const ConstMatrixView> exp_avg_sq,
+                                            const AdamWOptions& options, Compute& compute);
 
 // One AdamW step on compute (Compute::adamw). p, g, exp_avg and exp_avg_sq have the same shape
 // and live in compute's memory; step >= 1.

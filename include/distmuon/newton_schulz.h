@@ -2,7 +2,7 @@
 // Newton-Schulz orthogonalisation, as Muon uses it.
 //
 // For an M x N input G the iteration works along the smaller dimension s = min(M, N):
-//   X = G / max(||G||_F, eps)
+//   X = G / max(||G||_F, eps)   (the aol set then rescales X by AOL: CoefficientSet::input_scaling)
 //   per step with coefficients (a, b, c):  A = X X^T (s x s),  B = b A + c A A,  X = a X + B X
 //   (when c == 0: X = a X + b A X, without forming A A).
 // A wide G (M <= N) is iterated as is. A tall G is iterated as X = G^T without any copy: with
@@ -55,6 +55,17 @@ struct CoefficientSet {
   // (check_schedule; docs/optimizer.md lists each set's band and supported step counts).
   double band_lo = kCustomBandLo;
   double band_hi = kCustomBandHi;
+  // How the input is scaled before the first step. kFrobenius: X / max(||X||_F, eps). kAol: that,
+  // then AOL rescaling (Prach & Lampert 2022, as Turbo-Muon / flash-newton-schulz precondition
+  // NS): with A = X X^T on the Gram side, row i of X (column i of a tall X) is multiplied by
+  // 1 / sqrt(sum_j |A_ij|). The result has spectral norm <= 1 (for y = D x,
+  // x^T A x <= sum_ij |A_ij| |x_i x_j| <= sum_i x_i^2 sum_j |A_ij|), so its singular values lie in
+  // (0, 1] as after the Frobenius norm, and the check below holds for it; an orthogonal or rank-1
+  // input lands exactly at 1, and most others closer to 1 than after the Frobenius norm. AOL is
+  // scale-invariant, so the Frobenius step before it changes nothing but keeps the Gram matrix
+  // in range and the non-finite check of the input. Only the aol set uses it.
+  enum class InputScaling { kFrobenius, kAol };
+  InputScaling input_scaling = InputScaling::kFrobenius;
   // A schedule that ends outside its band without reversing, diverging or blowing up a direction
   // (ScheduleCheck::refused false: it under- or over-converges) is warned about once per process
   // instead of refused (torch.optim.Muon runs any schedule; distmuon.torch.Muon sets this).
@@ -67,10 +78,11 @@ struct CoefficientSet {
   // Throws distmuon::Error naming the tuple when a coefficient is not finite or its magnitude
   // exceeds kMaxCoefficientMagnitude.
   void validate_values() const;
-  // Throws distmuon::Error when the schedule run for `steps` steps does not orthogonalise
-  // (check_schedule), naming the set, the step count, the reason and the supported step counts;
-  // with warn_outside_band, only when it is refused (ScheduleCheck::refused), else logs a warning.
-  void validate_schedule(int steps) const;
+  // Throws distmuon::Error when the schedule run for `steps` steps at `precision` does not
+  // orthogonalise (check_schedule), naming the set, the step count, the reason and the supported
+  // step counts; with warn_outside_band, only when it is refused (ScheduleCheck::refused), else
+  // logs a warning.
+  void validate_schedule(int steps, Precision precision = Precision::kFp32) const;
 };
 
 // The schedule check (scalar work, once per options; src/ns/schedule_check.cpp). NS maps each
@@ -85,19 +97,36 @@ inline constexpr double kScheduleSigmaFloor = 0.01;
 // A final value above this blows that direction up (the update more than twice as large along it
 // as an orthogonal update): refused even with warn_outside_band.
 inline constexpr double kScheduleBlowUp = 2.0;
+// At a reduced precision (tf32, bf16) the check also runs the schedule with each step's rounding:
+// a step computes a x + b x^3 + c x^5 from operands rounded to the precision's format, and where
+// the terms cancel (cans's first step at sigma = 1: 8.47 - 25.1 + 18.6 = 1.99) the result carries
+// the rounding of the terms, not of the sum. So each step's upper end is raised by
+// u (|a| x + |b| x^3 + |c| x^5), u the format's unit roundoff (schedule_rounding), and a schedule
+// whose raised values diverge or end above kScheduleBlowUp is refused at that precision (even with
+// warn_outside_band): cans at tf32 and bf16 (measured: finite garbage, ||X|| in the thousands, at
+// 8 steps), aol past 4 steps at bf16. The band is still judged on the exact values. fp32 (u =
+// 6e-8) is checked exactly, as before.
+double schedule_rounding(Precision precision);  // 0 for fp32, 2^-11 tf32, 2^-9 bf16
 // Step counts 1..kScheduleCheckedSteps are tried to list the ones a set supports.
 inline constexpr int kScheduleCheckedSteps = 20;
 
 struct ScheduleCheck {
   bool ok = false;
+  Precision precision = Precision::kFp32;  // the precision it was checked for
   bool refused = false;  // reverses, cancels, diverges or blows up (> kScheduleBlowUp) a direction
   std::string problem;   // why not (empty when ok)
   double final_lo = 0, final_hi = 0;  // the final values for sigma in [kScheduleSigmaFloor, 1]
+  // The largest final value for any sigma in (0, 1] with the precision's rounding
+  // (schedule_rounding; the exact one at fp32): what the result's largest singular value stays
+  // under.
+  double rounded_hi = 0;
 };
-// The check at `steps` (>= 1) steps. Does not throw.
-ScheduleCheck check_schedule(const CoefficientSet& set, int steps);
+// The check at `steps` (>= 1) steps and `precision`. Does not throw.
+ScheduleCheck check_schedule(const CoefficientSet& set, int steps,
+                             Precision precision = Precision::kFp32);
 // The step counts in 1..up_to at which check_schedule passes (and validate_steps accepts).
-std::vector<int> supported_steps(const CoefficientSet& set, int up_to = kScheduleCheckedSteps);
+std::vector<int> supported_steps(const CoefficientSet& set, int up_to = kScheduleCheckedSteps,
+                                 Precision precision = Precision::kFp32);
 
 // The largest |a|, |b|, |c| a schedule may hold: about 40 times the largest of any published set
 // (cans, b = -25.1). A larger value is a typo or a corrupt file; it makes the iterate overflow to
@@ -178,7 +207,8 @@ Matrix newton_schulz(ConstMatrixView g, const NsOptions& opts, Compute& compute)
 
 // Standard Newton-Schulz by its definition, on the host in T (double: the float64 reference that
 // precision errors are measured against, docs/precision.md; float: an independent fp32 one):
-// the wide orientation (the transpose of a tall g), X = G / max(||G||_F, eps), then per step
+// the wide orientation (the transpose of a tall g), X = G / max(||G||_F, eps) (and the aol set's
+// AOL rescaling, CoefficientSet::input_scaling), then per step
 // A = X X^T, X = a X + (b A + c A^2) X with the step's coefficients. g and the result are
 // row-major rows x cols. Plain loops, O(s^2 l) per step: for small matrices.
 template <typename T>
@@ -213,8 +243,8 @@ double gram_growth_limit(Precision precision);
 // Whether the Gram algorithm with opts re-forms R after step `step` (0-based) instead of
 // updating it (never after the last step).
 bool gram_restarts_after(const NsOptions& opts, int step);
-// How many Gram matrices of the s x L iterate one Gram run with opts forms (1 + restarts); with a
-// group, each is one all-reduce of s x s elements.
+// How many Gram matrices of the s x L iterate one Gram run with opts forms (1 + restarts, + 1 for
+// the aol set's input scaling); with a group, each is one all-reduce of s x s elements.
 int gram_ns_gram_count(const NsOptions& opts);
 // The plain-GEMM count used for reporting GFLOP/s: steps * (4 s^2 L + 2 s^3).
 double ns_gemm_flops(Index m, Index n, int steps);

@@ -381,11 +381,19 @@ class Muon:
         return {"step": self.step_count, "options": self.options, "params": params}
 
     def load_state_dict(self, state):
-        """Restores a state_dict() of an optimizer with the same parameters on this rank."""
+        """Restores a state_dict() of an optimizer with the same parameters on this rank. Every
+        tensor is checked (its parameter, its shape, finite values) and the step count too before
+        anything is written: a state that does not fit raises Error and changes nothing."""
         infos = self.parameters()
         if len(state["params"]) != len(infos):
             raise Error(f"Muon.load_state_dict: {len(state['params'])} parameters in the state, "
                         f"{len(infos)} registered")
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer, float, np.floating)) \
+                or not math.isfinite(step) or step < 0 or step != int(step):
+            raise Error(f"Muon.load_state_dict: the step count must be an integer >= 0, got "
+                        f"{step!r}; nothing is loaded")
+        writes = []
         for i, (saved, info) in enumerate(zip(state["params"], infos)):
             if saved["name"] != info["name"]:
                 raise Error(f"Muon.load_state_dict: parameter {i} is '{info['name']}' but the "
@@ -399,8 +407,16 @@ class Muon:
                 if s.shape != d.shape:
                     raise Error(f"Muon.load_state_dict: state of '{info['name']}' is "
                                 f"{s.shape}, its shard {d.shape}")
-                self._core.write_state(i, k, np.ascontiguousarray(s))
-        self._core.step_count = int(state["step"])
+                bad = np.argwhere(~np.isfinite(s))
+                if len(bad):
+                    at = ", ".join(str(int(x)) for x in bad[0])
+                    raise Error(f"Muon.load_state_dict: state tensor {k} of '{info['name']}' has "
+                                f"a non-finite value ({s[tuple(bad[0])]}) at ({at}); an "
+                                f"optimizer state holds finite values only, nothing is loaded")
+                writes.append((i, k, np.ascontiguousarray(s)))
+        for i, k, s in writes:
+            self._core.write_state(i, k, s)
+        self._core.step_count = int(step)
 
     def save(self, path):
         """Checkpoint directory (the C++ format: manifest.json + per-rank files). Collective."""

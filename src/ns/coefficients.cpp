@@ -54,15 +54,20 @@ const std::map<std::string, CoefficientSet, std::less<>>& registry() {
          {},
          0.86,
          1.14});
-    add({"aol",
-         {{4.0098, -7.0585, 2.4635},
-          {3.4585, -5.5479, 2.5959},
-          {2.7573, -3.2939, 1.4254},
-          {2.7215, -3.0494, 1.3169}},
-         Tail::kCycle,
-         {},
-         0.9,
-         1.15});
+    // Turbo-Muon's table for AOL-rescaled inputs (flash-newton-schulz, newton_schulz_triton.py
+    // at commit cdb03db; the table of its first commit, b73111d, was fitted with a mis-scaled
+    // Gram matrix and replaced upstream: its first tuple is negative for sigma > 0.884).
+    CoefficientSet aol{"aol",
+                       {{4.6051, -9.6552, 5.6769},
+                        {4.7505, -6.0861, 2.1790},
+                        {2.7763, -2.3190, 0.5523},
+                        {2.4231, -2.2861, 0.8193}},
+                       Tail::kCycle,
+                       {},
+                       0.9,
+                       1.15};
+    aol.input_scaling = CoefficientSet::InputScaling::kAol;
+    add(std::move(aol));
     auto ds = repeat({3.4445, -4.7750, 2.0315}, 8);
     ds.push_back({2.0, -1.5, 0.5});
     ds.push_back({2.0, -1.5, 0.5});
@@ -190,7 +195,7 @@ void NsOptions::validate() const {
   if (coefficients.table.empty()) throw Error("Newton-Schulz options: empty coefficient set");
   coefficients.validate_values();
   coefficients.validate_steps(steps);
-  coefficients.validate_schedule(steps);
+  coefficients.validate_schedule(steps, precision);
   if (!(eps > 0)) throw Error(fmt::format("Newton-Schulz options: eps must be > 0, got {}", eps));
   if (algorithm == NsAlgorithm::kAuto) {
     throw Error(

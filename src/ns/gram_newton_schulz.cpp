@@ -65,7 +65,8 @@ bool gram_restarts_after(const NsOptions& opts, int step) {
 
 int gram_ns_gram_count(const NsOptions& opts) {
   if (opts.steps < 1) return 0;
-  int count = 1;
+  // G_0, and the aol set's input scaling's Gram matrix (ns_steps.h, apply_input_scaling).
+  int count = opts.coefficients.input_scaling == CoefficientSet::InputScaling::kAol ? 2 : 1;
   for (int step = 0; step + 1 < opts.steps; ++step)
     count += gram_restarts_after(opts, step) ? 1 : 0;
   return count;
@@ -100,6 +101,7 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
   for (DeviceMatrix* m : {&w.gram, &w.poly, &w.gram_q, &w.gram_t, &w.gram_u})
     ensure_shape(*m, compute, s, s);
   ensure_shape(w.next, compute, x.rows, x.cols);
+  apply_input_scaling(x, opts, compute, *start, w.gram.view());
 
   MatrixView x0 = x;                 // the iterate Q applies to
   MatrixView spare = w.next.view();  // where X = Q X_0 is formed
@@ -157,6 +159,7 @@ double gram_ns_flops(Index m, Index n, const NsOptions& opts) {
   const double sym = use_syrk ? 1.0 : 2.0;  // a symmetric product: half a gemm with syrk
   const double gram = sym * s * s * l, apply = 2.0 * s * s * l;
   double total = gram;  // G_0
+  if (coefficients.input_scaling == CoefficientSet::InputScaling::kAol) total += gram;
   bool q_is_identity = true;
   for (int step = 0; step < steps; ++step) {
     if (coefficients.at(step).c != 0.0) total += sym * s * s * s;  // R^2

@@ -28,6 +28,7 @@ void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
   NsWorkspace& w = ws != nullptr ? *ws : local_ws;
   detail::ensure_shape(w.gram, compute, s, s);
   detail::ensure_shape(w.next, compute, x.rows, x.cols);
+  detail::apply_input_scaling(x, opts, compute, *start, w.gram.view());
 
   MatrixView cur = x;
   MatrixView nxt = w.next.view();
@@ -91,7 +92,10 @@ double ns_flops(Index m, Index n, int steps, bool use_syrk, GramSide side,
   const double s = static_cast<double>(sd == GramSide::kRows ? m : n);
   const double l = static_cast<double>(sd == GramSide::kRows ? n : m);
   const double gram = use_syrk ? 1.0 : 2.0;
-  double total = 0;
+  // The aol set's input scaling forms one more Gram matrix (ns_steps.h, apply_input_scaling).
+  const bool aol =
+      coefficients != nullptr && coefficients->input_scaling == CoefficientSet::InputScaling::kAol;
+  double total = aol ? gram * s * s * l : 0.0;
   for (int step = 0; step < steps; ++step) {
     const bool cubic = coefficients != nullptr && coefficients->at(step).c == 0.0;
     total += gram * s * s * l + (cubic ? 0.0 : gram * s * s * s) + 2.0 * s * s * l;

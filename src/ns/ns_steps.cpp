@@ -58,6 +58,23 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
   return start;
 }
 
+void apply_input_scaling(MatrixView x, const NsOptions& opts, Compute& compute,
+                         const NsStart& start, MatrixView gram) {
+  if (opts.coefficients.input_scaling != CoefficientSet::InputScaling::kAol) return;
+  const bool rows = start.side == GramSide::kRows;
+  form_gram(compute, start.side, opts.use_syrk, Precision::kFp32, x, gram, start.reduce_over);
+  Matrix a = to_host(compute, gram);
+  for (Index i = 0; i < start.s; ++i) {
+    double sum = 0;
+    for (Index j = 0; j < start.s; ++j)
+      sum += std::abs(static_cast<double>(a(i, j)));
+    if (sum == 0.0) continue;  // a zero row or column stays zero
+    const float d = std::isfinite(sum) ? static_cast<float>(1.0 / std::sqrt(sum))
+                                       : std::numeric_limits<float>::quiet_NaN();
+    compute.scale(rows ? x.block(i, 0, 1, x.cols) : x.block(0, i, x.rows, 1), d);
+  }
+}
+
 void form_gram(Compute& compute, GramSide side, bool use_syrk, Precision precision,
                ConstMatrixView x, MatrixView a, const Communicator* group) {
   const bool rows = side == GramSide::kRows;

@@ -45,6 +45,14 @@ std::optional<NsStart> start_newton_schulz(MatrixView x, const NsOptions& opts, 
                                            const Communicator* group, std::string_view name,
                                            NormCheck check);
 
+// The aol set's input scaling after the prologue (CoefficientSet::InputScaling::kAol; nothing
+// for every other set): gram (s x s scratch) = X X^T on start's side in fp32, summed over
+// start.reduce_over, read on the host (one s x s transfer), and row i of X (column i when the
+// side is kCols) multiplied by float(1 / sqrt(sum_j |gram_ij|)), each in fp32 (Compute::scale).
+// A zero row is left zero; a non-finite Gram matrix (a poisoned x) leaves x NaN.
+void apply_input_scaling(MatrixView x, const NsOptions& opts, Compute& compute,
+                         const NsStart& start, MatrixView gram);
+
 // newton_schulz_inplace with the norm checked where `check` says (the public call: kHost; the
 // optimizer's sharded path: kBackend, a non-finite input then leaving x NaN, unreported).
 void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,

@@ -49,6 +49,22 @@ std::vector<T> reference_newton_schulz(std::span<const T> g, Index rows, Index c
   for (T& v : x)
     v /= norm;
   std::vector<T> xt(x.size());
+  if (coefficients.input_scaling == CoefficientSet::InputScaling::kAol) {
+    // AOL: row i of the wide X times 1 / sqrt(sum_j |(X X^T)_ij|) (a zero row stays zero).
+    for (Index i = 0; i < s; ++i)
+      for (Index j = 0; j < l; ++j)
+        xt[static_cast<std::size_t>(j * s + i)] = x[static_cast<std::size_t>(i * l + j)];
+    const std::vector<T> a = matmul(x, xt, s, l, s);
+    for (Index i = 0; i < s; ++i) {
+      T sum = 0;
+      for (Index j = 0; j < s; ++j)
+        sum += std::abs(a[static_cast<std::size_t>(i * s + j)]);
+      if (sum == T(0)) continue;
+      const T d = T(1) / std::sqrt(sum);
+      for (Index j = 0; j < l; ++j)
+        x[static_cast<std::size_t>(i * l + j)] *= d;
+    }
+  }
   for (int step = 0; step < steps; ++step) {
     const NsCoefficients& k = coefficients.at(step);
     for (Index i = 0; i < s; ++i)

@@ -74,23 +74,49 @@ Range apply_range(const NsCoefficients& k, Range r) {
   return out;
 }
 
+// The upper end of p's range over r raised by the rounding of its terms (schedule_rounding).
+Range apply_rounded(const NsCoefficients& k, Range r, double u) {
+  Range out = apply_range(k, r);
+  const double h = std::max(std::abs(r.lo), std::abs(r.hi)), h2 = h * h;
+  out.hi += u * h * (std::abs(k.a) + h2 * (std::abs(k.b) + h2 * std::abs(k.c)));
+  return out;
+}
+
 // Runs the schedule for up_to steps over the grid; result[k - 1] is the check at k steps (with
 // every_step; otherwise the one check at up_to steps).
-std::vector<ScheduleCheck> run_checks(const CoefficientSet& set, int up_to, bool every_step) {
+std::vector<ScheduleCheck> run_checks(const CoefficientSet& set, int up_to, bool every_step,
+                                      Precision precision) {
   const std::vector<double>& grid = sigma_grid();
   std::vector<double> x = grid;
   // The exact range of every cell [grid[i], grid[i + 1]] under the steps so far.
   std::vector<Range> cells(grid.size() - 1);
   for (std::size_t i = 0; i + 1 < grid.size(); ++i)
     cells[i] = {grid[i], grid[i + 1]};
+  // At a reduced precision: every cell's range with each step's rounding (schedule_rounding),
+  // cell by cell, since the rounding grows with the magnitude of the terms at that sigma.
+  const double u = schedule_rounding(precision);
+  std::vector<Range> rounded = u > 0 ? cells : std::vector<Range>{};
+  std::string rounding_broken;  // where the rounded run diverged
   std::vector<ScheduleCheck> out;
   std::string broken;  // an intermediate that failed: every longer run fails the same way
   for (int step = 0; step < up_to; ++step) {
     const NsCoefficients& k = set.at(step);
     ScheduleCheck c;
+    c.precision = precision;
     double worst_below = 0, worst_below_sigma = 0;  // the largest final value below the floor
     c.final_lo = std::numeric_limits<double>::infinity();
     c.final_hi = -std::numeric_limits<double>::infinity();
+    double rounded_hi = 0;  // the largest value with rounding after this step
+    for (std::size_t i = 0; i < rounded.size(); ++i) {
+      rounded[i] = apply_rounded(k, rounded[i], u);
+      rounded_hi = std::max(rounded_hi, rounded[i].hi);
+      if (rounding_broken.empty() && !(std::isfinite(rounded[i].hi) && rounded[i].hi < 1e6)) {
+        rounding_broken = fmt::format(
+            "at {} its rounding (unit roundoff {:.3g} on the terms of each step's polynomial) "
+            "takes a singular value in [{:.6g}, {:.6g}] to {:.4g} at step {} (it diverges)",
+            to_string(precision), u, grid[i], grid[i + 1], rounded[i].hi, step + 1);
+      }
+    }
     for (std::size_t i = 0; i < cells.size(); ++i) {
       cells[i] = apply_range(k, cells[i]);
       if (broken.empty() &&
@@ -119,9 +145,19 @@ std::vector<ScheduleCheck> run_checks(const CoefficientSet& set, int up_to, bool
         worst_below_sigma = grid[i];
       }
     }
-    c.refused = !broken.empty() || c.final_hi > kScheduleBlowUp || worst_below > kScheduleBlowUp;
+    c.rounded_hi = u > 0 ? rounded_hi : std::max(c.final_hi, worst_below);
+    const bool rounding_blows_up = u > 0 && rounding_broken.empty() && rounded_hi > kScheduleBlowUp;
+    c.refused = !broken.empty() || c.final_hi > kScheduleBlowUp || worst_below > kScheduleBlowUp ||
+                !rounding_broken.empty() || rounding_blows_up;
     if (!broken.empty()) {
       c.problem = broken;
+    } else if (!rounding_broken.empty()) {
+      c.problem = rounding_broken;
+    } else if (rounding_blows_up) {
+      c.problem = fmt::format(
+          "at {} its rounding (unit roundoff {:.3g} on the terms of each step's polynomial) can "
+          "take a singular value to {:.4g} (a blown-up direction of the update)",
+          to_string(precision), u, rounded_hi);
     } else if (!(c.final_lo >= set.band_lo && c.final_hi <= set.band_hi)) {
       c.problem = fmt::format(
           "it maps singular values in [{}, 1] to [{:.4g}, {:.4g}], outside its band [{}, {}]{}",
@@ -161,49 +197,62 @@ struct Accepted {
   double band_lo, band_hi;
   bool warn_outside_band;
   int steps;
+  Precision precision;
 
-  bool same(const CoefficientSet& s, int k) const {
-    return steps == k && tail == s.tail && band_lo == s.band_lo && band_hi == s.band_hi &&
-           warn_outside_band == s.warn_outside_band && table == s.table;
+  bool same(const CoefficientSet& s, int k, Precision p) const {
+    return steps == k && precision == p && tail == s.tail && band_lo == s.band_lo &&
+           band_hi == s.band_hi && warn_outside_band == s.warn_outside_band && table == s.table;
   }
 };
 
-bool remembered(const CoefficientSet& s, int steps, bool remember) {
+bool remembered(const CoefficientSet& s, int steps, Precision precision, bool remember) {
   thread_local std::vector<Accepted> accepted;
   for (const Accepted& a : accepted) {
-    if (a.same(s, steps)) return true;
+    if (a.same(s, steps, precision)) return true;
   }
   if (remember) {
     if (accepted.size() >= 8) accepted.erase(accepted.begin());
-    accepted.push_back({s.table, s.tail, s.band_lo, s.band_hi, s.warn_outside_band, steps});
+    accepted.push_back(
+        {s.table, s.tail, s.band_lo, s.band_hi, s.warn_outside_band, steps, precision});
   }
   return false;
 }
 
 // Whether a schedule accepted outside its band is warned about for the first time in this
 // process (once per schedule and step count, whichever thread).
-bool first_warning(const CoefficientSet& s, int steps) {
+bool first_warning(const CoefficientSet& s, int steps, Precision precision) {
   static std::mutex mutex;
   static std::vector<Accepted> warned;
   std::lock_guard<std::mutex> lock(mutex);
   for (const Accepted& a : warned) {
-    if (a.same(s, steps)) return false;
+    if (a.same(s, steps, precision)) return false;
   }
-  warned.push_back({s.table, s.tail, s.band_lo, s.band_hi, s.warn_outside_band, steps});
+  warned.push_back({s.table, s.tail, s.band_lo, s.band_hi, s.warn_outside_band, steps, precision});
   return true;
 }
 
 }  // namespace
 
-ScheduleCheck check_schedule(const CoefficientSet& set, int steps) {
-  DISTMUON_ASSERT(steps >= 1 && !set.table.empty(), "check_schedule: steps >= 1, a schedule");
-  return run_checks(set, steps, false).back();
+double schedule_rounding(Precision precision) {
+  switch (precision) {
+    case Precision::kTf32:
+      return std::ldexp(1.0, -11);  // 10 stored significand bits
+    case Precision::kBf16:
+      return std::ldexp(1.0, -9);  // 7 stored significand bits
+    default:
+      return 0.0;
+  }
 }
 
-std::vector<int> supported_steps(const CoefficientSet& set, int up_to) {
+ScheduleCheck check_schedule(const CoefficientSet& set, int steps, Precision precision) {
+  DISTMUON_ASSERT(steps >= 1 && !set.table.empty(), "check_schedule: steps >= 1, a schedule");
+  return run_checks(set, steps, false, precision).back();
+}
+
+std::vector<int> supported_steps(const CoefficientSet& set, int up_to, Precision precision) {
   std::vector<int> out;
   if (up_to < 1 || set.table.empty()) return out;
-  const std::vector<ScheduleCheck> checks = run_checks(set, up_to, true);
+  const std::vector<ScheduleCheck> checks = run_checks(set, up_to, true, precision);
   for (int k = 1; k <= up_to; ++k) {
     const bool allowed = !set.required_steps || *set.required_steps == k;
     if (allowed && checks[static_cast<std::size_t>(k - 1)].ok) out.push_back(k);
@@ -211,23 +260,29 @@ std::vector<int> supported_steps(const CoefficientSet& set, int up_to) {
   return out;
 }
 
-void CoefficientSet::validate_schedule(int steps) const {
-  if (remembered(*this, steps, false)) return;
-  const ScheduleCheck c = check_schedule(*this, steps);
+void CoefficientSet::validate_schedule(int steps, Precision precision) const {
+  if (remembered(*this, steps, precision, false)) return;
+  const ScheduleCheck c = check_schedule(*this, steps, precision);
+  // "at bf16" where the precision changes the verdict's list of supported step counts.
+  const std::string at =
+      precision == Precision::kFp32 ? "" : fmt::format(" at {}", to_string(precision));
   if (!c.ok && warn_outside_band && !c.refused) {
-    if (first_warning(*this, steps)) {
+    if (first_warning(*this, steps, precision)) {
       spdlog::warn(
           "Newton-Schulz coefficient set '{}' at {} steps does not fully orthogonalise: {}; "
-          "it runs as asked ('{}' lands in its band at {})",
-          name, steps, c.problem, name, format_steps(supported_steps(*this)));
+          "it runs as asked ('{}' lands in its band at {}{})",
+          name, steps, c.problem, name,
+          format_steps(supported_steps(*this, kScheduleCheckedSteps, precision)), at);
     }
   } else if (!c.ok) {
     throw Error(fmt::format(
         "Newton-Schulz coefficient set '{}' at {} steps does not orthogonalise: {}; '{}' "
-        "supports {} (of 1-{} checked; docs/optimizer.md lists each set's band)",
-        name, steps, c.problem, name, format_steps(supported_steps(*this)), kScheduleCheckedSteps));
+        "supports {}{} (of 1-{} checked; docs/optimizer.md lists each set's band)",
+        name, steps, c.problem, name,
+        format_steps(supported_steps(*this, kScheduleCheckedSteps, precision)), at,
+        kScheduleCheckedSteps));
   }
-  remembered(*this, steps, true);
+  remembered(*this, steps, precision, true);
 }
 
 }  // namespace distmuon

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <vector>
 
 #include "distmuon/error.h"
 
@@ -27,6 +28,31 @@ void AdamWOptions::validate() const {
   check(f32(1.0 - lr * weight_decay), "weight_decay", weight_decay,
         fmt::format("a decay factor 1 - lr x weight_decay within float32's range ({:g})",
                     kMaxFloat32));
+}
+
+std::optional<AdamWOverflow> adamw_overflow(std::span<const ConstMatrixView> grads,
+                                            std::span<const ConstMatrixView> exp_avg_sq,
+                                            const AdamWOptions& o, Compute& compute) {
+  DISTMUON_ASSERT(grads.size() == exp_avg_sq.size(), "one second moment per gradient");
+  if (grads.empty()) return std::nullopt;
+  const std::size_t n = grads.size();
+  std::vector<ConstMatrixView> views(grads.begin(), grads.end());
+  views.insert(views.end(), exp_avg_sq.begin(), exp_avg_sq.end());
+  std::vector<double> sums(2 * n);
+  compute.sum_squares(views, true, sums);
+  const double b2 = o.beta2, limit = kMaxFloat32 * (1.0 - 1e-6);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (b2 * std::sqrt(sums[n + i]) + (1.0 - b2) * sums[i] <= limit) continue;  // every element
+    const Matrix g = to_host(compute, grads[i]), v = to_host(compute, exp_avg_sq[i]);
+    for (Index r = 0; r < g.rows(); ++r) {
+      for (Index c = 0; c < g.cols(); ++c) {
+        const double gv = g(r, c);
+        if (!(b2 * v(r, c) + (1.0 - b2) * gv * gv <= limit))
+          return AdamWOverflow{i, {r, c}, g(r, c)};
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 void adamw_update(MatrixView p, ConstMatrixView g, MatrixView exp_avg, MatrixView exp_avg_sq,

@@ -67,6 +67,9 @@ Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
       comm_timer(c.stream_timer()),
       orthogonalizer({}, options.replica_wire == ReplicaWire::kBf16),
       ns_gram(ns) {
+  // The schedule at the precision NS runs at (the backend's when the options leave it): a
+  // schedule that its rounding makes diverge is refused here, before any step.
+  ns.validate();
   ns_gram.algorithm = NsAlgorithm::kGram;
   options_text = nlohmann::json(options).dump();
   // The bf16 wire needs the backend's packing: refused here, on every rank, before any collective.
@@ -75,6 +78,7 @@ Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
 
 void Muon::Impl::use_options(MuonOptions o) {
   NsOptions n = o.ns_options(compute->default_precision());
+  n.validate();
   NsOptions g = n;
   g.algorithm = NsAlgorithm::kGram;
   std::string text = nlohmann::json(o).dump();
@@ -367,6 +371,30 @@ std::string Muon::Impl::check_replicas(std::span<const std::uint8_t> active) {
   return reason;
 }
 
+std::string Muon::Impl::check_adamw(std::span<const ConstMatrixView> grads,
+                                    std::span<const std::uint8_t> active) const {
+  std::vector<ConstMatrixView> g, v;
+  std::vector<std::size_t> which;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].muon || (!active.empty() && active[i] == 0)) continue;
+    g.push_back(grads[i]);
+    v.push_back(params[i].exp_avg_sq.view());
+    which.push_back(i);
+  }
+  try {
+    const auto bad = adamw_overflow(g, v, options.adamw, *compute);
+    if (!bad) return {};
+    return fmt::format(
+        "the AdamW step of parameter '{}' would overflow: its gradient {:g} at ({}, {}) takes the "
+        "second moment (exp_avg_sq) past float32's range (beta2 = {}); nothing is updated (clip "
+        "the gradients or scale the loss down)",
+        params[which[bad->index]].spec.name, bad->grad, bad->at.row, bad->at.col,
+        options.adamw.beta2);
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
 void Muon::Impl::check_updates(std::span<const std::uint8_t> active,
                                std::string_view replicas) const {
   const Impl& s = *this;
@@ -438,13 +466,15 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   // Before NS: a home's result replaces every replica's update, so a replica that differs would
   // go unnoticed after it.
   const std::string replicas = s.check_replicas(active);
+  const std::string adamw = s.check_adamw(grads, active);
   s.orthogonalizer.run(s.step_weights, s.ns, muon_scale_fn(s.options), *s.compute, &s.workspaces);
   std::size_t owned = 0;  // last_owners() lists the owner weights in order
   for (std::size_t w = 0; w < s.step_weights.size(); ++w) {
     if (s.step_weights[w].mode == TpMode::kOwner)
       s.params[s.step_params[w]].owner = s.orthogonalizer.last_owners()[owned++];
   }
-  s.check_updates(active, replicas);  // every backend: one batched check, one agreement
+  // Every backend: one batched check, one agreement (with the replicas' and AdamW's checks).
+  s.check_updates(active, replicas.empty() ? adamw : replicas);
   // The apply phase: rank-local, no collective.
   ++s.step;
   for (std::size_t i = 0; i < grads.size(); ++i) {

@@ -107,6 +107,11 @@ struct Muon::Impl {
   // Returns this rank's failure text (empty: every replica of every weight agrees), for
   // check_updates to agree over the world.
   std::string check_replicas(std::span<const std::uint8_t> active);
+  // Stepping AdamW parameters: a finite gradient that would take the second moment past float32's
+  // range (adamw_overflow). Returns this rank's failure text naming the parameter (empty: none),
+  // for check_updates to agree over the world, so that nothing is written.
+  std::string check_adamw(std::span<const ConstMatrixView> grads,
+                          std::span<const std::uint8_t> active) const;
   // Whether a Muon parameter with its mode set runs on one home of its replicas.
   bool runs_on_home(const ParamState& p) const;
   // The NS options of a planned parameter (its algorithm).

@@ -69,7 +69,10 @@ TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode
 TpTraffic tp_traffic(Index m, Index n, int group_size, int partition_dim, TpMode mode,
                      const NsOptions& opts, int elem_size) {
   check_traffic_args(m, n, group_size, partition_dim, mode, opts.steps, elem_size);
-  const int grams = opts.algorithm == NsAlgorithm::kGram ? gram_ns_gram_count(opts) : opts.steps;
+  // The aol set's input scaling all-reduces one more Gram matrix (gram_ns_gram_count counts it).
+  const bool aol = opts.coefficients.input_scaling == CoefficientSet::InputScaling::kAol;
+  const int grams =
+      opts.algorithm == NsAlgorithm::kGram ? gram_ns_gram_count(opts) : opts.steps + (aol ? 1 : 0);
   return traffic(m, n, group_size, partition_dim, mode, grams, elem_size);
 }
 

@@ -32,10 +32,11 @@ TEST(Coefficients, TablesMatchSpecification) {
                                                   {3.9619, -2.9541, 0.5630},
                                                   {3.2866, -2.4647, 0.5074},
                                                   {2.2737, -1.6447, 0.4162}}));
-  EXPECT_EQ(coefficient_set("aol").table, (Table{{4.0098, -7.0585, 2.4635},
-                                                 {3.4585, -5.5479, 2.5959},
-                                                 {2.7573, -3.2939, 1.4254},
-                                                 {2.7215, -3.0494, 1.3169}}));
+  // Turbo-Muon's (flash-newton-schulz newton_schulz_triton.py, commit cdb03db).
+  EXPECT_EQ(coefficient_set("aol").table, (Table{{4.6051, -9.6552, 5.6769},
+                                                 {4.7505, -6.0861, 2.1790},
+                                                 {2.7763, -2.3190, 0.5523},
+                                                 {2.4231, -2.2861, 0.8193}}));
   Table ds(8, {3.4445, -4.7750, 2.0315});
   ds.push_back({2.0, -1.5, 0.5});
   ds.push_back({2.0, -1.5, 0.5});

@@ -37,7 +37,7 @@ bool same(const Matrix& a, const Matrix& b) {
 // Step 1 good, step 2 with `bad` at (row, col) of the named parameter on the last rank, then the
 // good step 2: equal, bit for bit, to a model that never saw the bad gradient (the same code on
 // the same data, so no tolerance).
-void expect_refused(const std::string& param, float bad) {
+void expect_refused(const std::string& param, float bad, const std::string& needle = "non-finite") {
   const Communicator& w = test::world();
   Model m(w), ref(w);
   const Grads g1(w, 1), g2(w, 2);
@@ -50,11 +50,11 @@ void expect_refused(const std::string& param, float bad) {
   if (w.rank() == w.size() - 1) target(1, 2) = bad;
   try {
     m.step(poisoned.hidden, poisoned.embed);
-    ADD_FAILURE() << "a non-finite gradient of " << param << " was accepted";
+    ADD_FAILURE() << "a gradient " << bad << " of " << param << " was accepted";
   } catch (const CollectiveError& e) {  // on every rank, the same message
     const std::string what = e.what();
     EXPECT_NE(what.find("'" + param + "'"), std::string::npos) << what;
-    EXPECT_NE(what.find("non-finite"), std::string::npos) << what;
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
     EXPECT_NE(what.find("(1, 2)"), std::string::npos) << what;
   }
   EXPECT_EQ(m.opt.step_count(), 1);
@@ -82,6 +82,36 @@ TEST(BadGradients, NanInAnAdamWWeightIsRefused) {
 
 TEST(BadGradients, NegativeInfinityInAnAdamWWeightIsRefused) {
   expect_refused("embed", -std::numeric_limits<float>::infinity());
+}
+
+// A finite gradient whose square is past float32's range: AdamW's second moment would be
+// infinite (0.05 x 1e20^2 = 5e38 > 3.4e38). Refused on every rank naming the parameter, nothing
+// written (the next good step equals a model that never saw it).
+TEST(BadGradients, AGradientThatOverflowsAdamWsSecondMomentIsRefused) {
+  expect_refused("embed", 1e20f, "would overflow");
+  expect_refused("embed", -9e19f, "past float32's range");  // 4.05e38
+}
+
+// Just under the range, each element alone: two elements of 7e19 pass the norm bound's first look
+// (0.05 x 9.8e39 > 3.4e38) but not the element check (0.05 x 4.9e39 = 2.45e38 each): the step
+// runs, and every state stays finite.
+TEST(BadGradients, LargeFiniteGradientsWithinTheRangeAreStepped) {
+  const Communicator& w = test::world();
+  Model m(w);
+  Grads g(w, 1);
+  g.embed(0, 0) = 7e19f;
+  g.embed(1, 2) = -7e19f;
+  m.step(g.hidden, g.embed);
+  EXPECT_EQ(m.opt.step_count(), 1);
+  const std::vector<MatrixView> state = m.opt.state_tensors(1);  // exp_avg, exp_avg_sq
+  ASSERT_EQ(state.size(), 2u);
+  for (const MatrixView s : state)
+    for (Index i = 0; i < s.rows; ++i)
+      for (Index j = 0; j < s.cols; ++j)
+        EXPECT_TRUE(std::isfinite(s(i, j))) << i << "," << j;
+  EXPECT_GT(state[1](0, 0), 2e38f);
+  for (const float v : m.embed.values())
+    EXPECT_TRUE(std::isfinite(v));
 }
 
 // A caller's own check failing on the last rank (Muon::step(grads, failure), what the Python

@@ -163,6 +163,26 @@ def test_bad_gradient_raises_on_every_rank():
         opt.step(grads)
 
 
+def test_adamw_overflow_on_one_rank_is_refused_on_every_rank():
+    # A finite gradient of 1e20 in an embedding on the last rank: AdamW's second moment would be
+    # 0.05 x 1e40, past float32's range. Every rank raises naming it; nothing is written.
+    opt, shards = sharded_run("duplicated", 0)
+    emb = full_weight(6, 4, 9)
+    opt.add_parameter(emb, "emb", role="embedding")
+    grads = [shard(full_grad(m, n, k, 1), dim, G, R) for k, (_, m, n, dim) in enumerate(WEIGHTS)]
+    g_emb = full_grad(6, 4, 9, 1)
+    if R == G - 1:
+        g_emb[4, 1] = 1e20
+    kept = [s.copy() for s in shards] + [emb.copy()]
+    with pytest.raises(distmuon.CollectiveError, match=r"AdamW step of parameter 'emb' would "
+                                                       r"overflow.*at \(4, 1\)"):
+        opt.step(grads + [g_emb])
+    assert opt.step_count == 0
+    for a, b in zip(shards + [emb], kept):
+        assert np.array_equal(a, b)
+    assert all(np.array_equal(t, np.zeros_like(t)) for t in opt.state_tensors(len(WEIGHTS)))
+
+
 def _resume(tmp, how):
     """Runs 3 steps, keeps the state (checkpoint or state_dict) and the weights, runs 2 more;
     then rebuilds from the kept state and runs the same 2 steps: bit-exact."""

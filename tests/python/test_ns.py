@@ -125,7 +125,7 @@ def test_cpp_errors_keep_their_message():
 
 
 @pytest.mark.parametrize("coefficients,steps,needle", [
-    ("aol", 5, "'aol' supports no step count"),           # reversed the update (cosine -0.998)
+    ("aol", 5, "'aol' supports 4, 8, 12, 16, 20 steps"),  # a 4-step design, cycled
     ("quintic", 6, "supports 4-5, 9-10, 14-15, 19-20"),    # shrank it ~10x
     ([(100.0, 100.0, 100.0)], 5, "'custom' at 5 steps"),  # returned an all-NaN array
 ])
@@ -145,8 +145,8 @@ def test_schedules_that_do_not_orthogonalise_are_refused_before_any_write(coeffi
 def test_muon_refuses_a_divergent_schedule_before_any_step():
     with pytest.raises(distmuon.Error, match="'custom' at 5 steps does not orthogonalise"):
         distmuon.Muon(coefficients="custom", custom_coefficients="100,100,100")
-    with pytest.raises(distmuon.Error, match="'aol' supports no step count"):
-        distmuon.Muon(coefficients="aol", steps=4)
+    with pytest.raises(distmuon.Error, match="'aol' supports 4, 8, 12, 16, 20 steps"):
+        distmuon.Muon(coefficients="aol", steps=5)
 
 
 def test_muon_refuses_a_non_finite_weight_and_keeps_the_others():
@@ -185,3 +185,29 @@ def test_precision_option():
     assert distmuon.Muon(precision="bf16").options["precision"] == "bf16"
     assert distmuon.PRECISIONS == ("fp32", "tf32", "bf16")  # the C++ core's table
     assert distmuon.Muon().options["precision"] == "auto"
+
+
+def test_aol_with_its_input_scaling_orthogonalises_at_4_steps():
+    # aol rescales its input by AOL (docs/optimizer.md): every singular value of a Gaussian, a
+    # rank-1 and an orthogonal input lands in its band [0.9, 1.15] (0.01 for fp32 rounding).
+    rng = np.random.default_rng(35)
+    q, _ = np.linalg.qr(rng.standard_normal((40, 16)))
+    rank1 = np.outer(rng.standard_normal(24), rng.standard_normal(8))
+    inputs = [rng.standard_normal((16, 40)), rank1, q]
+    for x in inputs:
+        y = distmuon.newton_schulz(x.astype(np.float32), coefficients="aol", steps=4)
+        s = np.linalg.svd(y.astype(np.float64), compute_uv=False)
+        rank = np.linalg.matrix_rank(x)
+        assert np.all(s[:rank] >= 0.89) and np.all(s[:rank] <= 1.16), s
+        assert np.all(s[rank:] < 0.01), s
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_cans_is_refused_where_rounding_makes_it_diverge(precision):
+    x = np.random.default_rng(5).standard_normal((8, 8)).astype(np.float32)
+    out = np.full_like(x, 7.0)
+    with pytest.raises(distmuon.Error, match=f"'cans' supports no step count at {precision}"):
+        distmuon.newton_schulz(x, coefficients="cans", steps=8, precision=precision, out=out)
+    assert np.all(out == 7.0)
+    with pytest.raises(distmuon.Error, match=f"at {precision} its rounding"):
+        distmuon.Muon(coefficients="cans", steps=8, precision=precision)
