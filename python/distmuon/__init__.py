@@ -229,7 +229,10 @@ class Muon:
     weight_decay_method, coefficients, custom_coefficients, steps, use_syrk, ns_algorithm,
     gram_restart, precision ("fp32", "tf32", "bf16", or None / "auto": the backend's default),
     scale_mode, extra_scale_factor, tp_mode, cost_model, profile, plan ("estimate" or
-    "measure"), wisdom, adamw={...}); an option not given keeps MuonOptions' default.
+    "measure"), wisdom, step_timeout_s (the step deadline in seconds: a rank that does not reach a
+    step within it of rank 0 is named in a distmuon.Error on the others; needs an MPI
+    communicator; docs/reliability.md), adamw={...}); an option not given keeps MuonOptions'
+    default.
     comm: the world (see communicator()). step(), save() and load() are collective over it.
     """
 

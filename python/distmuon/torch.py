@@ -290,7 +290,8 @@ class Muon(torch.optim.Optimizer):
     communicator: the world of step() and the checkpoints. tp_mode "auto" (default) plans
     duplicated / distributed / owner per weight from the cost model. Other keyword options are
     distmuon.Muon's fixed ones (MuonOptions' JSON names: ns_algorithm, gram_restart, use_syrk,
-    precision, cost_model, profile, plan, wisdom, weight_decay_method, extra_scale_factor).
+    precision, cost_model, profile, plan, wisdom, weight_decay_method, extra_scale_factor,
+    step_timeout_s).
     precision: "fp32", "tf32", "bf16" or None (the backend's default: fp32 on the CPU).
     """
 
