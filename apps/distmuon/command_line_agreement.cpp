@@ -142,8 +142,8 @@ std::string command_line_text(const CLI::App& app) {
   return fmt::format("{}\n{}", command, fmt::join(lines, "\n"));
 }
 
-void agree_command_line(const Communicator& world, std::string_view text,
-                        std::string_view failure, bool printed) {
+void agree_command_line(const Communicator& world, std::string_view text, std::string_view failure,
+                        bool printed) {
   if (world.size() == 1) return;
   const std::string key = failure.empty() ? std::string(text) : "error: " + std::string(failure);
   if (all_agree(world, fnv1a64(key.data(), key.size()))) return;  // the same (or the same error)
@@ -169,9 +169,9 @@ void agree_command_line(const Communicator& world, std::string_view text,
         world.error_scope(), reporter);
   }
   try {
-    agree_or_throw(world, failure.empty(), "the command line",
-                   fmt::format("{} (the ranks must run one command with the same options)",
-                               failure));
+    agree_or_throw(
+        world, failure.empty(), "the command line",
+        fmt::format("{} (the ranks must run one command with the same options)", failure));
     agree_on(world, text, "the command line (every rank must run the same command and options)",
              first_difference);
   } catch (const CommandLineError&) {
@@ -193,9 +193,10 @@ std::string parse_error_message(const CLI::Error& e) {
   // ConversionError: "Could not convert: --steps = 99999999999999".
   static const std::regex convert(R"(^Could not convert: (\S+) = (.*)$)");
   if (std::regex_match(text, m, convert)) {
-    return fmt::format("{}: {} is not a value of this option (not a number of its kind, or out "
-                       "of its range)",
-                       m[1].str(), m[2].str());
+    return fmt::format(
+        "{}: {} is not a value of this option (not a number of its kind, or out "
+        "of its range)",
+        m[1].str(), m[2].str());
   }
   // ConversionError: "The value X is not an allowed value for NAME".
   static const std::regex allowed(R"(^The value (.*) is not an allowed value for (\S+)$)");

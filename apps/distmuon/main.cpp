@@ -86,10 +86,10 @@ int main(int argc, char** argv) {
       // normally; the ranks that run a command say why they do not.
       const bool printed = e.get_exit_code() == 0;
       const std::string what =
-          !printed ? fmt::format("{} (exit status {})", cli::parse_error_message(e),
-                                 e.get_exit_code())
+          !printed
+              ? fmt::format("{} (exit status {})", cli::parse_error_message(e), e.get_exit_code())
           : dynamic_cast<const CLI::CallForVersion*>(&e) != nullptr ? "the version (--version)"
-                                                                     : "the help (--help)";
+                                                                    : "the help (--help)";
       if (!agreed) {
         try {
           cli::agree_command_line(ctx.world, {}, what, printed);

@@ -89,7 +89,8 @@ std::vector<std::string> all_gather_strings(const Communicator& group, const std
 //   DISTMUON_STEP_TIMEOUT): it is stopped or stuck"
 // Ranks at different steps throw CollectiveError on every rank naming them. `what` names the
 // step ("optimizer step"); `step` is its number, equal on every rank. Cost when every rank
-// arrives: size - 1 messages to rank 0 and size - 1 answers, polled every 50 microseconds.
+// arrives: size - 1 messages to rank 0 and size - 1 answers, polled as MPI polls (yielding the
+// core), then every millisecond while a rank waits for a late one.
 // Throws distmuon::Error before sending anything when the communicator has no gate channel.
 void pass_step_gate(const Communicator& group, std::int64_t step, double timeout_s,
                     std::string_view what);

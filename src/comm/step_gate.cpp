@@ -1,6 +1,7 @@
 // The step gate and the step deadline (agreement.h: pass_step_gate, step_timeout_seconds).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -19,9 +20,26 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Between two polls of the gate's messages: short next to a step, long enough not to keep a core
-// busy while a rank waits.
-constexpr auto kPollInterval = std::chrono::microseconds(50);
+// Between two polls of the gate's messages: for the first milliseconds a yield (as OpenMPI's own
+// blocking calls poll when oversubscribed: a sleep would add a timer's wake-up to every step),
+// then sleeps growing to 1 ms, so that a rank waiting for a stopped one leaves its core alone.
+class Backoff {
+ public:
+  void wait() {
+    const auto waited = Clock::now() - start_;
+    if (waited < std::chrono::milliseconds(1)) return;  // spin: the answer is usually this close
+    if (waited < std::chrono::milliseconds(5)) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(2 * sleep_, std::chrono::microseconds(1000));
+  }
+
+ private:
+  Clock::time_point start_ = Clock::now();
+  std::chrono::microseconds sleep_{50};
+};
 
 // A gate message: a kind (A: a rank arrived; G: go; L: the late ranks; D: the ranks at another
 // step), the step, and the ranks it names.
@@ -68,26 +86,30 @@ void gather_gate(const Communicator& group, std::int64_t step, double timeout_s,
   arrived[0] = 1;
   int count = 1;
   std::vector<std::string> differ;
+  Backoff backoff;
   for (;;) {
     for (int q = 1; q < size; ++q) {
       if (arrived[static_cast<std::size_t>(q)]) continue;
       if (const auto text = c.poll_gate(q)) {
         const GateMessage m = decode(*text, q);
-        if (m.kind != 'A') throw Error(fmt::format("step gate: an unexpected message from rank {}", q));
+        if (m.kind != 'A')
+          throw Error(fmt::format("step gate: an unexpected message from rank {}", q));
         arrived[static_cast<std::size_t>(q)] = 1;
         ++count;
         if (m.step != step) differ.push_back(fmt::format("{}:{}", q, m.step));
       }
     }
     if (count == size || Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(kPollInterval);
+    backoff.wait();
   }
   std::vector<int> late;
   for (int q = 1; q < size; ++q)
     if (!arrived[static_cast<std::size_t>(q)]) late.push_back(q);
   GateMessage answer{'G', step, {}};
-  if (!late.empty()) answer = {'L', step, fmt::format("{}", fmt::join(late, ","))};
-  else if (!differ.empty()) answer = {'D', step, fmt::format("{}", fmt::join(differ, ","))};
+  if (!late.empty())
+    answer = {'L', step, fmt::format("{}", fmt::join(late, ","))};
+  else if (!differ.empty())
+    answer = {'D', step, fmt::format("{}", fmt::join(differ, ","))};
   const std::string text = encode(answer);
   for (int q = 1; q < size; ++q)  // the late ranks too: they read it if they ever arrive
     c.post_gate(q, text);
@@ -109,6 +131,7 @@ void wait_at_gate(const Communicator& group, std::int64_t step, double timeout_s
   const auto start = Clock::now();
   const double wait_s = 2 * timeout_s;  // rank 0 may arrive timeout_s late, then waits timeout_s
   const auto deadline = start + std::chrono::duration<double>(wait_s);
+  Backoff backoff;
   for (;;) {
     if (const auto text = c.poll_gate(0)) {
       const GateMessage m = decode(*text, 0);
@@ -128,7 +151,7 @@ void wait_at_gate(const Communicator& group, std::int64_t step, double timeout_s
     if (Clock::now() >= deadline) {
       throw Error(late_message(group.size(), "0", false, what, step, timeout_s, wait_s));
     }
-    std::this_thread::sleep_for(kPollInterval);
+    backoff.wait();
   }
 }
 
@@ -152,9 +175,10 @@ double step_timeout_seconds(double option) {
   char* end = nullptr;
   const double v = std::strtod(env, &end);
   if (end == env || *end != '\0' || !std::isfinite(v) || v < 0 || v > kMaxStepTimeout) {
-    throw Error(fmt::format(
-        "DISTMUON_STEP_TIMEOUT='{}': expected a number of seconds from 0 (no step deadline) to {:g}",
-        env, kMaxStepTimeout));
+    throw Error(
+        fmt::format("DISTMUON_STEP_TIMEOUT='{}': expected a number of seconds from 0 (no step "
+                    "deadline) to {:g}",
+                    env, kMaxStepTimeout));
   }
   return v;
 }

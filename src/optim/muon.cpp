@@ -498,9 +498,9 @@ void change_options(Muon::Impl& s, F change) {
 void Muon::set_options(const MuonOptions& options) {
   const MuonOptions& cur = impl_->options;
   const nlohmann::json now = cur, next = options;
-  for (const char* fixed : {"tp_mode", "replica_mode", "ns_algorithm", "gram_restart", "use_syrk",
-                            "precision", "cost_model", "profile", "plan", "wisdom",
-                            "step_timeout_s"}) {
+  for (const char* fixed :
+       {"tp_mode", "replica_mode", "ns_algorithm", "gram_restart", "use_syrk", "precision",
+        "cost_model", "profile", "plan", "wisdom", "step_timeout_s"}) {
     if (now.at(fixed) != next.at(fixed)) {
       throw Error(fmt::format(
           "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,

@@ -41,8 +41,8 @@ class CliMessages : public ::testing::Test {
     EXPECT_LT(s, 30.0) << args << ": refused only after " << s << " s";
     EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
     for (const char* internal :
-         {"[json.exception", "basic_filebuf", "std::bad_alloc", "MPI_ERR", "MPI_ABORT", "what():",
-          "This should be caught", "Could not convert", "required INT", "required UINT",
+         {"[json.exception", "basic_filebuf", "std::bad_alloc", "MPI_ERR", "MPI_ABORT",
+          "what():", "This should be caught", "Could not convert", "required INT", "required UINT",
           "required TEXT", "required FLOAT", "required NUMBER"})
       EXPECT_EQ(r.output.find(internal), std::string::npos) << args << "\n" << r.output;
     return r;
