@@ -181,9 +181,21 @@ void agree_command_line(const Communicator& world, std::string_view text, std::s
   }
 }
 
-std::string parse_error_message(const CLI::Error& e) {
+std::string parse_error_message(const CLI::Error& e, const CLI::App* app) {
   const std::string text = e.what();
   std::smatch m;
+  if (text == "A subcommand is required" && app != nullptr) {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app->get_subcommands([](const CLI::App*) { return true; }))
+      names.push_back(sub->get_name());
+    return fmt::format("no command given (or an unknown one): one of {}", fmt::join(names, ", "));
+  }
+  // ArgumentMismatch::AtMost / AtLeast: "--steps: At Most 1 required but received 2".
+  static const std::regex count(R"(^(\S+): At (Most|least) (\d+) required but received (\d+)$)");
+  if (std::regex_match(text, m, count)) {
+    return fmt::format("{}: given {} times, at {} {}", m[1].str(), m[4].str(),
+                       m[2] == "Most" ? "most" : "least", m[3].str());
+  }
   // ArgumentMismatch::TypedAtLeast: "--steps: 1 required INT:INT in [1 - 100] missing".
   static const std::regex missing(R"(^(\S+): (\d+) required .* missing$)");
   if (std::regex_match(text, m, missing)) {

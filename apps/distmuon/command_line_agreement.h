@@ -45,7 +45,8 @@ void agree_command_line(const Communicator& world, std::string_view text, std::s
 
 // A command-line parse error in the user's words: CLI11's texts that name C++ types or its own
 // internals ("1 required INT:INT in [1 - 100] missing", "Could not convert: --steps = 1e99")
-// rewritten; any other text as CLI11 gives it.
-std::string parse_error_message(const CLI::Error& e);
+// rewritten; any other text as CLI11 gives it. app: the command line's app, for the names of its
+// commands when none was given.
+std::string parse_error_message(const CLI::Error& e, const CLI::App* app = nullptr);
 
 }  // namespace distmuon::cli

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     CLI::App app{"distmuon: Muon's Newton-Schulz orthogonalisation on sharded weights"};
     // Parse errors in the user's words (subcommands inherit it: set before they are added).
     app.failure_message([](const CLI::App* a, const CLI::Error& e) {
-      return fmt::format("{}\nRun with {} for more information.\n", cli::parse_error_message(e),
+      return fmt::format("{}\nRun with {} for more information.\n", cli::parse_error_message(e, a),
                          a->get_help_ptr() != nullptr ? a->get_help_ptr()->get_name() : "--help");
     });
     app.require_subcommand(1);
@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
       // normally; the ranks that run a command say why they do not.
       const bool printed = e.get_exit_code() == 0;
       const std::string what =
-          !printed
-              ? fmt::format("{} (exit status {})", cli::parse_error_message(e), e.get_exit_code())
+          !printed ? fmt::format("{} (exit status {})", cli::parse_error_message(e, &app),
+                                 e.get_exit_code())
           : dynamic_cast<const CLI::CallForVersion*>(&e) != nullptr ? "the version (--version)"
                                                                     : "the help (--help)";
       if (!agreed) {

@@ -136,13 +136,14 @@ void wait_at_gate(const Communicator& group, std::int64_t step, double timeout_s
     if (const auto text = c.poll_gate(0)) {
       const GateMessage m = decode(*text, 0);
       if (m.kind == 'G' && m.step == step) return;
-      if (m.kind == 'L' && m.step == step) {
+      // L and D name rank 0's step (this rank's may be another: D).
+      if (m.kind == 'L') {
         throw Error(late_message(group.size(), m.ranks, m.ranks.find(',') != std::string::npos,
-                                 what, step, timeout_s, 0));
+                                 what, m.step, timeout_s, 0));
       }
-      if (m.kind == 'D' && m.step == step) {
+      if (m.kind == 'D') {
         throw CollectiveError(fmt::format("{} {}: the ranks are at different steps (rank:step {})",
-                                          what, step, m.ranks),
+                                          what, m.step, m.ranks),
                               group.error_scope());
       }
       throw Error(fmt::format("step gate: rank 0 answered for {} {}, this rank is at {} {}", what,

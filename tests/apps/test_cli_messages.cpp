@@ -95,6 +95,8 @@ TEST_F(CliMessages, ParseErrorsNameNoTypes) {
   expect_refused("orthogonalize --steps 99999999999999",
                  "--steps: 99999999999999 is not a value of this option", 0);
   expect_refused("train --step-timeout", "--step-timeout: its value is missing", 2);
+  expect_refused("train --steps 3 --steps 4", "--steps: given 2 times, at most 1", 0);
+  expect_refused("nonsense", "no command given (or an unknown one): one of demo,", 0);
 }
 
 TEST_F(CliMessages, LogLevelIsCheckedAndAcceptedAfterTheSubcommand) {

@@ -175,6 +175,17 @@ def test_step_deadline_option():
         plain.step([g])
     assert gated.step_count == 3
     np.testing.assert_array_equal(shards[0], shards[1])  # tolerance 0: the gate moves no data
+    if G > 1:
+        # A step count changed on one rank only (AdamW's bias correction would differ silently):
+        # the gate sees the ranks at different steps, every rank raises, nothing changes.
+        before = shards[0].copy()
+        if R == G - 1:
+            gated._core.step_count = 7
+        with pytest.raises(distmuon.CollectiveError,
+                           match=rf"optimizer step 4: the ranks are at different steps "
+                                 rf"\(rank:step {G - 1}:8\)"):
+            gated.step([shard(full_grad(32, 24, 0, 4), 0, G, R)])
+        np.testing.assert_array_equal(shards[0], before)
 
 
 def test_bad_gradient_raises_on_every_rank():
