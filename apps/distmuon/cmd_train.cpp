@@ -25,6 +25,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
     std::uint64_t seed = 0;
     int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
     double progress = 1.0;
+    double step_timeout = 0;
     bool overwrite_checkpoints = false;
     DeviceCliOption device;
   };
@@ -114,7 +115,13 @@ void add_train_command(CLI::App& app, Context& ctx) {
                   "most every S seconds, else one line every 30 s (0: none)")
       ->check(number_in_range(0, 3600))
       ->capture_default_str();
-  cmd->callback([o, &ctx, seed, steps, log_interval, eval_interval, device] {
+  auto* step_timeout =
+      cmd->add_option("--step-timeout", o->step_timeout,
+                      "Seconds every rank may take to reach each step after rank 0; a rank "
+                      "later than that (stopped, stuck) is named and the job ends (default: "
+                      "DISTMUON_STEP_TIMEOUT, else no deadline)")
+          ->check(number_in_range(0, kMaxStepTimeout));
+  cmd->callback([o, &ctx, seed, steps, log_interval, eval_interval, device, step_timeout] {
     // Every rank checks the options; one message (from rank 0) when they fail.
     TrainConfig config;
     MuonOptions options;
@@ -137,6 +144,12 @@ void add_train_command(CLI::App& app, Context& ctx) {
       if (!o->cost_model.empty()) config.optimizer["cost_model"] = o->cost_model;
       if (!o->plan.empty()) config.optimizer["plan"] = o->plan;
       if (!o->wisdom.empty()) config.optimizer["wisdom"] = o->wisdom;
+      // The deadline travels in the configuration, so the ranks agree on it with the rest.
+      if (step_timeout->count() > 0) {
+        config.optimizer["step_timeout_s"] = o->step_timeout;
+      } else if (const double env = step_timeout_seconds(0); env > 0) {
+        config.optimizer["step_timeout_s"] = env;
+      }
       options = optimizer_options(config);
       if (!o->compare.empty() && parse_tp_mode(o->compare) == options.tp_mode) {
         throw Error(fmt::format("--compare {}: the run itself already uses tp-mode {}", o->compare,

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <system_error>
 #include <vector>
 
@@ -140,15 +142,79 @@ std::string command_line_text(const CLI::App& app) {
   return fmt::format("{}\n{}", command, fmt::join(lines, "\n"));
 }
 
-void agree_command_line(const Communicator& world, std::string_view text,
-                        std::string_view failure) {
+void agree_command_line(const Communicator& world, std::string_view text, std::string_view failure,
+                        bool printed) {
   if (world.size() == 1) return;
   const std::string key = failure.empty() ? std::string(text) : "error: " + std::string(failure);
   if (all_agree(world, fnv1a64(key.data(), key.size()))) return;  // the same (or the same error)
-  agree_or_throw(world, failure.empty(), "the command line",
-                 fmt::format("{} (the ranks must run one command with the same options)", failure));
-  agree_on(world, text, "the command line (every rank must run the same command and options)",
-           first_difference);
+  // Who printed the help or the version instead of running: they end normally, the lowest other
+  // rank reports (one all-gather, and a broadcast of what was printed).
+  const auto kinds = world.all_gather<std::int32_t>(printed ? 1 : 0);
+  std::vector<int> printers;
+  int reporter = -1;
+  for (int r = 0; r < world.size(); ++r) {
+    if (kinds[static_cast<std::size_t>(r)] != 0) {
+      printers.push_back(r);
+    } else if (reporter < 0) {
+      reporter = r;
+    }
+  }
+  if (!printers.empty()) {
+    const std::string what =
+        world.broadcast_string(printed ? std::string(failure) : std::string(), printers.front());
+    throw CommandLineError(
+        fmt::format("rank{} {} of {} printed {} and ran nothing, while the other ranks run a "
+                    "command: give the same command line to every rank",
+                    printers.size() > 1 ? "s" : "", fmt::join(printers, ","), world.size(), what),
+        world.error_scope(), reporter);
+  }
+  try {
+    agree_or_throw(
+        world, failure.empty(), "the command line",
+        fmt::format("{} (the ranks must run one command with the same options)", failure));
+    agree_on(world, text, "the command line (every rank must run the same command and options)",
+             first_difference);
+  } catch (const CommandLineError&) {
+    throw;
+  } catch (const CollectiveError& e) {
+    throw CommandLineError(e.what(), e.scope(), 0);
+  }
+}
+
+std::string parse_error_message(const CLI::Error& e, const CLI::App* app) {
+  const std::string text = e.what();
+  std::smatch m;
+  if (text == "A subcommand is required" && app != nullptr) {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app->get_subcommands([](const CLI::App*) { return true; }))
+      names.push_back(sub->get_name());
+    return fmt::format("no command given (or an unknown one): one of {}", fmt::join(names, ", "));
+  }
+  // ArgumentMismatch::AtMost / AtLeast: "--steps: At Most 1 required but received 2".
+  static const std::regex count(R"(^(\S+): At (Most|least) (\d+) required but received (\d+)$)");
+  if (std::regex_match(text, m, count)) {
+    return fmt::format("{}: given {} times, at {} {}", m[1].str(), m[4].str(),
+                       m[2] == "Most" ? "most" : "least", m[3].str());
+  }
+  // ArgumentMismatch::TypedAtLeast: "--steps: 1 required INT:INT in [1 - 100] missing".
+  static const std::regex missing(R"(^(\S+): (\d+) required .* missing$)");
+  if (std::regex_match(text, m, missing)) {
+    return m[2] == "1" ? fmt::format("{}: its value is missing", m[1].str())
+                       : fmt::format("{}: {} values are missing", m[1].str(), m[2].str());
+  }
+  // ConversionError: "Could not convert: --steps = 99999999999999".
+  static const std::regex convert(R"(^Could not convert: (\S+) = (.*)$)");
+  if (std::regex_match(text, m, convert)) {
+    return fmt::format(
+        "{}: {} is not a value of this option (not a number of its kind, or out "
+        "of its range)",
+        m[1].str(), m[2].str());
+  }
+  // ConversionError: "The value X is not an allowed value for NAME".
+  static const std::regex allowed(R"(^The value (.*) is not an allowed value for (\S+)$)");
+  if (std::regex_match(text, m, allowed))
+    return fmt::format("{}: {} is not an allowed value", m[2].str(), m[1].str());
+  return text;
 }
 
 }  // namespace distmuon::cli

@@ -49,6 +49,11 @@ int main(int argc, char** argv) {
     }
 
     CLI::App app{"distmuon: Muon's Newton-Schulz orthogonalisation on sharded weights"};
+    // Parse errors in the user's words (subcommands inherit it: set before they are added).
+    app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+      return fmt::format("{}\nRun with {} for more information.\n", cli::parse_error_message(e, a),
+                         a->get_help_ptr() != nullptr ? a->get_help_ptr()->get_name() : "--help");
+    });
     app.require_subcommand(1);
     app.set_version_flag("--version", "distmuon " DISTMUON_VERSION);
     // Given before or after the subcommand (a subcommand passes options it does not know to
@@ -77,9 +82,23 @@ int main(int argc, char** argv) {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
       // A command line refused on some ranks only must not leave the others in the agreement.
-      if (!agreed)
-        cli::agree_command_line(ctx.world, {},
-                                fmt::format("{} (exit status {})", e.what(), e.get_exit_code()));
+      // --help and --version print instead of running a command: such a rank prints and ends
+      // normally; the ranks that run a command say why they do not.
+      const bool printed = e.get_exit_code() == 0;
+      const std::string what =
+          !printed ? fmt::format("{} (exit status {})", cli::parse_error_message(e, &app),
+                                 e.get_exit_code())
+          : dynamic_cast<const CLI::CallForVersion*>(&e) != nullptr ? "the version (--version)"
+                                                                    : "the help (--help)";
+      if (!agreed) {
+        try {
+          cli::agree_command_line(ctx.world, {}, what, printed);
+        } catch (const cli::CommandLineError& d) {
+          if (printed) return app.exit(e);
+          if (ctx.world.rank() == d.reporter()) print_error(fmt::format(": {}", d.what()));
+          return 1;
+        }
+      }
       const int rc = ctx.world.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
       return rc;
     }
@@ -91,6 +110,10 @@ int main(int argc, char** argv) {
         "{}: {} ran out of memory (an allocation failed): use smaller sizes or more memory",
         ctx.world.size() > 1 ? fmt::format(" on rank {}", ctx.world.rank()) : "", command));
     if (ctx.world.size() > 1) ctx.world.abort(1);
+    return 1;
+  } catch (const cli::CommandLineError& e) {
+    // The ranks ran different commands, or some printed the help or the version: said once.
+    if (ctx.world.rank() == e.reporter()) print_error(fmt::format(": {}", e.what()));
     return 1;
   } catch (const CollectiveError& e) {
     // Agreed over the world: said once, by rank 0; over a subgroup only: the job is aborted.

@@ -14,6 +14,8 @@
 //    succeeded; a failure on rank 0 is thrown, as CollectiveError, on every rank. For an action
 //    whose result the other ranks need, use decide_on_root.
 //  - all_gather_strings: every rank's string, in rank order.
+//  - pass_step_gate: every rank reaches step N within a deadline, or the ranks that did name the
+//    ones that did not (the step deadline: a rank stopped or stuck for good ends the job).
 // Every function here is collective: every rank of the group calls it, with the same root.
 // The messages travel on the group's communicator (the control plane: hashes and decisions).
 
@@ -72,6 +74,33 @@ void run_on_root(const Communicator& group, std::string_view what,
 // Every rank's string (of any length, the empty one included), in rank order, on every rank.
 // Two all-gathers: the lengths, then the strings padded to the longest.
 std::vector<std::string> all_gather_strings(const Communicator& group, const std::string& mine);
+
+// The step gate (docs/reliability.md, "The step deadline"): every rank of the group calls it at
+// the start of the same step; it returns once every rank has reached it. timeout_s <= 0 or a
+// group of one: returns at once, nothing sent. MPI blocking collectives have no deadline, so the
+// gate is built from point-to-point messages polled against one (CommImpl::post_gate): each rank
+// posts its arrival to rank 0; rank 0 waits up to timeout_s seconds for every rank, then answers
+// every other rank "go" or the list of ranks that did not arrive. A rank other than 0 waits up to
+// 2 x timeout_s for that answer (rank 0 may arrive up to timeout_s after it, then waits
+// timeout_s itself), so when rank 0 is the late one the others name it. On a deadline every rank
+// that waited throws distmuon::Error (rank-local on purpose: the ranks that did not arrive cannot
+// agree; a program ends the job, as the CLI does with MPI_Abort):
+//   "rank 1 of 4 did not reach optimizer step 5 within 2 s (the step deadline, step_timeout /
+//   DISTMUON_STEP_TIMEOUT): it is stopped or stuck"
+// Ranks at different steps throw CollectiveError on every rank naming them. `what` names the
+// step ("optimizer step"); `step` is its number, equal on every rank. Cost when every rank
+// arrives: size - 1 messages to rank 0 and size - 1 answers, polled as MPI polls (yielding the
+// core), then every millisecond while a rank waits for a late one.
+// Throws distmuon::Error before sending anything when the communicator has no gate channel.
+void pass_step_gate(const Communicator& group, std::int64_t step, double timeout_s,
+                    std::string_view what);
+
+// The step deadline in seconds that `option` (a step_timeout option, 0: unset) asks for: the
+// option when it is > 0, else DISTMUON_STEP_TIMEOUT when set (a number of seconds >= 0), else 0
+// (no deadline). Throws distmuon::Error naming the variable for a value that is not such a number.
+double step_timeout_seconds(double option);
+// The longest step deadline accepted (a week, in seconds).
+inline constexpr double kMaxStepTimeout = 7 * 24 * 3600.0;
 
 namespace detail {
 

@@ -108,6 +108,14 @@ class CommImpl {
   // one has arrived, and never waits. Default: no side channel (nothing sent, nothing arrives).
   virtual void post_notice(const std::string& text) { (void)text; }
   virtual std::optional<std::pair<int, std::string>> poll_notice() { return std::nullopt; }
+  // Point-to-point messages of the step gate (agreement.h, pass_step_gate), on a channel of their
+  // own: post_gate sends `text` to rank `to` without waiting for it (the text is kept until the
+  // send completes); poll_gate returns the next message rank `from` posted to this rank, when one
+  // has arrived, and never waits. Messages from one rank arrive in the order it posted them.
+  // Default: no such channel (has_gate false; post_gate and poll_gate throw distmuon::Error).
+  virtual bool has_gate() const { return false; }
+  virtual void post_gate(int to, const std::string& text);
+  virtual std::optional<std::string> poll_gate(int from);
 };
 
 class Communicator {

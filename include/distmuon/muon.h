@@ -116,6 +116,11 @@ struct MuonOptions {
   PlanMode plan = PlanMode::kEstimate;
   std::string wisdom;
   AdamWOptions adamw;  // for the parameters that do not use Muon
+  // The step deadline in seconds (docs/reliability.md, "The step deadline"): every rank must reach
+  // each step within it of rank 0, else every rank that did throws distmuon::Error naming the
+  // late rank(s) (stopped or stuck; the CLI then ends the job). 0: DISTMUON_STEP_TIMEOUT when
+  // set, else no deadline. Needs an MPI communicator; fixed once the optimizer is built.
+  double step_timeout_s = 0;
 
   // Throws distmuon::Error naming the field and listing its valid values.
   void validate() const;

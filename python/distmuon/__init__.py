@@ -24,12 +24,15 @@ if os.path.isdir(_DATA):
     os.environ.setdefault("DISTMUON_DATA_DIR", _DATA)
 
 from . import _core  # noqa: E402  (after the data folder is known)
-from ._types import wrap_module as _wrap_module  # noqa: E402
+from ._types import describe_exception, wrap_module as _wrap_module  # noqa: E402
 
 _wrap_module(_core)  # argument type errors in plain words, not pybind11's overload listings
 from ._arrays import as_array, _is_torch, backend_for, core_matrix, cuda_ordered, \
     is_low_precision
 from ._core import CollectiveError, Communicator, Error, ProcessGroups
+
+# Tracebacks name them as users import them: "distmuon.Error: ...", not the extension's module.
+Error.__module__ = CollectiveError.__module__ = "distmuon"
 from ._threads import blas_threads, set_blas_threads, sync as _sync_threads
 from ._log import drain as _drain_log
 
@@ -229,7 +232,10 @@ class Muon:
     weight_decay_method, coefficients, custom_coefficients, steps, use_syrk, ns_algorithm,
     gram_restart, precision ("fp32", "tf32", "bf16", or None / "auto": the backend's default),
     scale_mode, extra_scale_factor, tp_mode, cost_model, profile, plan ("estimate" or
-    "measure"), wisdom, adamw={...}); an option not given keeps MuonOptions' default.
+    "measure"), wisdom, step_timeout_s (the step deadline in seconds: a rank that does not reach a
+    step within it of rank 0 is named in a distmuon.Error on the others; needs an MPI
+    communicator; docs/reliability.md), adamw={...}); an option not given keeps MuonOptions'
+    default.
     comm: the world (see communicator()). step(), save() and load() are collective over it.
     """
 
@@ -305,7 +311,7 @@ class Muon:
                 for i, g in enumerate(grads):
                     arrays.append(self._matrix(g, f"gradient {i}"))
             except Exception as e:  # any refusal, whatever its type, is agreed on
-                failure = f"{type(e).__name__}: {e}"
+                failure = describe_exception(e)
         try:
             with cuda_ordered(*self._cuda or (None,)):
                 self._core.step([] if failure else arrays, failure)
@@ -385,6 +391,7 @@ class Muon:
         tensor is checked (its parameter, its shape, finite values) and the step count too before
         anything is written: a state that does not fit raises Error and changes nothing."""
         infos = self.parameters()
+        _check_muon_state(state, len(infos))
         if len(state["params"]) != len(infos):
             raise Error(f"Muon.load_state_dict: {len(state['params'])} parameters in the state, "
                         f"{len(infos)} registered")
@@ -431,6 +438,29 @@ class Muon:
             self._core.load(os.fspath(path))
         finally:
             _drain_log(self.world.rank)
+
+
+def _check_muon_state(state, count):
+    """A KeyError or TypeError deep in load_state_dict, said as what the state lacks."""
+    where = "Muon.load_state_dict"
+    if not isinstance(state, dict):
+        raise Error(f"{where}: expected the dict of a state_dict(), got {type(state).__name__}")
+    for key, kind in (("params", "a list of parameters"), ("step", "the step count")):
+        if key not in state:
+            raise Error(f"{where}: the state has no '{key}' ({kind}); expected a state_dict() "
+                        "of distmuon.Muon")
+    if not isinstance(state["params"], (list, tuple)):
+        raise Error(f"{where}: the state's 'params' must be a list, got "
+                    f"{type(state['params']).__name__}")
+    for i, saved in enumerate(state["params"][:count]):
+        for key in ("name", "state"):
+            if not isinstance(saved, dict) or key not in saved:
+                raise Error(f"{where}: parameter {i} of the state has no '{key}'")
+    try:
+        int(state["step"])
+    except (TypeError, ValueError):
+        raise Error(f"{where}: the state's 'step' must be an integer, got "
+                    f"{state['step']!r:.40}") from None
 
 
 def _muon_backend(device):

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from . import Error, _dtensor
+from ._types import describe_exception
 
 _WHAT = "distmuon.torch.Muon.load_state_dict"
 _NOT_SAVED = ("params", "layouts")
@@ -134,7 +135,7 @@ def check_state_dict(sd, param_groups, cores):
         try:
             core._core.check_options(json.dumps(group_options(merged), sort_keys=True))
         except Exception as e:
-            raise Error(f"{where}: {type(e).__name__}: {e}") from None
+            raise Error(f"{where}: {describe_exception(e)}") from None
         steps = set()
         for k, (pid, e) in enumerate(zip(saved["params"], entries)):
             if pid not in state:

@@ -68,6 +68,15 @@ def _describe(name, args, kwargs, message, method):
                 f"{int(pname[3:]) + 1}"
             return (f"{name}(): argument {which} takes {plain}, got "
                     f"{type(value).__name__} {value!r:.60}")
+    # The right types, but an integer past the C++ argument's range (steps=2**40, rows=-1 for a
+    # size): named with its value rather than the whole signature.
+    for (pname, plain), value in given:
+        if plain == "int" and isinstance(value, int) and not isinstance(value, bool) and \
+                not -2**31 <= value < 2**31:
+            return f"{name}(): argument '{pname}' = {value} is out of its range"
+    for (pname, plain), value in given:
+        if plain == "int" and isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            return f"{name}(): argument '{pname}' = {value} is out of its range (negative)"
     takes = ", ".join(f"{p}: {t}" for p, t in params)
     got = ", ".join([type(a).__name__ for a in args] +
                     [f"{k}={type(v).__name__}" for k, v in kwargs.items()])
@@ -100,3 +109,15 @@ def wrap_module(module):
                 if type(m).__name__ == "instancemethod" and not mname.startswith("__"):
                     setattr(obj, mname, _translated(m, mname, method=True))
     module._types_wrapped = True
+
+
+def describe_exception(e):
+    """An exception as a reason in the user's words: its message without its class's name ("grads
+    takes a list", not "TypeError: grads takes a list"); a KeyError as the key that is missing;
+    an exception without a message by what it means."""
+    if isinstance(e, KeyError) and e.args:
+        return f"the key {e.args[0]!r} is missing"
+    if isinstance(e, MemoryError):
+        return f"out of memory{': ' + str(e) if str(e) else ''}"
+    text = str(e)
+    return text if text else f"{type(e).__name__} (without a message)"

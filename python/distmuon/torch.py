@@ -32,6 +32,7 @@ from . import process_groups  # noqa: F401  (distmuon.torch.process_groups: the 
 from ._torch_state import build_state_dict, load_group_state, check_state_dict
 from . import _threads, _torch_live
 from ._log import drain as _drain_log
+from ._types import describe_exception
 
 # torch.optim.Muon's defaults (torch/optim/_muon.py, torch 2.13).
 TORCH_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -290,7 +291,8 @@ class Muon(torch.optim.Optimizer):
     communicator: the world of step() and the checkpoints. tp_mode "auto" (default) plans
     duplicated / distributed / owner per weight from the cost model. Other keyword options are
     distmuon.Muon's fixed ones (MuonOptions' JSON names: ns_algorithm, gram_restart, use_syrk,
-    precision, cost_model, profile, plan, wisdom, weight_decay_method, extra_scale_factor).
+    precision, cost_model, profile, plan, wisdom, weight_decay_method, extra_scale_factor,
+    step_timeout_s).
     precision: "fp32", "tf32", "bf16" or None (the backend's default: fp32 on the CPU).
     """
 
@@ -313,6 +315,8 @@ class Muon(torch.optim.Optimizer):
                 raise ValueError("Tensor lr must be 1-element")
             lr = float(lr)
         for name, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r:.40}")
             if not 0.0 <= v:
                 raise ValueError(f"{name} should be >= 0 but is: {v}")
         if adjust_lr_fn not in _ADJUST_LR:
@@ -382,6 +386,9 @@ class Muon(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         # Collective over the process group: a group refused on one rank is refused on every
         # rank (agreed), and the optimizer is left without it everywhere.
+        if isinstance(param_group, dict) and "params" not in param_group:
+            raise ValueError(f"a param group needs 'params' (its parameters); it has "
+                             f"{', '.join(map(repr, param_group)) or 'no key'}")
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         group.setdefault("initial_lr", group["lr"])  # AdamW's schedule factor (see _adamw_factor)
@@ -459,7 +466,7 @@ class Muon(torch.optim.Optimizer):
                     raise Error(f"parameter {k}: {e}") from None
             device = _group_device(entries, self._device, gi)
         except Exception as e:  # any refusal, whatever its type: agreed below
-            failure = f"{type(e).__name__}: {e}"
+            failure = describe_exception(e)
         self._world.agree_or_throw(not failure, what, failure)
         groups = [(self._group_comm(e.layout.tp_group), self._group_comm(e.layout.gtp_group),
                    self._group_comm(e.layout.dp_group)) for e in entries]
@@ -482,7 +489,7 @@ class Muon(torch.optim.Optimizer):
             for e in entries:
                 e.muon = bool(e.indices) and bool(infos[e.indices[0]]["muon"])
         except Exception as e:
-            failure = f"{type(e).__name__}: {e}"
+            failure = describe_exception(e)
         self._world.agree_or_throw(not failure, what, failure)
         return core, entries, opts
 
@@ -518,7 +525,7 @@ class Muon(torch.optim.Optimizer):
                     self._pushed[gi] = opts
                 self._pushed_keys[gi] = key
         except Exception as err:
-            return None, None, f"group {gi}: {type(err).__name__}: {err}"
+            return None, None, f"group {gi}: {describe_exception(err)}"
         return grads, active, ""
 
     @torch.no_grad()
@@ -605,7 +612,7 @@ class Muon(torch.optim.Optimizer):
         try:
             check_state_dict(state_dict, self.param_groups, self._cores)
         except Exception as e:
-            failure = f"{type(e).__name__}: {e}"
+            failure = describe_exception(e)
         self._world.agree_or_throw(not failure, "distmuon.torch.Muon.load_state_dict", failure)
         for group, saved, (core, entries) in zip(self.param_groups,
                                                  state_dict["param_groups"], self._cores):

@@ -54,6 +54,23 @@ std::unique_ptr<CommRequest> CommImpl::start_all_to_all_v(
   return std::make_unique<Done>();
 }
 
+namespace {
+[[noreturn]] void no_gate(const CommImpl& c) {
+  throw Error(fmt::format(
+      "the step deadline needs point-to-point messages, which the {} communicator does not have "
+      "(use an MPI communicator, or no step deadline)",
+      c.backend()));
+}
+}  // namespace
+
+void CommImpl::post_gate(int, const std::string&) {
+  no_gate(*this);
+}
+
+std::optional<std::string> CommImpl::poll_gate(int) {
+  no_gate(*this);
+}
+
 std::unique_ptr<CommRequest> Communicator::all_to_all_v_packed(
     const void* send, std::size_t send_size, std::span<const std::size_t> send_counts, void* recv,
     std::size_t recv_size, std::span<const std::size_t> recv_counts, DType t, bool start) const {

@@ -58,6 +58,9 @@ class CountingComm final : public CommImpl {
   }
   GroupPlacement placement() const override { return inner_->placement(); }
   void abort(int code) override { inner_->abort(code); }
+  bool has_gate() const override { return inner_->has_gate(); }
+  void post_gate(int to, const std::string& text) override { inner_->post_gate(to, text); }
+  std::optional<std::string> poll_gate(int from) override { return inner_->poll_gate(from); }
 
  private:
   static void record(CommStats::Op& op, std::size_t bytes) {

@@ -77,6 +77,9 @@ class EmulatedLink final : public CommImpl {
   }
   GroupPlacement placement() const override { return inner_->placement(); }
   void abort(int code) override { inner_->abort(code); }
+  bool has_gate() const override { return inner_->has_gate(); }
+  void post_gate(int to, const std::string& text) override { inner_->post_gate(to, text); }
+  std::optional<std::string> poll_gate(int from) override { return inner_->poll_gate(from); }
 
  private:
   std::size_t sent_bytes(const std::size_t* counts, DType t) const {

@@ -22,7 +22,7 @@ namespace {
 
 constexpr const char* kPoints[] = {
     "optim-step", "checkpoint-between-files", "collective", "file-write", "measure-reset", "nccl"};
-constexpr const char* kActions[] = {"throw", "exit", "kill", "oom", "nan", "stall"};
+constexpr const char* kActions[] = {"throw", "exit", "kill", "oom", "nan", "stall", "stop"};
 
 struct FaultSpec {
   int rank = 0;
@@ -49,7 +49,7 @@ std::optional<FaultSpec> parse_fault(const std::string& s) {
   if (s.empty()) return std::nullopt;
   const auto bad = [&](const std::string& why) {
     return Error(fmt::format(
-        "DISTMUON_FAULT='{}': {} (expected RANK:POINT[:throw|exit|kill|oom|nan|stall[:N]])", s,
+        "DISTMUON_FAULT='{}': {} (expected RANK:POINT[:throw|exit|kill|oom|nan|stall|stop[:N]])", s,
         why));
   };
   std::vector<std::string> parts;
@@ -131,6 +131,10 @@ bool fault_point(const char* point, std::string_view site) {
   if (action == "exit") std::_Exit(kFaultExitCode);
   if (action == "kill") std::raise(SIGKILL);
   if (action == "oom") throw std::bad_alloc();
+  if (action == "stop") {
+    std::raise(SIGSTOP);  // stays stopped until SIGCONT (then goes on) or the launcher's SIGKILL
+    return false;
+  }
   if (action == "stall") {
     for (;;)
       std::this_thread::sleep_for(std::chrono::hours(1));

@@ -7,6 +7,8 @@
 //   kill   raises SIGKILL (kill -9),
 //   oom    throws std::bad_alloc (an allocation that failed past the size estimates),
 //   stall  stops answering: the thread sleeps until the process is ended (a hung peer),
+//   stop   raises SIGSTOP: the whole process stops for good (a rank stopped, a stuck file
+//          system), until a SIGCONT or the launcher's SIGKILL,
 //   nan    (collective only) the collective's result on that rank becomes NaN (floating-point
 //          payloads; an integer payload is left as it is).
 // POINT is one of "optim-step" (inside Muon::step, half of the parameters updated),

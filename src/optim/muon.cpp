@@ -74,6 +74,13 @@ Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
   options_text = nlohmann::json(options).dump();
   // The bf16 wire needs the backend's packing: refused here, on every rank, before any collective.
   if (options.replica_wire == ReplicaWire::kBf16) compute->pack_bf16({}, nullptr);
+  step_timeout = step_timeout_seconds(options.step_timeout_s);
+  if (step_timeout > 0 && world.size() > 1 && !world.impl().has_gate()) {
+    throw Error(fmt::format(
+        "Muon: a step deadline of {:g} s needs point-to-point messages, which the {} communicator "
+        "does not have (use an MPI communicator, or step_timeout 0)",
+        step_timeout, world.backend()));
+  }
 }
 
 void Muon::Impl::use_options(MuonOptions o) {
@@ -112,7 +119,10 @@ nlohmann::json Muon::Impl::config() const {
   }
   // The precision NS runs at, resolved on this rank (options.precision auto: the backend's),
   // agreed with the rest: it decides Gram NS's restarts, so the count of its collectives.
-  return {{"options", options}, {"params", list}, {"ns_precision", to_string(ns.precision)}};
+  return {{"options", options},
+          {"params", list},
+          {"ns_precision", to_string(ns.precision)},
+          {"step_deadline_s", step_timeout}};
 }
 
 void Muon::Impl::prepare() {
@@ -440,6 +450,8 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   *s.comm_seconds = 0.0;
   if (s.comm_timer) s.comm_timer->clear();  // a failed step's intervals are not this step's
   s.prepare();
+  // Every rank reaches this step within the step deadline, or the late rank is named.
+  pass_step_gate(s.world, s.step + 1, s.step_timeout, "optimizer step");
   s.validate_gradients(grads, failure, active);
   s.plan();
   // The compute phase: every Muon update, nothing written but the updates. Code running over
@@ -521,7 +533,7 @@ void Muon::set_options(const MuonOptions& options) {
   const nlohmann::json now = cur, next = options;
   for (const char* fixed :
        {"tp_mode", "replica_mode", "replica_wire", "ns_algorithm", "gram_restart", "use_syrk",
-        "precision", "cost_model", "profile", "plan", "wisdom"}) {
+        "precision", "cost_model", "profile", "plan", "wisdom", "step_timeout_s"}) {
     if (now.at(fixed) != next.at(fixed)) {
       throw Error(fmt::format(
           "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,

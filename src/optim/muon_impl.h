@@ -50,6 +50,9 @@ struct Muon::Impl {
   detail::NsWorkspaces workspaces;  // NS scratch and gathered buffers per shape, kept across steps
   std::vector<ParamState> params;
   std::int64_t step = 0;
+  // The step deadline (options.step_timeout_s or DISTMUON_STEP_TIMEOUT; 0: none), agreed with
+  // the configuration.
+  double step_timeout = 0;
   bool prepared = false;  // configuration checked across the world since the last registration
   std::shared_ptr<double> comm_seconds = std::make_shared<double>(0.0);
   // A device backend's timer of its data plane's collectives (Compute::stream_timer; nullptr on

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "distmuon/agreement.h"
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
@@ -108,6 +109,9 @@ void MuonOptions::validate() const {
         "empty unless plan = measure (the wisdom file holds measured times)");
   check(gram_restart >= 0, "gram_restart", fmt::format("{}", gram_restart),
         "an integer >= 0 (0 = automatic)");
+  check(std::isfinite(step_timeout_s) && step_timeout_s >= 0 && step_timeout_s <= kMaxStepTimeout,
+        "step_timeout_s", fmt::format("{}", step_timeout_s),
+        fmt::format("a number of seconds from 0 (no step deadline) to {:g}", kMaxStepTimeout));
   ns_options().validate();  // coefficient set name, custom table, steps
   adamw.validate();
 }
@@ -156,6 +160,7 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"profile", o.profile},
                      {"plan", to_string(o.plan)},
                      {"wisdom", o.wisdom},
+                     {"step_timeout_s", o.step_timeout_s},
                      {"adamw",
                       {{"lr", o.adamw.lr},
                        {"beta1", o.adamw.beta1},
@@ -252,6 +257,8 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   // Absent in options written before measure mode: plan by the estimate.
   if (j.contains("plan")) o.plan = parse_plan_mode(option<std::string>(j, "plan"));
   if (j.contains("wisdom")) o.wisdom = option<std::string>(j, "wisdom");
+  // Absent in options written before the step deadline: none.
+  o.step_timeout_s = j.contains("step_timeout_s") ? option<double>(j, "step_timeout_s") : 0.0;
   const auto it = j.find("adamw");
   if (it == j.end() || !it->is_object())
     throw Error(

@@ -45,6 +45,7 @@ Trainer::Trainer(TrainConfig config, Communicator world)
   std::string failure;
   try {
     s.options = optimizer_options(s.config);
+    s.step_timeout = step_timeout_seconds(s.options.step_timeout_s);
     if (s.config.train.batch % w.size() != 0) {
       throw Error(fmt::format(
           "the global batch train.batch = {} must be a multiple of the {} ranks (each rank "
@@ -66,7 +67,8 @@ Trainer::Trainer(TrainConfig config, Communicator world)
       {"config", to_json(s.config)},
       {"data",
        {{"bytes", text.size()},
-        {"checksum", fmt::format("{:016x}", fnv1a64(text.data(), text.size()))}}}};
+        {"checksum", fmt::format("{:016x}", fnv1a64(text.data(), text.size()))}}},
+      {"step_deadline_s", s.step_timeout}};
   agree_on(w, identity.dump(), "train: the configuration and the training data",
            explain_json_difference);
   // The run id: rank 0 draws it, every rank receives it.
@@ -132,6 +134,9 @@ StepRecord Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   StepRecord r;
   r.step = s.step + 1;
+  // Every rank reaches this step (its forward and backward collectives) within the step deadline,
+  // or the late rank is named.
+  pass_step_gate(s.world, r.step, s.step_timeout, "training step");
   const CharBatch batch = s.data->train_batch(static_cast<std::uint64_t>(r.step), s.world.rank(),
                                               s.world.size(), s.config.train.batch);
   r.loss = s.model->forward_backward(batch);
@@ -144,6 +149,9 @@ StepRecord Trainer::step() {
   s.upload_grads();
   s.muon->step(s.grads, failure);
   s.download_values();
+  // The optimizer's apply phase is rank-local: every rank finishes it within the deadline before
+  // the collectives that follow a step (the log, evaluations, checkpoints).
+  pass_step_gate(s.world, r.step, s.step_timeout, "the end of training step");
   const MuonStepStats stats = s.muon->last_step_stats();
   r.opt_ms = stats.total_s * 1e3;
   r.opt_comm_ms = stats.comm_s * 1e3;

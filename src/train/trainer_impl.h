@@ -18,6 +18,7 @@ struct Trainer::Impl {
   TrainConfig config;
   Communicator world;
   MuonOptions options;
+  double step_timeout = 0;  // the step deadline (options.step_timeout_s, DISTMUON_STEP_TIMEOUT)
   std::optional<HardwareProfile> profile;  // of options.profile, for the decision table
   CostModel cost_model = CostModel::kRefined;
   std::optional<TextData> data;

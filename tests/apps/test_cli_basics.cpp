@@ -29,6 +29,38 @@ TEST(CliBasics, VersionIsTheProjectVersion) {
   fs::remove_all(dir);
 }
 
+// --version or --help given to one rank only: that rank prints it and ends normally (no
+// collective left waiting: the others learn it in the command line's agreement), the others say
+// once which rank printed what instead of running their command; no abort, no hang.
+TEST(CliBasics, VersionOrHelpOnOneRankIsSaidOnce) {
+  const auto dir = test::fresh_test_dir("distmuon_cli_basics");
+  const std::string demo = fmt::format("{} demo --rows 64 --cols 64 --reps 1", DISTMUON_CLI);
+  const test::CliRun version =
+      test::run_cli(1, fmt::format("--version : -np 1 {}", demo), dir / "log.txt");
+  EXPECT_EQ(version.exit_code, 1) << version.output;  // the job did not run its command
+  EXPECT_NE(version.output.find(std::string("distmuon ") + DISTMUON_PROJECT_VERSION + "\n"),
+            std::string::npos)
+      << version.output;
+  EXPECT_EQ(count(version.output, "distmuon: error"), 1u) << version.output;
+  EXPECT_NE(version.output.find("rank 0 of 2 printed the version (--version) and ran nothing"),
+            std::string::npos)
+      << version.output;
+  const test::CliRun help = test::run_cli(
+      1, fmt::format("demo --rows 64 --cols 64 --reps 1 : -np 1 {} train --help", DISTMUON_CLI),
+      dir / "log.txt");
+  EXPECT_EQ(help.exit_code, 1) << help.output;
+  EXPECT_NE(help.output.find("Usage:"), std::string::npos) << help.output;
+  EXPECT_EQ(count(help.output, "distmuon: error"), 1u) << help.output;
+  EXPECT_NE(help.output.find("rank 1 of 2 printed the help (--help) and ran nothing"),
+            std::string::npos)
+      << help.output;
+  for (const test::CliRun* r : {&version, &help}) {
+    EXPECT_EQ(r->output.find("MPI_ABORT"), std::string::npos) << r->output;
+    EXPECT_EQ(r->output.find("This should be caught"), std::string::npos) << r->output;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(CliBasics, AnErrorOfEveryRankIsPrintedOnce) {
   const auto dir = test::fresh_test_dir("distmuon_cli_basics");
   // Rank 0 cannot read the input; the ranks agree on it and each ends without MPI_Abort.

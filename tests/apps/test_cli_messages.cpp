@@ -41,7 +41,9 @@ class CliMessages : public ::testing::Test {
     EXPECT_LT(s, 30.0) << args << ": refused only after " << s << " s";
     EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
     for (const char* internal :
-         {"[json.exception", "basic_filebuf", "std::bad_alloc", "MPI_ERR", "MPI_ABORT", "what():"})
+         {"[json.exception", "basic_filebuf", "std::bad_alloc", "MPI_ERR", "MPI_ABORT",
+          "what():", "This should be caught", "Could not convert", "required INT", "required UINT",
+          "required TEXT", "required FLOAT", "required NUMBER"})
       EXPECT_EQ(r.output.find(internal), std::string::npos) << args << "\n" << r.output;
     return r;
   }
@@ -84,6 +86,18 @@ TEST_F(CliMessages, CalibrateAndPlanSizesAreBounded) {
 }
 
 // ---- section 4: refused instead of silently ignored -------------------------------------------
+
+// CLI11's own texts that name C++ types or its internals, rewritten: a missing value, a value
+// that does not convert (past the option's integer type), on one process and on one rank of two.
+TEST_F(CliMessages, ParseErrorsNameNoTypes) {
+  expect_refused("train --steps", "--steps: its value is missing", 0);
+  expect_refused("--log-level", "--log-level: its value is missing", 0);
+  expect_refused("orthogonalize --steps 99999999999999",
+                 "--steps: 99999999999999 is not a value of this option", 0);
+  expect_refused("train --step-timeout", "--step-timeout: its value is missing", 2);
+  expect_refused("train --steps 3 --steps 4", "--steps: given 2 times, at most 1", 0);
+  expect_refused("nonsense", "no command given (or an unknown one): one of demo,", 0);
+}
 
 TEST_F(CliMessages, LogLevelIsCheckedAndAcceptedAfterTheSubcommand) {
   expect_refused("--log-level bogus plan --shape 8x8", "bogus", 0);

@@ -154,6 +154,40 @@ def test_bad_option_values_name_the_option():
         distmuon.Muon(COMM, lr=[0.1])
 
 
+def test_step_deadline_option():
+    # Checked like every option; with every rank on time the gate changes nothing (the same
+    # weights as without it, bit for bit).
+    with pytest.raises(distmuon.Error, match="step_timeout_s = -1 is invalid"):
+        distmuon.Muon(COMM, step_timeout_s=-1)
+    with pytest.raises(ValueError, match="option 'step_timeout_s' must be a finite number"):
+        distmuon.Muon(COMM, step_timeout_s=float("inf"))
+    gated = distmuon.Muon(COMM, tp_mode="duplicated", lr=0.05, step_timeout_s=30)
+    plain = distmuon.Muon(COMM, tp_mode="duplicated", lr=0.05)
+    assert gated.options["step_timeout_s"] == 30
+    shards = []
+    for opt in (gated, plain):
+        s = shard(full_weight(32, 24, 0), 0, G, R)
+        opt.add_parameter(s, "w0", 32, 24, tp_dim=0, tp_group=COMM)
+        shards.append(s)
+    for step in range(1, 4):
+        g = shard(full_grad(32, 24, 0, step), 0, G, R)
+        gated.step([g])
+        plain.step([g])
+    assert gated.step_count == 3
+    np.testing.assert_array_equal(shards[0], shards[1])  # tolerance 0: the gate moves no data
+    if G > 1:
+        # A step count changed on one rank only (AdamW's bias correction would differ silently):
+        # the gate sees the ranks at different steps, every rank raises, nothing changes.
+        before = shards[0].copy()
+        if R == G - 1:
+            gated._core.step_count = 7
+        with pytest.raises(distmuon.CollectiveError,
+                           match=rf"optimizer step 4: the ranks are at different steps "
+                                 rf"\(rank:step {G - 1}:8\)"):
+            gated.step([shard(full_grad(32, 24, 0, 4), 0, G, R)])
+        np.testing.assert_array_equal(shards[0], before)
+
+
 def test_bad_gradient_raises_on_every_rank():
     opt, _ = sharded_run("duplicated", 0)
     grads = [shard(full_grad(m, n, k, 1), dim, G, R) for k, (_, m, n, dim) in enumerate(WEIGHTS)]

@@ -160,3 +160,23 @@ def test_parameters_left_on_meta_refused_at_the_first_step():
     opt = dmt.Muon([w])
     with pytest.raises(distmuon.Error, match="still on the meta device"):
         opt.step()
+
+
+def test_group_and_option_mistakes_are_said_without_type_prefixes():
+    """No KeyError: 'params' from torch's internals, no "'<=' not supported" comparison error, and
+    agreed reasons without an exception class in front ("Error: ...")."""
+    p = torch.nn.Parameter(torch.zeros(4, 4))
+    with pytest.raises(ValueError, match=r"a param group needs 'params' \(its parameters\); "
+                                         r"it has 'lr'"):
+        dmt.Muon([{"lr": 0.1}])
+    opt = dmt.Muon([p])
+    with pytest.raises(ValueError, match="a param group needs 'params'"):
+        opt.add_param_group({"lr": 0.1})
+    with pytest.raises(TypeError, match="lr must be a number, got str 'x'"):
+        dmt.Muon([p], lr="x")
+    with pytest.raises(distmuon.CollectiveError) as info:
+        opt.load_state_dict({})
+    message = str(info.value)
+    assert "not an optimizer state dict" in message, message
+    for prefix in ("Error: ", "KeyError", "TypeError: ", "ValueError: "):
+        assert prefix not in message, message

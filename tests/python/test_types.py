@@ -29,6 +29,9 @@ CASES = [
     (lambda: distmuon.plan(5), ["shapes", "int"]),
     (lambda: distmuon.process_groups(None, "2", 1), ["int", "str"]),
     (lambda: _core_muon().save(5), ["int"]),
+    # The right type past the C++ argument's range: the argument and its value, no signature.
+    (lambda: distmuon.newton_schulz(W, steps=2**40), ["'steps'", "1099511627776", "range"]),
+    (lambda: distmuon.plan([(64, 64)], steps=2**40), ["'steps'", "1099511627776", "range"]),
 ]
 
 
@@ -41,6 +44,7 @@ def test_wrong_types_are_named(case):
     print(message)
     assert "incompatible function arguments" not in message
     assert "following argument types" not in message
+    assert "do not match" not in message
     for w in words:
         assert w in message, (w, message)
 
@@ -62,3 +66,30 @@ def test_every_binding_is_translated():
                         if type(v).__name__ == "instancemethod" and not m.startswith("__")]
     assert not missing, missing
     assert hasattr(_core.newton_schulz, "__wrapped__")
+
+
+@pytest.mark.parametrize("state, words", [
+    ({}, "no 'params'"),
+    ({"params": []}, "no 'step'"),
+    ({"params": 3, "step": 0}, "'params' must be a list"),
+    ({"params": [{"state": []}], "step": 0}, "parameter 0 of the state has no 'name'"),
+    ([], "expected the dict of a state_dict()"),
+])
+def test_a_malformed_state_dict_is_named(state, words):
+    """No KeyError: 'params' from deep inside: what the state lacks, as distmuon.Error."""
+    opt = _core_muon()
+    opt.add_parameter(np.zeros((4, 4), np.float32), "w")
+    with pytest.raises(distmuon.Error) as info:
+        opt.load_state_dict(state)
+    assert words in str(info.value), str(info.value)
+
+
+def test_errors_are_distmuon_errors_by_name():
+    """A traceback says "distmuon.Error: ...", not the extension's "distmuon._core.Error"."""
+    import traceback
+    assert distmuon.Error.__module__ == "distmuon"
+    assert distmuon.CollectiveError.__module__ == "distmuon"
+    with pytest.raises(distmuon.Error) as info:
+        distmuon.newton_schulz(W, steps=-1)
+    line = traceback.format_exception_only(info.type, info.value)[-1]
+    assert line.startswith("distmuon.Error: "), line

@@ -86,6 +86,8 @@ MPI_Datatype reducible(DType t, const char* op) {
 
 // The tag of the failure notices (CommImpl::post_notice); collectives never use tags.
 constexpr int kNoticeTag = 7301;
+// The tag of the step gate's messages (CommImpl::post_gate).
+constexpr int kGateTag = 7302;
 
 int checked_count(std::size_t count, const char* op) {
   if (count > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
@@ -135,6 +137,14 @@ class MpiComm final : public CommImpl {
   ~MpiComm() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    // A gate message still in flight (to a rank that never received it) keeps its text.
+    for (auto& send : gate_sends_) {
+      int done = 0;
+      if (!finalized && MPI_Test(&send->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+          done == 0 && MPI_Request_free(&send->request) == MPI_SUCCESS) {
+        (void)send.release();
+      }
+    }
     if (owned_ && !finalized) MPI_Comm_free(&comm_);  // best effort in a destructor
   }
 
@@ -286,6 +296,33 @@ class MpiComm final : public CommImpl {
         "Recv", "(a failure notice)");
     return std::make_pair(st.MPI_SOURCE, std::move(text));
   }
+  // The step gate's messages: sent without waiting, each text kept with its request until the
+  // send completes (tested at the next post; a send to a rank that stopped stays pending).
+  bool has_gate() const override { return true; }
+  void post_gate(int to, const std::string& text) override {
+    std::erase_if(gate_sends_, [](const std::unique_ptr<GateSend>& s) {
+      int done = 0;
+      check_mpi(MPI_Test(&s->request, &done, MPI_STATUS_IGNORE), "Test", "(a step gate message)");
+      return done != 0;
+    });
+    auto& s = gate_sends_.emplace_back(std::make_unique<GateSend>());
+    s->text = text;
+    check_mpi(MPI_Isend(s->text.data(), checked_count(s->text.size(), "Isend"), MPI_CHAR, to,
+                        kGateTag, comm_, &s->request),
+              "Isend", "(a step gate message)");
+  }
+  std::optional<std::string> poll_gate(int from) override {
+    int flag = 0;
+    MPI_Status st;
+    check_mpi(MPI_Iprobe(from, kGateTag, comm_, &flag, &st), "Iprobe", "(a step gate message)");
+    if (!flag) return std::nullopt;
+    int n = 0;
+    check_mpi(MPI_Get_count(&st, MPI_CHAR, &n), "Get_count");
+    std::string text(static_cast<std::size_t>(n), '\0');
+    check_mpi(MPI_Recv(text.data(), n, MPI_CHAR, from, kGateTag, comm_, MPI_STATUS_IGNORE), "Recv",
+              "(a step gate message)");
+    return text;
+  }
   // Called while an error is being built: a failed MPI call gives "not known" instead of a
   // second error that would hide the first.
   GroupPlacement placement() const override {
@@ -324,6 +361,12 @@ class MpiComm final : public CommImpl {
   bool owned_;
   std::mutex notice_mutex_;
   std::deque<std::string> notices_;  // posted notices (their sends may still be in flight)
+  struct GateSend {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::string text;
+  };
+  // Step gate messages whose sends may be in flight (the text must stay where it is: pointers).
+  std::vector<std::unique_ptr<GateSend>> gate_sends_;
   int rank_ = 0;
   int size_ = 1;
 };
