@@ -220,7 +220,8 @@ int gram_ns_gram_count(const NsOptions& opts);
 // The plain-GEMM count used for reporting GFLOP/s: steps * (4 s^2 L + 2 s^3).
 double ns_gemm_flops(Index m, Index n, int steps);
 // Bytes of the NsWorkspace an m x n NS fills (either algorithm: gram, poly and the Gram
-// algorithm's three s x s matrices, next m x n; float32), as a double so that no size wraps.
+// algorithm's three s x s matrices, next m x n, or standard bf16's scratch; float32), as a double
+// so that no size wraps.
 // For memory estimates (memory_check.h) before allocating.
 double ns_workspace_bytes(Index m, Index n);
 

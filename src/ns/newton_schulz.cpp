@@ -132,7 +132,8 @@ double ns_gemm_flops(Index m, Index n, int steps) {
 
 double ns_workspace_bytes(Index m, Index n) {
   const double s = static_cast<double>(std::min(m, n));
-  return sizeof(float) * (5.0 * s * s + static_cast<double>(m) * static_cast<double>(n));
+  // The bf16 scratch (ns_bf16_scratch_floats: 2 s^2 + m n + 48) fits in this but for s < 4.
+  return sizeof(float) * (5.0 * s * s + static_cast<double>(m) * static_cast<double>(n) + 48.0);
 }
 
 }  // namespace distmuon
