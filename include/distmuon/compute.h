@@ -172,8 +172,7 @@ class Compute {
   // backend, which keeps X, A and B in bf16 in the scratch and multiplies equal shapes as one
   // strided-batched product (docs/precision.md, "bf16 storage").
   virtual void newton_schulz_bf16(std::span<const MatrixView> xs, bool rows,
-                                  std::span<const NsStep> steps, bool use_syrk,
-                                  MatrixView scratch);
+                                  std::span<const NsStep> steps, bool use_syrk, MatrixView scratch);
   // Every element of a rounded to `precision`'s operand format, kept in fp32 (round_to in
   // precision.h); nothing for fp32. Newton-Schulz rounds its Gram matrix so, so that both of
   // its uses in the polynomial see the same matrix (docs/precision.md).

@@ -42,8 +42,7 @@ void check_ns_bf16_args(const char* op, std::span<const MatrixView> xs, bool row
 }  // namespace detail
 
 void Compute::newton_schulz_bf16(std::span<const MatrixView> xs, bool rows,
-                                 std::span<const NsStep> steps, bool use_syrk,
-                                 MatrixView scratch) {
+                                 std::span<const NsStep> steps, bool use_syrk, MatrixView scratch) {
   detail::check_ns_bf16_args("newton_schulz_bf16", xs, rows, scratch);
   constexpr Precision kBf16 = Precision::kBf16;
   for (const MatrixView& x : xs) {

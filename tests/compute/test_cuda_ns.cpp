@@ -243,8 +243,10 @@ TEST(CudaNewtonSchulz, Bf16StorageMatchesTheCpuEmulation) {
     GTEST_SKIP() << "DISTMUON_CUDA_PRECISION is not bf16";
   }
   auto cuda = make_cuda_compute();
-  const NsStep quintic[] = {{4.0848f, -6.8946f, 2.9270f}, {3.9505f, -6.3029f, 2.6377f},
-                            {3.7418f, -5.5913f, 2.3037f}, {2.8769f, -3.1427f, 1.2046f},
+  const NsStep quintic[] = {{4.0848f, -6.8946f, 2.9270f},
+                            {3.9505f, -6.3029f, 2.6377f},
+                            {3.7418f, -5.5913f, 2.3037f},
+                            {2.8769f, -3.1427f, 1.2046f},
                             {2.8366f, -3.0525f, 1.2012f}};
   const NsStep cubic[] = {{1.5f, -0.5f, 0.0f}};
   // {64, 160} and {160, 64}: both Gram sides; {2048, 2560}: the triangle products (s = 2048 is
@@ -259,7 +261,8 @@ TEST(CudaNewtonSchulz, Bf16StorageMatchesTheCpuEmulation) {
       const std::string what = fmt::format("{} syrk {}", shape_str(m, n), syrk);
       const Bf16Run none = run_bf16(*cuda, m, n, 1, rows, syrk, {});
       EXPECT_EQ(relative_error(none.cuda[0].view(), none.cpu[0].view()), 0.0) << what;
-      for (const auto& one : {std::span<const NsStep>(quintic, 1), std::span<const NsStep>(cubic)}) {
+      for (const auto& one :
+           {std::span<const NsStep>(quintic, 1), std::span<const NsStep>(cubic)}) {
         const Bf16Run r = run_bf16(*cuda, m, n, 1, rows, syrk, one);
         Index equal = 0;
         double worst = 0, largest = 0;
@@ -271,8 +274,8 @@ TEST(CudaNewtonSchulz, Bf16StorageMatchesTheCpuEmulation) {
             largest = std::max(largest, std::abs(want));
           }
         const double share = double(equal) / double(m * n);
-        std::printf("bf16 storage, one step (c %g), %s: %.2f%% bit-equal, worst %.2e\n",
-                    one[0].c, what.c_str(), 100 * share, worst / largest);
+        std::printf("bf16 storage, one step (c %g), %s: %.2f%% bit-equal, worst %.2e\n", one[0].c,
+                    what.c_str(), 100 * share, worst / largest);
         EXPECT_GE(share, 0.95) << what;
         EXPECT_LE(worst, std::ldexp(largest, -6)) << what;
       }

@@ -98,8 +98,9 @@ TEST(NsBf16Storage, OneStepFollowsTheRoundingOrder) {
             largest = std::max(largest, std::abs(double(want(i, j))));
           }
         const double share = double(equal) / double(got.size());
-        const std::string what = fmt::format("c {} rows {} syrk {}: {:.1f}% bit-equal, worst {:.2e}",
-                                             k.c, rows, syrk, 100 * share, worst / largest);
+        const std::string what =
+            fmt::format("c {} rows {} syrk {}: {:.1f}% bit-equal, worst {:.2e}", k.c, rows, syrk,
+                        100 * share, worst / largest);
         std::printf("%s\n", what.c_str());
         EXPECT_LE(worst, std::ldexp(largest, -6)) << what;
         EXPECT_GE(share, 0.99) << what;

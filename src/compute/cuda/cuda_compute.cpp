@@ -422,7 +422,8 @@ class CudaCompute final : public Compute {
                                  a, type, lda, beta, c.data, CUDA_R_32F, c.ld, ct);
   }
   void** block_pointers() {
-    return static_cast<void**>(scratch(block_pointers_, 3 * cuda::kMaxTriangleBlocks * sizeof(void*),
+    return static_cast<void**>(scratch(block_pointers_,
+                                       3 * cuda::kMaxTriangleBlocks * sizeof(void*),
                                        "the block pointers of a syrk"));
   }
 
@@ -552,8 +553,8 @@ class CudaCompute final : public Compute {
   Scratch results_;               // the batched reductions' device slots
   void* host_results_ = nullptr;  // their pinned host twin, results_.bytes long
   Scratch norm_slot_;             // normalize's sum of squares (one double, made on first use)
-  Scratch block_pointers_;  // upper_triangle_product's pointer arrays (made on first use)
-  Scratch bf16_[2];         // Precision::kBf16: the bf16 copies of a product's operands
+  Scratch block_pointers_;        // upper_triangle_product's pointer arrays (made on first use)
+  Scratch bf16_[2];               // Precision::kBf16: the bf16 copies of a product's operands
   std::mutex comm_mutex_;
   std::map<const CommImpl*, std::weak_ptr<CommImpl>> comms_;
   std::shared_ptr<NcclDevice> nccl_device_;  // its NCCL communicators' (made with the first)

@@ -323,8 +323,8 @@ cudaError_t mirror_upper(cudaStream_t s, Dev c) {
 cudaError_t mirror_upper_bf16(cudaStream_t s, void* c, std::int64_t n, std::int64_t ld) {
   if (n <= 1) return cudaSuccess;
   const auto tiles = static_cast<unsigned>((n + kTile - 1) / kTile);
-  mirror_kernel<__nv_bfloat16><<<dim3(tiles, tiles), dim3(kTile, kTileRows), 0, s>>>(
-      static_cast<__nv_bfloat16*>(c), n, ld);
+  mirror_kernel<__nv_bfloat16>
+      <<<dim3(tiles, tiles), dim3(kTile, kTileRows), 0, s>>>(static_cast<__nv_bfloat16*>(c), n, ld);
   return cudaGetLastError();
 }
 

@@ -60,9 +60,9 @@ void upper_triangle_product(const Blas& blas, void** pointers, const char* what,
   // op(a)'s row block i starts i bs rows down a (not transposed) or i bs columns right
   // (transposed: op(a) = a^T).
   const std::int64_t a_step = (ta == Trans::kNo ? bs * lda : bs) * a_elem;
-  check(upper_block_pointers(blas.stream, a, a_step, c, static_cast<std::int64_t>(bs * ldc) * c_elem,
-                             static_cast<std::int64_t>(bs) * c_elem, t, row_block, col_block,
-                             c_block),
+  check(upper_block_pointers(
+            blas.stream, a, a_step, c, static_cast<std::int64_t>(bs * ldc) * c_elem,
+            static_cast<std::int64_t>(bs) * c_elem, t, row_block, col_block, c_block),
         "upper_block_pointers kernel", context());
   // Block (i, j), row-major: c_ij = alpha op(a)_i op(a)_j^T + beta c_ij, which cuBLAS's
   // column-major convention computes as c_ij^T: the column block j is cuBLAS's A and the row
@@ -127,9 +127,7 @@ void newton_schulz_bf16(const Blas& blas, void** pointers, std::span<const Matri
   std::uint16_t* next = x + count * sx;
   std::uint16_t* a = next + count * sx;
   std::uint16_t* p = a + count * sa;
-  const auto bytes = [](Index elements) {
-    return static_cast<std::size_t>(elements) * kBf16Bytes;
-  };
+  const auto bytes = [](Index elements) { return static_cast<std::size_t>(elements) * kBf16Bytes; };
   const auto shape = [&] { return fmt::format("{}: {}", kOp, shape_str(m, n)); };
   for (int i = 0; i < count; ++i) {
     check(to_bf16(blas.stream, ConstDev{xs[i].data, m, n, xs[i].ld}, x + i * sx), "to_bf16 kernel",
@@ -144,8 +142,8 @@ void newton_schulz_bf16(const Blas& blas, void** pointers, std::span<const Matri
       upper_triangle_product(blas, pointers, kOp, t, s, l, 1.0f, x, CUDA_R_16BF, n, 0.0f, a,
                              CUDA_R_16BF, s, CUBLAS_COMPUTE_32F);
     } else {
-      bf16_product(blas, kOp, t, rows ? Trans::kYes : Trans::kNo, s, s, l, 1.0f, x, n, sx, x, n,
-                   sx, 0.0f, a, s, sa, count);
+      bf16_product(blas, kOp, t, rows ? Trans::kYes : Trans::kNo, s, s, l, 1.0f, x, n, sx, x, n, sx,
+                   0.0f, a, s, sa, count);
     }
     // B = bf16(c A A + b A), beta = b on a copy of A; c = 0: B = A and b is the next alpha.
     const std::uint16_t* b = a;
