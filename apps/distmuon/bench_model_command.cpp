@@ -63,22 +63,22 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
                "With --model: also time the weights replicated over the ranks (data parallel, "
                "unsharded): every rank's Newton-Schulz against one home rank per weight")
       ->needs(m);
-  auto* r = cmd.get_option("--replicated");
   cmd.add_option("--pipeline", pipeline,
-                 "With --replicated: chunks of the pipelined home schedule (timed beside the "
-                 "serial one)")
+                 "With --model: chunks of the pipelined owner and home schedules (owner's timed "
+                 "beside its serial schedule; the homes' with --replicated)")
       ->check(at_least<int>(1))
       ->capture_default_str()
-      ->needs(r);
+      ->needs(m);
   cmd.add_option("--link-latency-us", link_latency_us,
-                 "With --replicated: emulate a link of this latency under the replicas' exchange")
+                 "With --model: emulate a link of this latency under owner mode's exchanges and "
+                 "(with --replicated) the replicas' exchange")
       ->check(at_least<double>(0))
-      ->needs(r);
+      ->needs(m);
   cmd.add_option("--link-gbps", link_gbps,
-                 "With --replicated: emulate a link of this bandwidth (GB/s) under the replicas' "
-                 "exchange")
+                 "With --model: emulate a link of this bandwidth (GB/s) under owner mode's "
+                 "exchanges and (with --replicated) the replicas' exchange")
       ->check(at_least<double>(0))
-      ->needs(r);
+      ->needs(m);
   cmd.add_option("--plan-reps", plan_reps,
                  "With --plan measure: timed rounds of the planner's candidates (after one "
                  "warm-up)")

@@ -21,7 +21,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       "train", "Train the character-level model with Muon on weights sharded over the ranks");
   struct Opts {
     std::string config, data, tp_mode, profile, cost_model, plan, wisdom, log, checkpoint, resume,
-        plot, compare, ns_algorithm, precision, weights, replica_mode;
+        plot, compare, ns_algorithm, precision, weights, replica_mode, replica_wire;
     std::uint64_t seed = 0;
     int steps = 0, log_interval = 0, eval_interval = 0, checkpoint_every = 0;
     double progress = 1.0;
@@ -50,6 +50,11 @@ void add_train_command(CLI::App& app, Context& ctx) {
                   "Replicated weights: orthogonalised on one home rank each (home), by every rank "
                   "(every_rank), or as the cost model decides (auto)")
       ->check(CLI::IsMember({"auto", "home", "every_rank"}));
+  cmd->add_option(
+         "--replica-wire", o->replica_wire,
+         "Replicated weights: how a home's result reaches the other replicas: fp32 (bit-equal "
+         "to every rank's NS) or bf16 (half the bytes, each element rounded to bf16)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--ns-algorithm", o->ns_algorithm,
                   "Newton-Schulz algorithm (default: the config's, standard: every tp-mode gives "
                   "duplicated's result); auto: tp-mode auto picks standard or gram per weight, "
@@ -125,6 +130,7 @@ void add_train_command(CLI::App& app, Context& ctx) {
       if (!o->weights.empty()) config.train.weights = o->weights;
       if (!o->tp_mode.empty()) config.optimizer["tp_mode"] = o->tp_mode;
       if (!o->replica_mode.empty()) config.optimizer["replica_mode"] = o->replica_mode;
+      if (!o->replica_wire.empty()) config.optimizer["replica_wire"] = o->replica_wire;
       if (!o->ns_algorithm.empty()) config.optimizer["ns_algorithm"] = o->ns_algorithm;
       if (!o->precision.empty()) config.optimizer["precision"] = o->precision;
       if (!o->profile.empty()) config.optimizer["profile"] = o->profile;

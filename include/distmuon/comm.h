@@ -24,6 +24,11 @@ enum class DType { kF32, kF64, kI32, kI64, kU8, kBf16, kF16 };
 std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
+// A bf16 value's bits, moved as they are (DType::kBf16): the bf16 wire's element.
+struct Bf16Bits {
+  std::uint16_t bits;
+};
+
 template <typename T>
 constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>)
@@ -34,6 +39,8 @@ constexpr DType dtype_of() {
     return DType::kI32;
   else if constexpr (std::is_same_v<T, std::int64_t>)
     return DType::kI64;
+  else if constexpr (std::is_same_v<T, Bf16Bits>)
+    return DType::kBf16;
   else {
     static_assert(std::is_same_v<T, std::uint8_t> || std::is_same_v<T, char>,
                   "unsupported element type");

@@ -177,6 +177,13 @@ class Compute {
   // precision.h); nothing for fp32. Newton-Schulz rounds its Gram matrix so, so that both of
   // its uses in the polynomial see the same matrix (docs/precision.md).
   virtual void round(MatrixView a, Precision precision) = 0;
+  // The bf16 wire of replicated weights (MuonOptions::replica_wire): a's elements rounded to bf16
+  // (to nearest even, as round rounds them) and packed in row-major order into dst, two values
+  // per float of this backend's memory (ceil(rows cols / 2) floats); unpack_bf16 writes such
+  // values back into a, exactly. Default: distmuon::Error (a backend without a bf16 wire); an
+  // empty a packs nothing on a backend that has it (Muon asks so before any collective).
+  virtual void pack_bf16(ConstMatrixView a, float* dst);
+  virtual void unpack_bf16(const float* src, MatrixView a);
 
   // Elementwise operations on matrices in the backend's memory; shapes must match (any leading
   // dimensions), else distmuon::Error.

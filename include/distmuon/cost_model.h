@@ -150,9 +150,10 @@ struct ReplicaBucketEstimate {
   double home_cost() const { return compute + comm_s; }
   bool chose_home() const { return home_cost() < every_rank; }
 };
+// wire_bytes: bytes per element of the homes' results on the wire (4: fp32; 2: the bf16 wire).
 ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int replicas,
                                               bool crosses, const HardwareProfile* profile,
-                                              CostModel model);
+                                              CostModel model, double wire_bytes = 4.0);
 
 // The largest number of ranks a weight's groups may span (group_size x second_group_size): the
 // owner estimate keeps per-rank loads, so an absurd group (-G 1000000000) would allocate gigabytes.

@@ -62,8 +62,10 @@ struct ModelBenchConfig {
   // Also time the weights replicated over the group (data parallelism, unsharded): every rank's
   // NS of every weight against one home per weight (ModelBenchReplicated).
   bool replicated = false;
-  // Replicated: the chunks of the pipelined home schedule (timed beside the serial one), and an
-  // emulated link (emulated_link_communicator) under the replicas' exchange (zeros: none).
+  // The chunks of the pipelined owner and home schedules (owner's first run also timed on the
+  // serial schedule; the homes' with replicated), and an emulated link
+  // (emulated_link_communicator) under owner mode's exchanges and the replicas' (zeros: none;
+  // the per-shape candidates run without it).
   int pipeline = 4;
   LinkModel link;
   // Called (where set) before each timed round with what is being measured, e.g. "round 2 of 6";
@@ -101,6 +103,9 @@ struct ModelBenchOwner {
   TimingSummary time;
   double predicted_s = 0;  // estimate_owner_bucket's cost with a profile (else 0)
   double planned_s = 0;    // plan measure: the planner's time of this run, when it timed it
+  // The first run again on the serial schedule (one exchange per stage, ModelBenchConfig's
+  // pipeline > 1), timed beside the pipelined runs; never auto's choice.
+  bool serial = false;
 };
 
 // The model's weights replicated over the group (ModelBenchConfig::replicated): one optimizer

@@ -61,11 +61,18 @@ enum class ScaleMode { kSpectral, kShapeScaling, kUnitRmsNorm };
 // runs the same NS on its own copy; auto: home for a fixed tp_mode, the cost model's choice per
 // bucket of replicated weights with tp_mode auto. Every choice gives the same bits.
 enum class ReplicaMode { kAuto, kHome, kEveryRank };
+// How a home's result travels to the other replicas: fp32 (the default: bit-equal to every-rank
+// NS), or bf16 (half the bytes; the home rounds its own copy too, so that the replicas stay
+// equal: each element of the update within bf16's rounding, 2^-8 relative, of fp32's;
+// docs/data-parallel.md).
+enum class ReplicaWire { kFp32, kBf16 };
 
 WeightDecayMethod parse_weight_decay_method(std::string_view name);  // throws, listing valid
 ScaleMode parse_scale_mode(std::string_view name);                   // throws, listing valid
 ReplicaMode parse_replica_mode(std::string_view name);               // throws, listing valid
 const char* to_string(ReplicaMode mode);
+ReplicaWire parse_replica_wire(std::string_view name);  // throws, listing valid
+const char* to_string(ReplicaWire wire);
 const char* to_string(WeightDecayMethod method);
 const char* to_string(ScaleMode mode);
 // The scale factor of an m x n update (without extra_scale_factor).
@@ -101,8 +108,9 @@ struct MuonOptions {
   TpMode tp_mode = TpMode::kAuto;
   // Replicated weights (ParamSpec::dp_group): JSON "replica_mode" auto, home or every_rank.
   ReplicaMode replica_mode = ReplicaMode::kAuto;
-  std::string cost_model = "refined";  // auto: "refined" or "reference"
-  std::string profile = "none";        // auto: "none", a built-in profile name or a JSON file
+  ReplicaWire replica_wire = ReplicaWire::kFp32;  // JSON "replica_wire": fp32 or bf16
+  std::string cost_model = "refined";             // auto: "refined" or "reference"
+  std::string profile = "none";  // auto: "none", a built-in profile name or a JSON file
   // auto: plan by the cost model's estimate, or measure its leading candidates before the first
   // step (measure_plan.h); wisdom: the file measure mode reads and writes (empty: none).
   PlanMode plan = PlanMode::kEstimate;

@@ -105,6 +105,18 @@ class TorchCollectives:
                                input_split_sizes=list(send_counts), group=self.group)
         self._back(recv, r)
 
+    def start_all_to_all_v(self, send, send_counts, recv, recv_counts):
+        """all_to_all_v started without waiting (async_op=True): returns torch's work handle,
+        whose wait() completes it; send and recv stay in use until then. A group that stages its
+        buffers through CUDA runs the blocking call and returns None (nothing left to wait for)."""
+        if self._stage is not None:
+            self.all_to_all_v(send, send_counts, recv, recv_counts)
+            return None
+        return dist.all_to_all_single(torch.from_numpy(recv), torch.from_numpy(send),
+                                      output_split_sizes=list(recv_counts),
+                                      input_split_sizes=list(send_counts), group=self.group,
+                                      async_op=True)
+
     def barrier(self):
         dist.barrier(group=self.group)
 

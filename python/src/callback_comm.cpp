@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "comm.h"
@@ -32,10 +33,26 @@ py::dtype numpy_dtype(DType t) {
       return py::dtype::of<std::uint8_t>();
     case DType::kF16:
       return py::dtype("float16");
-    case DType::kBf16:
-      throw Error("a Python communicator cannot move bf16 buffers (NumPy has no bf16)");
+    case DType::kBf16:  // NumPy has no bf16: its bits move as float16's, never reduced
+      return py::dtype("float16");
   }
   DISTMUON_ASSERT(false, "unknown dtype");
+}
+
+// Whether the chunks of n ranks lie packed: rank r's at the sum of the counts before it.
+bool is_packed(const std::size_t* counts, const std::size_t* displs, std::size_t n) {
+  std::size_t at = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (displs[r] != at) return false;
+    at += counts[r];
+  }
+  return true;
+}
+
+// bf16 travels as bits (the bf16 wire moves it); adding it as float16 would be wrong.
+void refuse_bf16(const char* op, DType t) {
+  if (t == DType::kBf16)
+    throw Error(fmt::format("a Python communicator cannot reduce bf16 values ({})", op));
 }
 
 const char* op_name(ReduceOp op) {
@@ -102,10 +119,12 @@ class CallbackComm final : public CommImpl {
     });
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
+    refuse_bf16("all_reduce", t);
     call("all_reduce", [&] { impl_.attr("all_reduce")(borrow(buf, count, t), op_name(op)); });
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                       ReduceOp op) override {
+    refuse_bf16("reduce_scatter", t);
     call("reduce_scatter", [&] {
       impl_.attr("reduce_scatter")(borrow(send, count * static_cast<std::size_t>(size_), t),
                                    borrow(recv, count, t), op_name(op));
@@ -125,12 +144,7 @@ class CallbackComm final : public CommImpl {
       // torch's all_to_all_single takes packed buffers: pack/unpack when the displacements leave
       // gaps (distmuon's own callers pass packed buffers, so this is the exception).
       const auto packed = [n](const std::size_t* counts, const std::size_t* displs) {
-        std::size_t at = 0;
-        for (std::size_t r = 0; r < n; ++r) {
-          if (displs[r] != at) return false;
-          at += counts[r];
-        }
-        return true;
+        return is_packed(counts, displs, n);
       };
       const std::size_t es = dtype_size(t);
       const std::size_t sent = std::accumulate(send_counts, send_counts + n, std::size_t{0});
@@ -158,6 +172,32 @@ class CallbackComm final : public CommImpl {
                       recv_counts[k] * es);
       }
     });
+  }
+  // Started with torch's async_op (the object's start_all_to_all_v returns a work handle) when
+  // both buffers are packed; otherwise the blocking call, returned completed.
+  std::unique_ptr<CommRequest> start_all_to_all_v(const void* send, const std::size_t* send_counts,
+                                                  const std::size_t* send_displs, void* recv,
+                                                  const std::size_t* recv_counts,
+                                                  const std::size_t* recv_displs,
+                                                  DType t) override {
+    const auto n = static_cast<std::size_t>(size_);
+    bool started = false;
+    py::object work;
+    if (is_packed(send_counts, send_displs, n) && is_packed(recv_counts, recv_displs, n)) {
+      call("all_to_all_v", [&] {
+        if (!py::hasattr(impl_, "start_all_to_all_v")) return;
+        const std::size_t sent = std::accumulate(send_counts, send_counts + n, std::size_t{0});
+        const std::size_t got = std::accumulate(recv_counts, recv_counts + n, std::size_t{0});
+        work = impl_.attr("start_all_to_all_v")(borrow(send, sent, t), counts_list(send_counts, n),
+                                                borrow(recv, got, t), counts_list(recv_counts, n));
+        started = true;
+      });
+    }
+    if (!started) {
+      return CommImpl::start_all_to_all_v(send, send_counts, send_displs, recv, recv_counts,
+                                          recv_displs, t);
+    }
+    return std::make_unique<TorchWork>(*this, std::move(work));
   }
   void barrier() override {
     call("barrier", [&] { impl_.attr("barrier")(); });
@@ -203,6 +243,31 @@ class CallbackComm final : public CommImpl {
                               e.what()));
     }
   }
+  // torch's work handle of a started all_to_all_v (None: already complete). The destructor waits
+  // (errors ignored) when wait() was not called, so that the buffers outlive the transfer.
+  class TorchWork final : public CommRequest {
+   public:
+    TorchWork(CallbackComm& comm, py::object work) : comm_(comm), work_(std::move(work)) {}
+    void wait() override {
+      comm_.call("all_to_all_v (wait)", [&] {
+        py::object w = std::exchange(work_, py::none());
+        if (!w.is_none()) w.attr("wait")();
+      });
+    }
+    ~TorchWork() override {
+      py::gil_scoped_acquire gil;
+      try {
+        if (!work_.is_none()) work_.attr("wait")();
+      } catch (const std::exception&) {  // best effort: the caller is unwinding already
+      }
+      work_ = py::object();
+    }
+
+   private:
+    CallbackComm& comm_;
+    py::object work_;
+  };
+
   py::object impl_;
   int rank_ = 0, size_ = 1;
   GroupPlacement placement_;  // not known unless the object says

@@ -96,7 +96,7 @@ double bench_memory_bytes(const std::vector<ModelBenchShape>& shapes, int g, boo
     const double shard = full / g + static_cast<double>(s.n);  // rows rounded up
     const double count = static_cast<double>(s.count);
     bytes += sizeof(float) * (2 * full + 2 * shard) + ns_workspace_bytes(s.m, s.n);
-    const double owner_runs = g > 1 ? 3 : 0;  // owner is measured on more than one rank only
+    const double owner_runs = g > 1 ? 4 : 0;  // owner is measured on more than one rank only
     bytes += count * (sizeof(AutoKey) + sizeof(CostEstimate) + sizeof(AutoChoice) +
                       (g > 1 ? sizeof(float) * (full / g + 2 * shard) : 0) +
                       owner_runs * (sizeof(DeviceMatrix) + sizeof(float) * shard + 64));
@@ -323,15 +323,32 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
       task_samples.push_back(&samples[i][c]);
     }
   }
-  std::vector<std::pair<std::string, std::vector<NsAlgorithm>>> owner_runs;
+  // Owner runs: every one pipelined (config.pipeline chunks: a chunk's gather and the previous
+  // one's scatter in flight while its NS runs), and the first also on the serial schedule (one
+  // exchange per stage), both over the emulated link when one is set.
+  struct OwnerConfig {
+    std::string label;
+    std::vector<NsAlgorithm> algorithms;
+    int pipeline;
+  };
+  std::vector<OwnerConfig> owner_runs;
   if (group.size() > 1) {
     for (NsAlgorithm a : rep.algorithms)
-      owner_runs.emplace_back(to_string(AutoChoice{TpMode::kOwner, a}),
-                              std::vector<NsAlgorithm>(keys.size(), a));
-    if (rep.auto_owner && std::none_of(owner_runs.begin(), owner_runs.end(),
-                                       [&](const auto& r) { return r.second == auto_algorithms; }))
-      owner_runs.emplace_back("owner (auto's algorithms)", auto_algorithms);
+      owner_runs.push_back({to_string(AutoChoice{TpMode::kOwner, a}),
+                            std::vector<NsAlgorithm>(keys.size(), a), config.pipeline});
+    if (rep.auto_owner && std::none_of(owner_runs.begin(), owner_runs.end(), [&](const auto& r) {
+          return r.algorithms == auto_algorithms;
+        }))
+      owner_runs.push_back({"owner (auto's algorithms)", auto_algorithms, config.pipeline});
+    if (config.pipeline > 1) {
+      OwnerConfig serial = owner_runs.front();
+      serial.label += " (serial schedule)";
+      serial.pipeline = 1;
+      owner_runs.push_back(std::move(serial));
+    }
   }
+  const bool emulated = config.link.latency_s > 0 || config.link.bytes_per_s > 0;
+  const Communicator owner_gtp = emulated ? emulated_link_communicator(gtp, config.link) : gtp;
   std::vector<OwnerRun> owners(owner_runs.size());
   for (std::size_t r = 0; r < owner_runs.size(); ++r) {
     OwnerRun& o = owners[r];
@@ -344,10 +361,11 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     for (std::size_t w = 0, i = 0; i < shapes.size(); ++i) {
       for (Index c = 0; c < shapes[i].count; ++c, ++w) {
         o.weights.push_back(
-            {o.work[w].view(), &data[i].layout, &tp, &gtp, owner_runs[r].second.at(w)});
+            {o.work[w].view(), &data[i].layout, &tp, &owner_gtp, owner_runs[r].algorithms.at(w)});
       }
     }
-    o.orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(config.ns));
+    o.orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(config.ns),
+                                                           owner_runs[r].pipeline);
     detail::ResetCopies copies;
     for (std::size_t w = 0; w < o.work.size(); ++w)
       copies.emplace_back(o.source[w]->view(), o.work[w].view());
@@ -411,8 +429,9 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
   for (const AutoKey& k : keys)
     estimates.push_back(estimate(k, profile, CostModel::kRefined));
   for (std::size_t r = 0; r < owner_runs.size(); ++r) {
-    const auto& [label, algorithms] = owner_runs[r];
+    const auto& [label, algorithms, pipeline] = owner_runs[r];
     ModelBenchOwner o{label, algorithms, summarize(std::move(owners[r].samples)), 0};
+    o.serial = pipeline < config.pipeline;
     if (rep.has_profile) {
       std::vector<AutoKey> pinned = keys;
       for (std::size_t w = 0; w < pinned.size(); ++w)
@@ -420,7 +439,7 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
       o.predicted_s = estimate_owner_bucket(pinned, estimates, profile).cost();
     }
     t.oracle_s = std::min(t.oracle_s, o.time.median_s);
-    if (rep.auto_owner && algorithms == auto_algorithms) {
+    if (rep.auto_owner && algorithms == auto_algorithms && !o.serial) {
       t.auto_s = o.time.median_s;
       t.predicted_auto_s = o.predicted_s;
     }

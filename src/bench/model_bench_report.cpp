@@ -100,7 +100,8 @@ json to_json(const ModelBenchReport& r) {
     j["owner"].push_back({{"label", o.label},
                           {"algorithms", algorithms},
                           {"measured", timing_json(o.time)},
-                          {"predicted_ms", o.predicted_s * 1e3}});
+                          {"predicted_ms", o.predicted_s * 1e3},
+                          {"serial", o.serial}});
     if (o.planned_s > 0) j["owner"].back()["planned_ms"] = o.planned_s * 1e3;
   }
   j["auto_owner"] = r.auto_owner;
@@ -180,6 +181,10 @@ std::string format_report(const ModelBenchReport& r) {
     for (const ModelBenchOwner& o : r.owner) {
       out += fmt::format("  {:<28} {:>10.2f} ms", o.label, o.time.median_s * 1e3);
       if (r.has_profile) out += fmt::format("   (predicted {:.4g} ms)", o.predicted_s * 1e3);
+      if (o.serial) {
+        out += fmt::format("   {} pipelined: {:.2f}x of this", r.owner.front().label,
+                           ratio(r.owner.front().time.median_s, o.time.median_s));
+      }
       out += "\n";
     }
   }
@@ -226,8 +231,9 @@ std::string format_report(const ModelBenchReport& r) {
         d.replicas, d.auto_home ? "home" : "every rank");
     line("every rank's NS", d.every_rank.median_s, d.predicted_every_rank_s, "");
     if (d.link.latency_s > 0 || d.link.bytes_per_s > 0) {
-      out += fmt::format("  (the replicas' exchange over an emulated link: {:.4g} us, {:.4g} GB/s)\n",
-                         d.link.latency_s * 1e6, d.link.bytes_per_s / 1e9);
+      out +=
+          fmt::format("  (the replicas' exchange over an emulated link: {:.4g} us, {:.4g} GB/s)\n",
+                      d.link.latency_s * 1e6, d.link.bytes_per_s / 1e9);
     }
     line("one home per weight", d.home.median_s, d.predicted_home_s,
          fmt::format("{:.2f}x of every rank's", ratio(d.home.median_s, d.every_rank.median_s)));

@@ -1,5 +1,6 @@
 // Backend-owned memory: Compute's counted allocation, DeviceMatrix, host <-> backend copies, and
-// the batched reductions' default loops, and the host form of Newton-Schulz's normalisation.
+// the batched reductions' default loops, the host form of Newton-Schulz's normalisation, and the
+// bf16 wire's default (none).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -111,6 +112,15 @@ Matrix to_host(Compute& compute, ConstMatrixView src) {
   Matrix out(src.rows, src.cols);
   compute.copy_to_host(src, out.view());
   return out;
+}
+
+void Compute::pack_bf16(ConstMatrixView a, float*) {
+  throw Error(fmt::format("the {} backend has no bf16 wire (packing {})", name(), shape_str(a)));
+}
+
+void Compute::unpack_bf16(const float*, MatrixView a) {
+  throw Error(fmt::format("the {} backend has no bf16 wire (unpacking {})", name(),
+                          shape_str(a.rows, a.cols)));
 }
 
 }  // namespace distmuon

@@ -24,6 +24,8 @@ enum class BufferRole {
   kClassRows,  // a row class's rows collected from the work matrix
   kSend,       // owner: all-to-all send staging
   kRecv,       // owner: all-to-all receive staging
+  kSendBf16,   // owner: the send staging packed for a bf16 wire (two values per float)
+  kRecvBf16,   // owner: the receive staging as it arrives on a bf16 wire
   kUpdate,     // Muon: a parameter's update (momentum direction, then its orthogonalisation)
 };
 

@@ -65,9 +65,12 @@ Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
       world(std::move(w)),
       compute(&c),
       comm_timer(c.stream_timer()),
+      orthogonalizer({}, options.replica_wire == ReplicaWire::kBf16),
       ns_gram(ns) {
   ns_gram.algorithm = NsAlgorithm::kGram;
   options_text = nlohmann::json(options).dump();
+  // The bf16 wire needs the backend's packing: refused here, on every rank, before any collective.
+  if (options.replica_wire == ReplicaWire::kBf16) compute->pack_bf16({}, nullptr);
 }
 
 void Muon::Impl::use_options(MuonOptions o) {
@@ -486,8 +489,9 @@ void change_options(Muon::Impl& s, F change) {
 void Muon::set_options(const MuonOptions& options) {
   const MuonOptions& cur = impl_->options;
   const nlohmann::json now = cur, next = options;
-  for (const char* fixed : {"tp_mode", "replica_mode", "ns_algorithm", "gram_restart", "use_syrk",
-                            "precision", "cost_model", "profile", "plan", "wisdom"}) {
+  for (const char* fixed :
+       {"tp_mode", "replica_mode", "replica_wire", "ns_algorithm", "gram_restart", "use_syrk",
+        "precision", "cost_model", "profile", "plan", "wisdom"}) {
     if (now.at(fixed) != next.at(fixed)) {
       throw Error(fmt::format(
           "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,

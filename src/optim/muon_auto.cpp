@@ -114,7 +114,8 @@ void plan_replica_homes(Muon::Impl& s, std::span<const std::size_t> todo) {
             keys.push_back(auto_key(p.layout, s.ns, p.algorithm, false));
           }
           const ReplicaBucketEstimate e = estimate_replica_bucket(
-              keys, first.layout.dp_size, crosses[j] != 0, profile, r.cost_model());
+              keys, first.layout.dp_size, crosses[j] != 0, profile, r.cost_model(),
+              s.options.replica_wire == ReplicaWire::kBf16 ? 2.0 : 4.0);
           const bool seconds = profile != nullptr;
           spdlog::info(
               "replica_mode=auto: {} weights over {} replicas{}: home {} (NS {} + exchange {}) vs "

@@ -28,6 +28,12 @@ inline constexpr auto kEnumNames<ReplicaMode> = std::array<EnumName<ReplicaMode>
 }};
 
 template <>
+inline constexpr auto kEnumNames<ReplicaWire> = std::array<EnumName<ReplicaWire>, 2>{{
+    {ReplicaWire::kFp32, "fp32"},
+    {ReplicaWire::kBf16, "bf16"},
+}};
+
+template <>
 inline constexpr auto kEnumNames<ParamRole> = std::array<EnumName<ParamRole>, 4>{{
     {ParamRole::kHidden, "hidden"},
     {ParamRole::kEmbedding, "embedding"},

@@ -32,6 +32,14 @@ const char* to_string(ReplicaMode mode) {
   return detail::name_of(mode);
 }
 
+ReplicaWire parse_replica_wire(std::string_view name) {
+  return detail::parse_enum<ReplicaWire>(name, "replica wire");
+}
+
+const char* to_string(ReplicaWire wire) {
+  return detail::name_of(wire);
+}
+
 ParamRole parse_param_role(std::string_view name) {
   return detail::parse_enum<ParamRole>(name, "parameter role");
 }
@@ -143,6 +151,7 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"extra_scale_factor", o.extra_scale_factor},
                      {"tp_mode", to_string(o.tp_mode)},
                      {"replica_mode", to_string(o.replica_mode)},
+                     {"replica_wire", to_string(o.replica_wire)},
                      {"cost_model", o.cost_model},
                      {"profile", o.profile},
                      {"plan", to_string(o.plan)},
@@ -236,6 +245,8 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   // Absent in options written before replicated weights: auto.
   if (j.contains("replica_mode"))
     o.replica_mode = parse_replica_mode(option<std::string>(j, "replica_mode"));
+  if (j.contains("replica_wire"))  // absent in options written before the bf16 wire: fp32
+    o.replica_wire = parse_replica_wire(option<std::string>(j, "replica_wire"));
   o.cost_model = option<std::string>(j, "cost_model");
   o.profile = option<std::string>(j, "profile");
   // Absent in options written before measure mode: plan by the estimate.

@@ -92,10 +92,16 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
 
 ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int replicas,
                                               bool crosses, const HardwareProfile* profile,
-                                              CostModel model) {
+                                              CostModel model, double wire_bytes) {
   if (replicas < 1 || replicas > kMaxGroupSize) {
     throw Error(fmt::format("replica bucket estimate: {} replicas (valid: 1 to {})", replicas,
                             kMaxGroupSize));
+  }
+  if (!(wire_bytes > 0 && wire_bytes <= 8)) {
+    throw Error(
+        fmt::format("replica bucket estimate: {} bytes per element on the wire (valid: "
+                    "more than 0, at most 8)",
+                    wire_bytes));
   }
   ReplicaBucketEstimate out;
   const auto n = keys.size();
@@ -110,7 +116,7 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
     out.algorithms.push_back(a);
     flops[i] = e.of(TpMode::kDuplicated, a).flops;
     cost[i] = e.cost(TpMode::kDuplicated, a);
-    bytes[i] = 4.0 * static_cast<double>(keys[i].m) * static_cast<double>(keys[i].n);
+    bytes[i] = wire_bytes * static_cast<double>(keys[i].m) * static_cast<double>(keys[i].n);
     out.every_rank += cost[i];
   }
   out.homes = lpt_assign(flops, replicas);

@@ -32,19 +32,27 @@ struct Exchange {
   }
 };
 
-// An exchange in flight: its request and where what arrives goes.
+// An exchange in flight: its request and where what arrives goes (on a bf16 wire it arrives
+// packed in recv16, n_recv values, and is unpacked into recv first).
 struct Started {
   std::unique_ptr<CommRequest> request;
-  const float* recv = nullptr;
+  float* recv = nullptr;
   std::vector<std::vector<MatrixView>> from;
+  const float* recv16 = nullptr;
+  std::size_t n_recv = 0;
 };
+
+MatrixView column(float* data, std::size_t n) {
+  return {data, static_cast<Index>(n), 1, 1};
+}
 
 // Packs every block sent into one staging buffer (peer by peer, one compute.copy per block) and
 // starts the all-to-all over the group's data plane (finish unpacks what arrives into the blocks
 // received). The staging buffers come from workspaces (slot: one per exchange in flight), kept
-// across steps.
+// across steps. bf16: the staging is packed into bf16 (Compute::pack_bf16) and sent so, half the
+// bytes.
 Started start_exchange(const Communicator& group, const Exchange& x, Compute& compute,
-                       NsWorkspaces& workspaces, std::size_t slot) {
+                       NsWorkspaces& workspaces, std::size_t slot, bool bf16 = false) {
   const std::size_t peers = x.to.size();
   DISTMUON_ASSERT(peers == static_cast<std::size_t>(group.size()), "one list per peer");
   std::vector<std::size_t> send_counts(peers, 0), recv_counts(peers, 0);
@@ -73,14 +81,26 @@ Started start_exchange(const Communicator& group, const Exchange& x, Compute& co
       at += elems(v.rows, v.cols);
     }
   }
-  Started out{group.data().start_all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv},
-                                                     recv_counts),
-              recv, x.from};
-  return out;
+  if (!bf16) {
+    return {group.data().start_all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv},
+                                                   recv_counts),
+            recv, x.from};
+  }
+  auto packed = [&](BufferRole role, std::size_t n) {
+    return workspaces.buffer(compute, role, slot, static_cast<Index>((n + 1) / 2), 1).view().data;
+  };
+  float* const send16 = packed(BufferRole::kSendBf16, n_send);
+  float* const recv16 = packed(BufferRole::kRecvBf16, n_recv);
+  if (n_send > 0) compute.pack_bf16(column(send, n_send), send16);
+  return {group.data().start_all_to_all_v<Bf16Bits>(
+              {reinterpret_cast<const Bf16Bits*>(send16), n_send}, send_counts,
+              {reinterpret_cast<Bf16Bits*>(recv16), n_recv}, recv_counts),
+          recv, x.from, recv16, n_recv};
 }
 
 void finish(Started& x, Compute& compute) {
   x.request->wait();
+  if (x.recv16 != nullptr && x.n_recv > 0) compute.unpack_bf16(x.recv16, column(x.recv, x.n_recv));
   std::size_t at = 0;
   for (const auto& blocks : x.from) {
     for (const MatrixView& v : blocks) {
@@ -143,7 +163,7 @@ OwnerCostFn ns_flops_cost(const NsOptions& ns) {
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
-                         NsWorkspaces* workspaces, int chunks) {
+                         NsWorkspaces* workspaces, int chunks, bool bf16_wire) {
   DISTMUON_ASSERT(items.size() == owners.size(), "one owner per item");
   if (items.empty()) return;
   NsWorkspaces call_workspaces;  // only when the caller keeps none
@@ -186,76 +206,138 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   }
   auto work = [&](std::size_t i) { return grid.T > 1 ? full[i] : tp_local[i]; };
 
+  // The items in `chunks` consecutive runs: chunk c is [first(c), first(c + 1)).
+  const std::size_t n_chunks =
+      std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1, n_items);
+  const std::size_t per_chunk = (n_items + n_chunks - 1) / n_chunks;
+  auto first = [&](std::size_t c) { return std::min(n_items, c * per_chunk); };
+
   // Stage 1 (GTP): GTP rank j sends the owner's row (g_o) its row block of the TP-local tensor.
-  Exchange over_gtp(G);
-  for (std::size_t j = 0; j < G && grid.G > 1; ++j) {
-    for (std::size_t i = 0; i < n_items; ++i) {
-      if (static_cast<std::size_t>(grid.g_of(owners[i])) == j)
-        over_gtp.to[j].push_back(items[i].shard);
-      if (in_row(i)) {
-        const Index r_l = layout(i).shard_rows();
-        over_gtp.from[j].push_back(tp_local[i].row_block(static_cast<Index>(j) * r_l, r_l));
+  auto gtp_stage = [&](std::size_t from, std::size_t to) {
+    Exchange x(G);
+    for (std::size_t j = 0; j < G && grid.G > 1; ++j) {
+      for (std::size_t i = from; i < to; ++i) {
+        if (static_cast<std::size_t>(grid.g_of(owners[i])) == j) x.to[j].push_back(items[i].shard);
+        if (in_row(i)) {
+          const Index r_l = layout(i).shard_rows();
+          x.from[j].push_back(tp_local[i].row_block(static_cast<Index>(j) * r_l, r_l));
+        }
       }
     }
-  }
+    return x;
+  };
   // Stage 2 (TP): TP rank j sends the owner (t_o) its TP-local tensor, a TP block of the full one.
-  Exchange over_tp(T);
-  for (std::size_t j = 0; j < T && grid.T > 1; ++j) {
-    for (std::size_t i = 0; i < n_items; ++i) {
-      if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
-        over_tp.to[j].push_back(tp_local[i]);
-      if (holds(i)) over_tp.from[j].push_back(tp_block(full[i], layout(i), static_cast<int>(j)));
+  auto tp_stage = [&](std::size_t from, std::size_t to) {
+    Exchange x(T);
+    for (std::size_t j = 0; j < T && grid.T > 1; ++j) {
+      for (std::size_t i = from; i < to; ++i) {
+        if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
+          x.to[j].push_back(tp_local[i]);
+        if (holds(i)) x.from[j].push_back(tp_block(full[i], layout(i), static_cast<int>(j)));
+      }
     }
-  }
-  // Replicas: the home sends its result to the same position of every other replica, in
-  // `chunks` exchanges of consecutive items, each started as soon as its items are orthogonalised
-  // (the next chunk's NS runs while it is in flight).
-  const std::size_t n_chunks =
-      grid.D > 1 ? std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1, n_items) : 0;
-  const std::size_t per_chunk = n_chunks == 0 ? n_items : (n_items + n_chunks - 1) / n_chunks;
-  std::vector<Exchange> over_dp(n_chunks, Exchange(D));
-  for (std::size_t c = 0; c < n_chunks; ++c) {
+    return x;
+  };
+  // Replicas: the home sends its result to the same position of every other replica, one
+  // exchange per chunk, each started as soon as its items are orthogonalised (the next chunk's NS
+  // runs while it is in flight).
+  auto dp_stage = [&](std::size_t from, std::size_t to) {
+    Exchange x(D);
     for (std::size_t j = 0; j < D; ++j) {
       if (j == static_cast<std::size_t>(grid.d)) continue;
-      for (std::size_t i = c * per_chunk; i < std::min(n_items, (c + 1) * per_chunk); ++i) {
-        if (runs(i)) over_dp[c].to[j].push_back(work(i));
+      for (std::size_t i = from; i < to; ++i) {
+        if (runs(i)) x.to[j].push_back(work(i));
         if (holds(i) && static_cast<std::size_t>(grid.d_of(owners[i])) == j)
-          over_dp[c].from[j].push_back(work(i));
+          x.from[j].push_back(work(i));
       }
     }
-  }
+    return x;
+  };
+  // Without GTP the TP-local tensor is the shard itself, copied in and out of its buffer.
+  auto copy_in = [&](std::size_t from, std::size_t to) {
+    if (grid.G == 1 && !unsharded) {
+      for (std::size_t i = from; i < to; ++i)
+        compute.copy(items[i].shard, tp_local[i]);
+    }
+  };
+  auto copy_out = [&](std::size_t from, std::size_t to) {
+    if (grid.G == 1 && !unsharded) {
+      for (std::size_t i = from; i < to; ++i)
+        compute.copy(tp_local[i], items[i].shard);
+    }
+  };
 
-  if (grid.G > 1) {
-    exchange(gtp, over_gtp, compute, ws);
-  } else if (!unsharded) {
-    for (std::size_t i = 0; i < n_items; ++i)
-      compute.copy(items[i].shard, tp_local[i]);
+  // One gather stage (TP only or GTP only): chunk c + 1's gather is in flight while chunk c's NS
+  // runs, and without replicas chunk c's scatter too. Two stages (the second needs the first's
+  // result) and replicated buckets gather everything first and scatter at the end.
+  const bool one_stage = (grid.G > 1) != (grid.T > 1);
+  const bool pipelined = one_stage && n_chunks > 1;
+  const Communicator& stage_group = grid.T > 1 ? tp : gtp;
+  auto stage = [&](std::size_t from, std::size_t to) {
+    return grid.T > 1 ? tp_stage(from, to) : gtp_stage(from, to);
+  };
+  constexpr std::size_t kGatherSlot = 1000, kScatterSlot = 2000;  // staging slots per chunk
+  std::vector<Started> gathers, scatters;
+  auto start_gather = [&](std::size_t c) {
+    copy_in(first(c), first(c + 1));
+    gathers.push_back(
+        start_exchange(stage_group, stage(first(c), first(c + 1)), compute, ws, kGatherSlot + c));
+  };
+  if (pipelined) {
+    start_gather(0);
+  } else {
+    copy_in(0, n_items);
+    if (grid.G > 1) exchange(gtp, gtp_stage(0, n_items), compute, ws);
+    if (grid.T > 1) exchange(tp, tp_stage(0, n_items), compute, ws);
   }
-  if (grid.T > 1) exchange(tp, over_tp, compute, ws);
 
   // The home's NS: the code duplicated mode runs on the same matrix.
   NsOptions gram = ns;
   gram.algorithm = NsAlgorithm::kGram;
   std::vector<Started> in_flight;
-  for (std::size_t c = 0; c < std::max<std::size_t>(n_chunks, 1); ++c) {
-    for (std::size_t i = c * per_chunk; i < std::min(n_items, (c + 1) * per_chunk); ++i) {
+  for (std::size_t c = 0; c < n_chunks; ++c) {
+    if (pipelined) {
+      finish(gathers[c], compute);
+      if (c + 1 < n_chunks) start_gather(c + 1);
+    }
+    for (std::size_t i = first(c); i < first(c + 1); ++i) {
       if (!runs(i)) continue;
       orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
                          scale, compute, ws);
+      // A bf16 wire: the home keeps what the other replicas receive.
+      if (bf16_wire && grid.D > 1) compute.round(work(i), Precision::kBf16);
     }
-    if (n_chunks > 0) in_flight.push_back(start_exchange(*dp, over_dp[c], compute, ws, 1 + c));
+    if (grid.D > 1) {
+      in_flight.push_back(
+          start_exchange(*dp, dp_stage(first(c), first(c + 1)), compute, ws, 1 + c, bf16_wire));
+    } else if (pipelined) {
+      scatters.push_back(start_exchange(stage_group, stage(first(c), first(c + 1)).reversed(),
+                                        compute, ws, kScatterSlot + c));
+    }
   }
   for (Started& x : in_flight)
     finish(x, compute);
 
-  // The scatter: stages 2 and 1 reversed.
-  if (grid.T > 1) exchange(tp, over_tp.reversed(), compute, ws);
-  if (grid.G > 1) {
-    exchange(gtp, over_gtp.reversed(), compute, ws);
-  } else if (!unsharded) {
-    for (std::size_t i = 0; i < n_items; ++i)
-      compute.copy(tp_local[i], items[i].shard);
+  // The scatter: the gather's stages reversed (TP, then GTP).
+  if (pipelined && grid.D == 1) {
+    for (std::size_t c = 0; c < n_chunks; ++c) {
+      finish(scatters[c], compute);
+      copy_out(first(c), first(c + 1));
+    }
+    return;
   }
+  if (pipelined) {
+    for (std::size_t c = 0; c < n_chunks; ++c)
+      scatters.push_back(start_exchange(stage_group, stage(first(c), first(c + 1)).reversed(),
+                                        compute, ws, kScatterSlot + c));
+    for (std::size_t c = 0; c < n_chunks; ++c)
+      finish(scatters[c], compute);
+    copy_out(0, n_items);
+    return;
+  }
+  if (grid.T > 1) exchange(tp, tp_stage(0, n_items).reversed(), compute, ws);
+  if (grid.G > 1) exchange(gtp, gtp_stage(0, n_items).reversed(), compute, ws);
+  copy_out(0, n_items);
 }
 
 bool OwnerOrthogonalizer::KeyLess::operator()(const Key& a, const Key& b) const {
@@ -356,8 +438,8 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     const std::vector<int>& owners = owners_for(items, *b.tp, *b.gtp, b.dp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
       last_owners_[b.index[k]] = owners[k];
-    orthogonalize_owned(items, owners, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces,
-                        chunks_);
+    orthogonalize_owned(items, owners, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces, chunks_,
+                        bf16_replicas_);
   }
 }
 

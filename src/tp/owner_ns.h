@@ -11,7 +11,8 @@
 //               rank (t, g_o) then holds TP rank t's TP-local (padded) tensor of w.
 //            2. all-to-all-v over TP: the ranks (t, g_o) send it to TP rank t_o(w), the owner.
 //   scatter  the same two exchanges in reverse (TP, then GTP).
-// One collective per stage per bucket (stages over a group of one are skipped); a weight's full
+// One collective per stage per bucket (stages over a group of one are skipped), or with one stage
+// one per chunk of a pipelined bucket (orthogonalize_owned's chunks); a weight's full
 // matrix crosses the network twice (in, out) instead of being all-gathered by every rank.
 //
 // Replicas (data parallelism): when a bucket's weights are replicated over a group of D ranks
@@ -69,11 +70,14 @@ struct OwnerItem {
 // up to this many all-to-alls of consecutive items, each started (non-blocking,
 // Communicator::start_all_to_all_v) once its items are orthogonalised, so that it is in flight
 // while the next chunk's NS runs; 1 is the serial schedule (every NS, then one exchange). The
-// same bits either way: the chunks only copy.
+// same bits either way: the chunks only copy. bf16_wire: the results go to the other replicas in
+// bf16 (half the bytes), the home rounding its own copy to bf16 as well, so that every replica
+// holds the same bits (each element within bf16's rounding of the fp32 result).
 void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
-                         NsWorkspaces* workspaces = nullptr, int chunks = 1);
+                         NsWorkspaces* workspaces = nullptr, int chunks = 1,
+                         bool bf16_wire = false);
 
 // Buckets a list of weights by group (TP, GTP, replicas), assigns owners (cached per bucket
 // composition; the first time a composition is seen its ranks check, collectively, that they agree
@@ -82,8 +86,10 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
 class OwnerOrthogonalizer {
  public:
   // pipeline: orthogonalize_owned's chunks for replicated buckets (1: serial).
-  explicit OwnerOrthogonalizer(OwnerCostFn cost, int pipeline = kDefaultPipeline)
-      : cost_(std::move(cost)), chunks_(pipeline) {}
+  // bf16_replicas: orthogonalize_owned's bf16_wire for replicated buckets.
+  explicit OwnerOrthogonalizer(OwnerCostFn cost, int pipeline = kDefaultPipeline,
+                               bool bf16_replicas = false)
+      : cost_(std::move(cost)), chunks_(pipeline), bf16_replicas_(bf16_replicas) {}
   // Replicated buckets are sent in 4 chunks by default: most of the exchange hides behind the
   // NS of the later chunks, at 3 more all-to-all latencies.
   static constexpr int kDefaultPipeline = 4;
@@ -111,6 +117,7 @@ class OwnerOrthogonalizer {
 
   OwnerCostFn cost_;
   int chunks_ = 1;
+  bool bf16_replicas_ = false;
   using Key = std::tuple<std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>,
                          std::string>;
   struct KeyLess {

@@ -24,7 +24,10 @@ void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsO
                         w.algorithm == NsAlgorithm::kGram ? *gram : ns, scale, compute, workspaces);
   }
   if (owned_.empty()) return;
-  if (!owner_) owner_.emplace(cost_ ? cost_ : ns_flops_cost(ns));
+  if (!owner_) {
+    owner_.emplace(cost_ ? cost_ : ns_flops_cost(ns), OwnerOrthogonalizer::kDefaultPipeline,
+                   bf16_replicas_);
+  }
   owner_->run(owned_, ns, scale, compute, workspaces);
   last_owners_ = owner_->last_owners();
 }

@@ -96,15 +96,18 @@ TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
   expect_sum(r.totals.duplicated_s, dup);
   expect_sum(r.totals.distributed_s, dist);
   expect_sum(r.totals.per_weight_oracle_s, oracle);
-  // Owner over the whole model with more than one rank: all standard and all Gram.
-  // Owner over the whole model with more than one rank: all standard, all Gram, and auto's mix
-  // when it planned owner with mixed algorithms.
+  // Owner over the whole model with more than one rank: all standard, all Gram, auto's mix
+  // when it planned owner with mixed algorithms (each pipelined), and the first again on the
+  // serial schedule (last).
   if (w.size() == 1) {
     EXPECT_TRUE(r.owner.empty());
     EXPECT_FALSE(r.auto_owner);
   } else {
-    EXPECT_GE(r.owner.size(), 2u);
-    EXPECT_LE(r.owner.size(), 3u);
+    EXPECT_GE(r.owner.size(), 3u);
+    EXPECT_LE(r.owner.size(), 4u);
+    EXPECT_TRUE(r.owner.back().serial);
+    EXPECT_EQ(r.owner.back().algorithms, r.owner.front().algorithms);
+    EXPECT_FALSE(r.owner.front().serial);
   }
   std::vector<NsAlgorithm> planned;
   for (const ModelBenchShape& s : r.shapes)
@@ -116,7 +119,7 @@ TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
     EXPECT_EQ(o.time.samples_s.size(), 2u);
     EXPECT_GT(o.predicted_s, 0.0);
     all = std::min(all, o.time.median_s);
-    if (r.auto_owner && o.algorithms == planned) {
+    if (r.auto_owner && o.algorithms == planned && !o.serial) {
       chosen = o.time.median_s;
       predicted_auto = o.predicted_s;
       ++matches;

@@ -2,9 +2,11 @@
 // distmuon's NCCL loader: DISTMUON_NCCL_LIBRARY), over host memory: every collective against the
 // values the host communicator's contract gives, bf16 and fp16 on the wire, ncclCommSplit, and
 // the opaque backend with an NCCL data plane in every tensor-parallel mode and both NS algorithms
-// bit-equal to the same backend with the MPI data plane (tolerance 0: the stand-in adds in the
-// order OpenMPI's recursive doubling does at 2 and 4 ranks; docs/gpu.md). The fault cases run as
-// whole jobs (nccl_standin_fault.cpp, check_nccl_fault.cmake).
+// (owner mode and replicated weights' homes through the optimizer) bit-equal to the same backend
+// with the MPI data plane (tolerance 0: the stand-in adds in the order OpenMPI's recursive doubling
+// does at 2 and 4 ranks; docs/gpu.md). The fault cases run as whole jobs (nccl_standin_fault.cpp,
+// check_nccl_fault.cmake).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 
 #include "comm/nccl/nccl_comm.h"
 #include "distmuon/compute.h"
+#include "distmuon/muon.h"
 #include "distmuon/newton_schulz.h"
 #include "distmuon/tp.h"
 #include "test_util.h"
@@ -171,6 +174,83 @@ TEST(NcclStandin, ModesAndAlgorithmsBitEqualToMpi) {
         }
       }
     }
+  }
+}
+
+// Owner mode and replicated weights on one home: the optimizer over the opaque backend with the
+// NCCL data plane against the same optimizer with the MPI data plane, three steps of a weight
+// split by rows over the world, one split by columns and one replicated over the world (its
+// home's result broadcast): the owners' gathers and scatters (all-to-all) and the homes'
+// broadcasts run on the stand-in. Tolerance 0, as above.
+std::vector<Matrix> owner_steps(Compute& compute) {
+  const Communicator& world = test::world();
+  const int p = world.size(), r = world.rank();
+  MuonOptions o;
+  o.tp_mode = TpMode::kOwner;
+  o.replica_mode = ReplicaMode::kHome;
+  Muon opt(o, world, compute);
+  struct Weight {
+    Index rows, cols;
+    int dim;  // split by rows (0), columns (1), or replicated (-1)
+  };
+  const Weight weights[] = {{8 * p, 12, 0}, {16, 4 * p, 1}, {20, 10, -1}};
+  std::vector<DeviceMatrix> local;
+  std::vector<Matrix> full;
+  auto shard = [&](const Matrix& m, int dim) {
+    if (dim < 0) return m;
+    const Index rows = dim == 0 ? m.rows() / p : m.rows(),
+                cols = dim == 1 ? m.cols() / p : m.cols();
+    Matrix s(rows, cols);
+    for (Index i = 0; i < rows; ++i)
+      for (Index j = 0; j < cols; ++j)
+        s(i, j) = m(i + (dim == 0 ? rows * r : 0), j + (dim == 1 ? cols * r : 0));
+    return s;
+  };
+  for (std::size_t k = 0; k < std::size(weights); ++k) {
+    const Weight& w = weights[k];
+    local.push_back(
+        to_device(compute, shard(test::random_matrix(w.rows, w.cols, 40 + k), w.dim).view()));
+    ParamSpec s;
+    s.name = fmt::format("w{}", k);
+    s.local = local.back().view();
+    s.rows = w.rows;
+    s.cols = w.cols;
+    if (w.dim >= 0) {
+      s.tp_partition_dim = w.dim;
+      s.tp_group = world;
+    } else {
+      s.dp_group = world;
+    }
+    opt.add_parameter(s);
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<DeviceMatrix> grads;
+    std::vector<ConstMatrixView> views;
+    for (std::size_t k = 0; k < std::size(weights); ++k) {
+      const Weight& w = weights[k];
+      const Matrix g = test::random_matrix(w.rows, w.cols, 100 * (step + 1) + k);
+      grads.push_back(to_device(compute, shard(g, w.dim).view()));
+      views.push_back(grads.back().view());
+    }
+    opt.step(views);
+  }
+  std::vector<Matrix> out;
+  for (const DeviceMatrix& w : local)
+    out.push_back(to_host(compute, w.view()));
+  return out;
+}
+
+TEST(NcclStandin, OwnerAndReplicaHomesBitEqualToMpi) {
+  ASSERT_EQ(setenv("DISTMUON_OPAQUE_DATA_PLANE", "nccl", 1), 0);
+  const std::unique_ptr<Compute> over_nccl = make_opaque_compute();
+  ASSERT_EQ(unsetenv("DISTMUON_OPAQUE_DATA_PLANE"), 0);
+  const std::unique_ptr<Compute> over_mpi = make_opaque_compute();
+  const std::vector<Matrix> a = owner_steps(*over_mpi), b = owner_steps(*over_nccl);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    ASSERT_EQ(a[k].size(), b[k].size());
+    EXPECT_EQ(std::memcmp(a[k].data(), b[k].data(), sizeof(float) * a[k].size()), 0)
+        << "weight " << k;
   }
 }
 

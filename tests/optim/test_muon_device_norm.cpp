@@ -66,6 +66,8 @@ class CountingOpaque final : public Compute {
   }
   void add_diagonal(MatrixView a, float alpha) override { inner_->add_diagonal(a, alpha); }
   void round(MatrixView a, Precision precision) override { inner_->round(a, precision); }
+  void pack_bf16(ConstMatrixView a, float* dst) override { inner_->pack_bf16(a, dst); }
+  void unpack_bf16(const float* src, MatrixView a) override { inner_->unpack_bf16(src, a); }
   void fill(MatrixView a, float value) override { inner_->fill(a, value); }
   void copy(ConstMatrixView src, MatrixView dst) override { inner_->copy(src, dst); }
   std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {

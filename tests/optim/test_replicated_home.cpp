@@ -6,12 +6,15 @@
 // error on every rank, before anything is updated.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "distmuon/compute.h"
 #include "distmuon/error.h"
 #include "distmuon/muon.h"
+#include "distmuon/precision.h"
 #include "distmuon/tp.h"
 #include "optim_test_util.h"
 #include "tp/owner_ns.h"
@@ -37,7 +40,7 @@ struct RunResult {
 // World = T TP ranks x D replicas (TP fastest). Every replica holds the same shards; three steps
 // with the same gradients on every replica (as after a data-parallel all-reduce).
 RunResult run(const std::vector<Shape>& shapes, int T, TpMode mode, ReplicaMode replicas,
-              int differing_rank = -1) {
+              int differing_rank = -1, ReplicaWire wire = ReplicaWire::kFp32, int steps = 3) {
   const Communicator& world = test::world();
   const ProcessGroups groups = make_process_groups(world, T, 1);
   const int t = world.rank() % T;
@@ -45,6 +48,7 @@ RunResult run(const std::vector<Shape>& shapes, int T, TpMode mode, ReplicaMode 
   MuonOptions o;
   o.tp_mode = mode;
   o.replica_mode = replicas;
+  o.replica_wire = wire;
   o.weight_decay = 0.01;
   CountingCompute counting;
   Muon muon(o, world, counting);
@@ -67,7 +71,7 @@ RunResult run(const std::vector<Shape>& shapes, int T, TpMode mode, ReplicaMode 
     s.dp_group = dp;
     muon.add_parameter(s);
   }
-  for (int step = 0; step < 3; ++step) {
+  for (int step = 0; step < steps; ++step) {
     std::vector<Matrix> grads;
     std::vector<ConstMatrixView> views;
     for (std::size_t k = 0; k < shapes.size(); ++k) {
@@ -177,6 +181,72 @@ TEST(ReplicatedHome, PipelinedExchangeIsBitEqualToTheSerialSchedule) {
         world.broadcast<float>({root.data(), static_cast<std::size_t>(root.size())}, 0);
         EXPECT_TRUE(bit_equal(root, piped[k]));
       }
+    }
+  }
+}
+
+// The bf16 wire: the home rounds its result to bf16 and sends that, so every replica holds
+// exactly the fp32 wire's result rounded to bf16 (to nearest even), on the CPU and on the opaque
+// backend (tolerance 0: the rounding is the only difference).
+TEST(ReplicatedHome, Bf16WireGivesTheFp32ResultRoundedOnEveryReplica) {
+  const Communicator& world = test::world();
+  const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 0}, {40, 40, 0}, {24, 56, 0}, {8, 8, 0}};
+  NsOptions ns;
+  const ScaleFn unit = [](Index, Index) { return 1.0; };
+  const Communicator one = local_communicator();
+  auto run_on = [&](Compute& compute, bool bf16) {
+    std::vector<ShardLayout> layouts;
+    std::vector<DeviceMatrix> work;
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      layouts.push_back(
+          {.m = shapes[k].m, .n = shapes[k].n, .dp_size = world.size(), .dp_rank = world.rank()});
+      work.push_back(
+          to_device(compute, test::random_matrix(shapes[k].m, shapes[k].n, 7 + k).view()));
+    }
+    const Communicator dp = compute.data_communicator(world);  // the backend's memory moves
+    std::vector<detail::OwnerOrthogonalizer::Weight> weights;
+    for (std::size_t k = 0; k < shapes.size(); ++k)
+      weights.push_back({work[k].view(), &layouts[k], &one, &one, NsAlgorithm::kStandard, &dp});
+    detail::OwnerOrthogonalizer orth(detail::ns_flops_cost(ns), 2, bf16);
+    orth.run(weights, ns, unit, compute);
+    std::vector<Matrix> out;
+    for (const DeviceMatrix& w : work)
+      out.push_back(to_host(compute, w.view()));
+    return out;
+  };
+  const std::vector<Matrix> fp32 = run_on(cpu_compute(), false);
+  for (const char* backend : {"cpu", "opaque"}) {
+    const std::vector<Matrix> bf16 = run_on(compute_backend(backend), true);
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      SCOPED_TRACE(std::string(backend) + " weight " + std::to_string(k));
+      Matrix rounded = fp32[k];
+      for (float& v : rounded.values())
+        v = round_to(Precision::kBf16, v);
+      EXPECT_TRUE(bit_equal(bf16[k], rounded));
+      EXPECT_FALSE(bit_equal(bf16[k], fp32[k]));
+    }
+  }
+}
+
+// Through the optimizer (MuonOptions::replica_wire): one step, the replicas equal, each element
+// of the step's change within bf16's rounding (2^-8 relative) of the fp32 wire's update
+// (lr s u = -(w1 - w0) - lr wd w0 with decoupled decay), plus a few fp32 roundings of the weight.
+TEST(ReplicatedHome, Bf16WireThroughTheOptimizer) {
+  const Communicator& world = test::world();
+  const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 0}, {40, 40, 0}};
+  const RunResult f = run(shapes, 1, TpMode::kAuto, ReplicaMode::kHome, -1, ReplicaWire::kFp32, 1);
+  const RunResult b = run(shapes, 1, TpMode::kAuto, ReplicaMode::kHome, -1, ReplicaWire::kBf16, 1);
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    SCOPED_TRACE("weight " + std::to_string(k));
+    const Matrix w0 = test::random_matrix(shapes[k].m, shapes[k].n, 1 + k);
+    EXPECT_FALSE(bit_equal(b.weights[k], f.weights[k]));
+    Matrix root = b.weights[k];
+    world.broadcast<float>({root.data(), static_cast<std::size_t>(root.size())}, 0);
+    EXPECT_TRUE(bit_equal(root, b.weights[k]));
+    for (Index i = 0; i < w0.size(); ++i) {
+      const double x0 = w0.data()[i], xf = f.weights[k].data()[i], xb = b.weights[k].data()[i];
+      const double update = std::abs(xf - x0 + 0.02 * 0.01 * x0);
+      EXPECT_LE(std::abs(xb - xf), std::ldexp(update, -8) + std::ldexp(std::abs(x0), -21));
     }
   }
 }

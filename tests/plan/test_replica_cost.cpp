@@ -70,6 +70,12 @@ TEST(ReplicaCost, ASlowLinkKeepsEveryRankAFastOneChoosesHomes) {
   // The busiest rank sends its 2 results to 3 other replicas, fp32.
   EXPECT_EQ(f.payload_bytes, 2.0 * 3 * 4 * 1024 * 1024);
   EXPECT_GT(s.comm_s, f.comm_s);
+  // The bf16 wire: half the bytes, less time on the slow link, the same NS.
+  const ReplicaBucketEstimate h =
+      estimate_replica_bucket(keys, 4, false, &slow, CostModel::kRefined, 2.0);
+  EXPECT_EQ(h.payload_bytes, s.payload_bytes / 2);
+  EXPECT_LT(h.comm_s, s.comm_s);
+  EXPECT_EQ(h.compute, s.compute);
 }
 
 // plan --replicas: the model's weights (count copies per shape) unsharded over the replicas,
@@ -99,6 +105,9 @@ TEST(ReplicaCost, ShardedKeysAndBadReplicaCountsAreRefused) {
                Error);
   EXPECT_THROW(estimate_replica_bucket(std::vector<AutoKey>{key(64, 64)}, 0, false, nullptr,
                                        CostModel::kRefined),
+               Error);
+  EXPECT_THROW(estimate_replica_bucket(std::vector<AutoKey>{key(64, 64)}, 2, false, nullptr,
+                                       CostModel::kRefined, 0.0),
                Error);
 }
 

@@ -68,3 +68,44 @@ def test_hsdp_replicate_shard():
     home, info = _run(hsdp, "home", tp_mode="owner")
     every, _ = _run(hsdp, "every_rank", tp_mode="owner")
     _expect_homes(home, every, info, 2)
+
+
+def test_bf16_wire_within_bf16_rounding_and_replicas_equal():
+    """replica_wire="bf16": one step; every replica holds the same bits, and each element of the
+    step's change is within bf16's rounding (2^-8 relative) of the fp32 wire's update
+    (lr s u = -(w1 - w0) - lr wd w0), plus a few fp32 roundings of the weight (2^-21 |w0|)."""
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    rep = lambda k, full: distribute_tensor(full, mesh, [Replicate()])  # noqa: E731
+    fp32, _ = _run(rep, "home", steps=1)
+    bf16, info = _run(rep, "home", steps=1, replica_wire="bf16")
+    assert all(i["home"] for i in info)
+    for k, (f, b) in enumerate(zip(fp32, bf16)):
+        root = b.clone()
+        dist.broadcast(root, 0)
+        assert torch.equal(root, b)
+        assert not torch.equal(f, b)
+        w0 = _full(k).double()
+        update = (f.double() - w0 + 0.02 * 0.01 * w0).abs()
+        assert ((b.double() - f.double()).abs() <= update * 2**-8 + w0.abs() * 2**-21).all()
+
+
+def test_homes_exchange_with_torch_async_work(monkeypatch):
+    """The homes' results travel through torch's async_op work handles (the pipelined chunks'
+    all-to-alls started while the next chunk's NS runs; one start per chunk per step), bit-equal
+    to every replica's own NS."""
+    from distmuon._torch_comm import TorchCollectives
+
+    started = []
+    start = TorchCollectives.start_all_to_all_v
+
+    def counting(self, *args):
+        work = start(self, *args)
+        started.append(work is not None and hasattr(work, "wait"))
+        return work
+
+    monkeypatch.setattr(TorchCollectives, "start_all_to_all_v", counting)
+    plain = lambda k, full: full.clone()  # noqa: E731
+    home, info = _run(plain, "home", data_parallel_group="world")
+    assert started and all(started)
+    every, _ = _run(plain, "every_rank", data_parallel_group="world")
+    _expect_homes(home, every, info, dist.get_world_size())

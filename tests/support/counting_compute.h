@@ -49,6 +49,14 @@ class CountingCompute final : public Compute {
     ++calls["axpby"];
     cpu_compute().axpby(alpha, x, beta, y);
   }
+  void pack_bf16(ConstMatrixView a, float* dst) override {
+    ++calls["pack_bf16"];
+    cpu_compute().pack_bf16(a, dst);
+  }
+  void unpack_bf16(const float* src, MatrixView a) override {
+    ++calls["unpack_bf16"];
+    cpu_compute().unpack_bf16(src, a);
+  }
   void round(MatrixView a, Precision precision) override {
     ++calls["round"];
     cpu_compute().round(a, precision);

@@ -219,6 +219,17 @@ class CpuCompute final : public Compute {
     }
   }
 
+  void pack_bf16(ConstMatrixView a, float* dst) override {
+    detail::to_bf16(a, reinterpret_cast<std::uint16_t*>(dst), 1);
+  }
+  void unpack_bf16(const float* src, MatrixView a) override {
+    const auto* bits = reinterpret_cast<const std::uint16_t*>(src);
+    for (Index i = 0; i < a.rows; ++i) {
+      float* row = a.data + i * a.ld;
+      for (Index j = 0; j < a.cols; ++j)
+        row[j] = std::bit_cast<float>(static_cast<std::uint32_t>(*bits++) << 16);
+    }
+  }
   void fill(MatrixView a, float value) override {
     for (Index i = 0; i < a.rows; ++i)
       std::fill_n(a.data + i * a.ld, a.cols, value);

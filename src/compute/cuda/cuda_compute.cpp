@@ -308,6 +308,12 @@ class CudaCompute final : public Compute {
     check(cuda::add_diagonal(stream_, dev(a), alpha), "add_diagonal kernel",
           shape_str(a.rows, a.cols));
   }
+  void pack_bf16(ConstMatrixView a, float* dst) override {
+    check(cuda::to_bf16(stream_, dev(a), dst), "to_bf16 kernel", shape_str(a.rows, a.cols));
+  }
+  void unpack_bf16(const float* src, MatrixView a) override {
+    check(cuda::from_bf16(stream_, src, dev(a)), "from_bf16 kernel", shape_str(a.rows, a.cols));
+  }
   void round(MatrixView a, Precision precision) override {
     make_current("round");
     if (precision == Precision::kFp32) return;

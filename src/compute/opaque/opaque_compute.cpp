@@ -159,6 +159,12 @@ class OpaqueCompute final : public Compute {
     cpu().newton_schulz_bf16(own, rows, steps, use_syrk, mine("newton_schulz_bf16", scratch));
   }
   void fill(MatrixView a, float value) override { cpu().fill(mine("fill", a), value); }
+  void pack_bf16(ConstMatrixView a, float* dst) override {
+    cpu().pack_bf16(mine("pack_bf16", a), packed("pack_bf16", dst, a.size()));
+  }
+  void unpack_bf16(const float* src, MatrixView a) override {
+    cpu().unpack_bf16(packed("unpack_bf16", src, a.size()), mine("unpack_bf16", a));
+  }
   void copy(ConstMatrixView src, MatrixView dst) override {
     cpu().copy(mine("copy", src), mine("copy", dst));
   }
@@ -242,6 +248,12 @@ class OpaqueCompute final : public Compute {
   MatrixView mine(const char* op, MatrixView v) const {
     const ConstMatrixView c = mine(op, ConstMatrixView(v));
     return {const_cast<float*>(c.data), c.rows, c.cols, c.ld};
+  }
+  // The storage of a packed bf16 buffer of n values (ceil(n / 2) floats).
+  float* packed(const char* op, const float* p, Index n) const {
+    if (n == 0) return nullptr;
+    const auto bytes = static_cast<std::size_t>((n + 1) / 2) * sizeof(float);
+    return static_cast<float*>(storage(p, bytes, op));
   }
   void check_host(const char* op, ConstMatrixView host) const {
     const auto a = reinterpret_cast<std::uintptr_t>(host.data);
