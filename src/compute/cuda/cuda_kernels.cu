@@ -346,18 +346,4 @@ cudaError_t find_non_finite(cudaStream_t s, ConstDev a, unsigned long long* out)
   return cudaGetLastError();
 }
 
-namespace {
-struct FromBf16Op {
-  const __nv_bfloat16* src;
-  Dev a;
-  __device__ void operator()(std::int64_t i, std::int64_t j) const {
-    a.data[i * a.ld + j] = __bfloat162float(src[i * a.cols + j]);
-  }
-};
-}  // namespace
-
-cudaError_t from_bf16(cudaStream_t s, const void* src, Dev a) {
-  return launch(s, a.rows, a.cols, FromBf16Op{static_cast<const __nv_bfloat16*>(src), a});
-}
-
 }  // namespace distmuon::cuda

@@ -67,7 +67,4 @@ cudaError_t sum_squares(cudaStream_t s, ConstDev a, bool in_double, double* out)
 // sets *out to UINT64_MAX first.
 cudaError_t find_non_finite(cudaStream_t s, ConstDev a, unsigned long long* out);
 
-// a = src (rows * cols bf16 values, row-major, contiguous), exactly.
-cudaError_t from_bf16(cudaStream_t s, const void* src, Dev a);
-
 }  // namespace distmuon::cuda
