@@ -4,6 +4,9 @@
 distmuon.torch.Muon step beside torch.optim.Muon (muon_step.json), and the targets:
   - bf16 standard NS of 8192x8192 at >= 70% of the bf16 GEMM rate measured on random data;
   - the same at >= 1.0x PyTorch's speed (PyTorch's time over distmuon's);
+  - bf16 standard NS (syrk on) against torch.optim.Muon's order in eager PyTorch (torch_ns.json's
+    "muon"): >= 1.15x at 4096x4096 and 8192x8192, >= 1.0x at 1024x1024, 2048x2048 and
+    4096x14336; torch.compile's time ("muon_compiled") printed beside it;
   - the Python step's update within its documented bf16 tolerance of PyTorch's.
 Prints a Markdown table; exits 1 when a target measured here is missed.
 """
@@ -18,6 +21,32 @@ def load(path):
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+# bf16 standard NS against torch.optim.Muon's order: the speed-up each shape must reach.
+MUON_TARGETS = {(1024, 1024): 1.0, (2048, 2048): 1.0, (4096, 4096): 1.15, (4096, 14336): 1.0,
+                (8192, 8192): 1.15}
+
+
+def muon_table(cuda, torch_ms, missed):
+    print()
+    print("bf16 standard NS against torch.optim.Muon's NS order (same coefficients and steps):")
+    print("| shape | distmuon ms (syrk on) | syrk off | torch eager ms | torch.compile ms "
+          "| eager/distmuon | target |")
+    print("|---|---|---|---|---|---|---|")
+    for (m, n), target in MUON_TARGETS.items():
+        ours = {r["syrk"]: r["ms"] for r in cuda["results"]
+                if (r["algorithm"], r["precision"], r["m"], r["n"]) == ("standard", "bf16", m, n)}
+        eager = torch_ms.get(("muon", "bf16", m, n))
+        compiled = torch_ms.get(("muon_compiled", "bf16", m, n))
+        on = ours.get(True)
+        ratio = eager / on if eager and on else None
+        fmt = lambda v: f"{v:.2f}" if v else "-"  # noqa: E731
+        print(f"| {m}x{n} | {fmt(on)} | {fmt(ours.get(False))} | {fmt(eager)} | {fmt(compiled)} "
+              f"| {fmt(ratio)} | {target:.2f} |")
+        if ratio is not None and ratio < target:
+            missed.append(f"bf16 standard {m}x{n} at {ratio:.2f}x torch.optim.Muon's eager NS "
+                          f"(target {target:.2f})")
 
 
 def main():
@@ -56,6 +85,7 @@ def main():
                                   "of the bf16 GEMM rate (target 70%)")
                 if ratio is not None and ratio < 1.0:
                     missed.append(f"bf16 standard 8192x8192 at {ratio:.2f}x PyTorch (target 1.0)")
+        muon_table(cuda, torch_ms, missed)
     elif args.mode == "dry":
         print("distmuon NS on the GPU: not measured (dry run, no GPU)")
         if torch_ns:

@@ -1,6 +1,7 @@
-// Times distmuon's Newton-Schulz on the CUDA backend (standard and Gram; fp32 with syrk on and
-// off, TF32, bf16) at 4096x4096, 4096x14336 and 8192x8192, and the GEMM rates of the same GPU
-// (8192^3 on random data: fp32, TF32, and bf16 operands with fp32 accumulation), in one run.
+// Times distmuon's Newton-Schulz on the CUDA backend (standard and Gram; fp32 and bf16 with syrk
+// on and off, TF32) at 1024x1024, 2048x2048, 4096x4096, 4096x14336 and 8192x8192, and the GEMM
+// rates of the same GPU (8192^3 on random data: fp32, TF32, and bf16 operands with fp32
+// accumulation), in one run.
 // scripts/device-check.sh runs it first, then PyTorch's NS (bench/torch_newton_schulz.py), and
 // puts the two side by side (bench/device_summary.py).
 //
@@ -41,7 +42,7 @@ using cuda::check;
 struct Shape {
   Index m, n;
 };
-constexpr Shape kShapes[] = {{4096, 4096}, {4096, 14336}, {8192, 8192}};
+constexpr Shape kShapes[] = {{1024, 1024}, {2048, 2048}, {4096, 4096}, {4096, 14336}, {8192, 8192}};
 // What is timed: each precision of the products, fp32 with syrk on and off.
 struct Variant {
   Precision precision;  // the products' precision (and the GEMM rate it is compared with)
@@ -50,7 +51,8 @@ struct Variant {
 constexpr Variant kVariants[] = {{Precision::kFp32, true},
                                  {Precision::kFp32, false},
                                  {Precision::kTf32, true},
-                                 {Precision::kBf16, true}};
+                                 {Precision::kBf16, true},
+                                 {Precision::kBf16, false}};
 constexpr NsAlgorithm kAlgorithms[] = {NsAlgorithm::kStandard, NsAlgorithm::kGram};
 
 // Median milliseconds of `reps` calls of fn on stream (after `warmup` calls).

@@ -46,6 +46,15 @@ struct AdamWStep {
   float lr = 0.0f, eps = 0.0f;
 };
 
+// The coefficients of one Newton-Schulz step: X' = a X + (b A + c A^2) X with A = X X^T.
+struct NsStep {
+  float a = 0.0f, b = 0.0f, c = 0.0f;
+};
+
+// The floats of scratch Compute::newton_schulz_bf16 needs for `count` matrices of rows x cols
+// whose Gram matrix is X X^T (gram_of_rows) or X^T X.
+Index ns_bf16_scratch_floats(Index count, Index rows, Index cols, bool gram_of_rows);
+
 // Where a backend's memory lives.
 enum class MemoryKind {
   kHost,    // host memory: the caller may read and write it directly (cpu)
@@ -148,6 +157,22 @@ class Compute {
   // add_diagonal(p, a) (src/compute/ns_polynomial.cpp: the CPU's emulation of the CUDA backend's
   // one fused kernel, which gives the same bits).
   virtual void ns_polynomial(float a, float b, ConstMatrixView gram, MatrixView p);
+  // Newton-Schulz's steps with the iterate stored in bf16, the order of torch.optim.Muon's NS, on
+  // each x of xs (equal shapes, normalised already) in place. With s the Gram side (rows: A is
+  // X X^T, s = rows; else X^T X) and bf16(v) the rounding of fp32 to bf16 (round_to):
+  //   X = bf16(x)  once;  per step, every product accumulated in fp32 and written in bf16:
+  //   A = bf16(X X^T);  B = bf16(c A A + b A) (c = 0: B = A, scaled by b below);
+  //   X = bf16(s_b B X + a X)  (s_b = 1, or b when c = 0; X B on the column side);
+  //   x = X  once at the end (exact).
+  // The sums alpha * product + beta * C are fp32 (the products' epilogue), rounded once.
+  // use_syrk: A and A A may be computed as the upper triangle and mirrored (same values).
+  // scratch: contiguous, at least ns_bf16_scratch_floats(xs.size(), x rows, x cols, rows) floats of
+  // this backend's memory, contents unspecified. The default (cpu, opaque) runs each x in turn as
+  // gemm/syrk at Precision::kBf16 (fp32 output) followed by round: the emulation of the cuda
+  // backend, which keeps X, A and B in bf16 in the scratch and multiplies equal shapes as one
+  // strided-batched product (docs/precision.md, "bf16 storage").
+  virtual void newton_schulz_bf16(std::span<const MatrixView> xs, bool rows,
+                                  std::span<const NsStep> steps, bool use_syrk, MatrixView scratch);
   // Every element of a rounded to `precision`'s operand format, kept in fp32 (round_to in
   // precision.h); nothing for fp32. Newton-Schulz rounds its Gram matrix so, so that both of
   // its uses in the polynomial see the same matrix (docs/precision.md).

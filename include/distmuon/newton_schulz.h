@@ -186,6 +186,7 @@ struct NsOptions {
 struct NsWorkspace {
   DeviceMatrix gram, poly, next;
   DeviceMatrix gram_q, gram_t, gram_u;  // NsAlgorithm::kGram: Q and two s x s scratch matrices
+  DeviceMatrix bf16;  // standard NS at bf16 without a group: Compute::newton_schulz_bf16's scratch
 };
 
 // Orthogonalises x (compute's memory) in place. With a group, x is this rank's piece of a matrix
@@ -249,7 +250,8 @@ int gram_ns_gram_count(const NsOptions& opts);
 // The plain-GEMM count used for reporting GFLOP/s: steps * (4 s^2 L + 2 s^3).
 double ns_gemm_flops(Index m, Index n, int steps);
 // Bytes of the NsWorkspace an m x n NS fills (either algorithm: gram, poly and the Gram
-// algorithm's three s x s matrices, next m x n; float32), as a double so that no size wraps.
+// algorithm's three s x s matrices, next m x n, or standard bf16's scratch; float32), as a double
+// so that no size wraps.
 // For memory estimates (memory_check.h) before allocating.
 double ns_workspace_bytes(Index m, Index n);
 

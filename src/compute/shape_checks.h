@@ -2,6 +2,8 @@
 // The argument checks every compute backend runs before its arithmetic, so that a wrong shape
 // is the same distmuon::Error on every backend.
 
+#include <span>
+
 #include "distmuon/compute.h"
 
 namespace distmuon::detail {
@@ -25,5 +27,9 @@ struct SyrkShape {
   Index n = 0, k = 0;
 };
 SyrkShape check_syrk(Trans ta, ConstMatrixView a, ConstMatrixView c);
+// Compute::newton_schulz_bf16's arguments: every x of the first's shape, a contiguous scratch of
+// at least ns_bf16_scratch_floats floats (defined in ns_bf16.cpp).
+void check_ns_bf16_args(const char* op, std::span<const MatrixView> xs, bool rows,
+                        MatrixView scratch);
 
 }  // namespace distmuon::detail

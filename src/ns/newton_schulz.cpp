@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "distmuon/error.h"
 #include "ns/gram_newton_schulz.h"
@@ -26,6 +28,22 @@ void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
 
   NsWorkspace local_ws;
   NsWorkspace& w = ws != nullptr ? *ws : local_ws;
+  if (opts.precision == Precision::kBf16 && start->reduce_over == nullptr) {
+    // Local bf16: the iterate stored in bf16 across the steps, each product writing bf16 with
+    // the polynomial in its epilogue (Compute::newton_schulz_bf16: one call for the whole
+    // iteration; docs/precision.md, "bf16 storage").
+    std::vector<NsStep> steps(static_cast<std::size_t>(opts.steps));
+    for (int step = 0; step < opts.steps; ++step) {
+      const NsCoefficients& k = opts.coefficients.at(step);
+      steps[static_cast<std::size_t>(step)] = {static_cast<float>(k.a), static_cast<float>(k.b),
+                                               static_cast<float>(k.c)};
+    }
+    const bool rows = side == GramSide::kRows;
+    detail::ensure_shape(w.bf16, compute, 1, ns_bf16_scratch_floats(1, x.rows, x.cols, rows));
+    compute.newton_schulz_bf16(std::span<const MatrixView>(&x, 1), rows, steps, opts.use_syrk,
+                               w.bf16.view());
+    return;
+  }
   detail::ensure_shape(w.gram, compute, s, s);
   detail::ensure_shape(w.next, compute, x.rows, x.cols);
   detail::apply_input_scaling(x, opts, compute, *start, w.gram.view());
@@ -118,7 +136,8 @@ double ns_gemm_flops(Index m, Index n, int steps) {
 
 double ns_workspace_bytes(Index m, Index n) {
   const double s = static_cast<double>(std::min(m, n));
-  return sizeof(float) * (5.0 * s * s + static_cast<double>(m) * static_cast<double>(n));
+  // The bf16 scratch (ns_bf16_scratch_floats: 2 s^2 + m n + 48) fits in this but for s < 4.
+  return sizeof(float) * (5.0 * s * s + static_cast<double>(m) * static_cast<double>(n) + 48.0);
 }
 
 }  // namespace distmuon

@@ -10,12 +10,25 @@
 //  - Compute::normalize: bit-equal (tolerance 0) to the host formula x * float(1 / max(sqrt(s),
 //    eps)) applied to the backend's own sum s, on a matrix of one kernel block (a fixed order of
 //    summation, so the sum normalize keeps on the device is the one sum_squares reads back).
+//  - Compute::newton_schulz_bf16 (bf16 storage, bf16 outputs) against the CPU's emulation of
+//    its order (src/compute/ns_bf16.cpp): with no step, bit-equal (the conversions to and from
+//    bf16 are exact or round to nearest even on both); one step, at least 95% of the elements
+//    bit-equal and every one within two bf16 spacings of the largest (the products sum in fp32 in
+//    different orders, so an output near a bf16 rounding tie may land on its neighbour:
+//    tests/ns/test_ns_bf16_storage.cpp's argument, with cuBLAS's longer sums); five quintic
+//    steps within 2e-2 relative (5 bf16 unit roundoffs: the neighbours move later steps a little,
+//    and NS does not compound them); a batch of two (strided-batched products) within the same
+//    2e-2 of the emulation, matrix by matrix.
 // Every test is skipped ("no CUDA device: skipped") on a machine without a CUDA device.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -192,6 +205,92 @@ TEST(CudaMuon, StepsMatchCpu) {
       cpu_compute().axpby(-1.0f, w_start.view(), 1.0f, d_want.view());
       EXPECT_LE(relative_error(d_got.view(), d_want.view()), 1e-4) << "step " << step;
     }
+  }
+}
+
+// The CPU emulation's and the CUDA backend's newton_schulz_bf16 of the same normalised inputs.
+struct Bf16Run {
+  std::vector<Matrix> cpu, cuda;
+};
+Bf16Run run_bf16(Compute& cuda, Index m, Index n, int count, bool rows, bool syrk,
+                 std::span<const NsStep> steps) {
+  Bf16Run out;
+  std::vector<MatrixView> host;
+  std::vector<DeviceMatrix> dev;
+  std::vector<MatrixView> dev_views;
+  for (int i = 0; i < count; ++i) {
+    Matrix x = test::random_matrix(m, n, 80 + static_cast<std::uint64_t>(i));
+    cpu_compute().normalize(x.view(), 1e-7, true, nullptr);
+    out.cpu.push_back(x);
+    dev.push_back(to_device(cuda, x.view()));
+  }
+  for (auto& x : out.cpu)
+    host.push_back(x.view());
+  for (auto& d : dev)
+    dev_views.push_back(d.view());
+  Matrix scratch(1, ns_bf16_scratch_floats(count, m, n, rows));
+  cpu_compute().newton_schulz_bf16(host, rows, steps, syrk, scratch.view());
+  DeviceMatrix dscratch(cuda, 1, ns_bf16_scratch_floats(count, m, n, rows));
+  cuda.newton_schulz_bf16(dev_views, rows, steps, syrk, dscratch.view());
+  for (auto& d : dev)
+    out.cuda.push_back(to_host(cuda, d.view()));
+  return out;
+}
+
+TEST(CudaNewtonSchulz, Bf16StorageMatchesTheCpuEmulation) {
+  DISTMUON_REQUIRE_CUDA();
+  if (cuda_precision_override().value_or(Precision::kBf16) != Precision::kBf16) {
+    GTEST_SKIP() << "DISTMUON_CUDA_PRECISION is not bf16";
+  }
+  auto cuda = make_cuda_compute();
+  const NsStep quintic[] = {{4.0848f, -6.8946f, 2.9270f},
+                            {3.9505f, -6.3029f, 2.6377f},
+                            {3.7418f, -5.5913f, 2.3037f},
+                            {2.8769f, -3.1427f, 1.2046f},
+                            {2.8366f, -3.0525f, 1.2012f}};
+  const NsStep cubic[] = {{1.5f, -0.5f, 0.0f}};
+  // {64, 160} and {160, 64}: both Gram sides; {2048, 2560}: the triangle products (s = 2048 is
+  // two blocks of 1024) with bf16 output and the bf16 mirror.
+  // The CPU's emulation of the large shape on every core of the machine (restored after).
+  const int threads = blas_threads();
+  set_blas_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  for (const auto [m, n] : {std::pair<Index, Index>{64, 160}, {160, 64}, {2048, 2560}}) {
+    const bool rows = m <= n;
+    for (const bool syrk : {true, false}) {
+      if (m == 2048 && !syrk) continue;  // the large shape is there for the triangle products
+      const std::string what = fmt::format("{} syrk {}", shape_str(m, n), syrk);
+      const Bf16Run none = run_bf16(*cuda, m, n, 1, rows, syrk, {});
+      EXPECT_EQ(relative_error(none.cuda[0].view(), none.cpu[0].view()), 0.0) << what;
+      for (const auto& one :
+           {std::span<const NsStep>(quintic, 1), std::span<const NsStep>(cubic)}) {
+        const Bf16Run r = run_bf16(*cuda, m, n, 1, rows, syrk, one);
+        Index equal = 0;
+        double worst = 0, largest = 0;
+        for (Index i = 0; i < m; ++i)
+          for (Index j = 0; j < n; ++j) {
+            const double got = r.cuda[0](i, j), want = r.cpu[0](i, j);
+            equal += got == want;
+            worst = std::max(worst, std::abs(got - want));
+            largest = std::max(largest, std::abs(want));
+          }
+        const double share = double(equal) / double(m * n);
+        std::printf("bf16 storage, one step (c %g), %s: %.2f%% bit-equal, worst %.2e\n", one[0].c,
+                    what.c_str(), 100 * share, worst / largest);
+        EXPECT_GE(share, 0.95) << what;
+        EXPECT_LE(worst, std::ldexp(largest, -6)) << what;
+      }
+      const Bf16Run five = run_bf16(*cuda, m, n, 1, rows, syrk, quintic);
+      const double err = relative_error(five.cuda[0].view(), five.cpu[0].view());
+      std::printf("bf16 storage, 5 quintic steps, %s: %.2e from the emulation\n", what.c_str(),
+                  err);
+      EXPECT_LE(err, 2e-2) << what;
+    }
+  }
+  set_blas_threads(threads);
+  // A batch: every product one strided-batched GEMM.
+  const Bf16Run batch = run_bf16(*cuda, 96, 128, 2, true, true, quintic);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_LE(relative_error(batch.cuda[i].view(), batch.cpu[i].view()), 2e-2) << "matrix " << i;
   }
 }
 

@@ -14,6 +14,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include "compute/cuda/cuda_kernels.h"
 #include "compute/cuda/cuda_libraries.h"
 #include "compute/cuda/cuda_nccl_device.h"
+#include "compute/cuda/cuda_products.h"
 #include "compute/cuda/cuda_staged_comm.h"
 #include "compute/cuda/cuda_stream_timer.h"
 #include "compute/shape_checks.h"
@@ -45,13 +48,7 @@ cuda::ConstDev dev(ConstMatrixView a) {
   return {a.data, a.rows, a.cols, a.ld};
 }
 
-// cuBLAS takes int dimensions.
-int blas_int(const char* op, Index v) {
-  if (v > std::numeric_limits<int>::max()) {
-    throw Error(fmt::format("{}: dimension {} exceeds cuBLAS's int range", op, v));
-  }
-  return static_cast<int>(v);
-}
+using cuda::blas_int;
 
 // The compute type of an fp32-operand product (bf16 runs on bf16 copies instead: bf16_gemm).
 cublasComputeType_t compute_type(Precision p) {
@@ -323,6 +320,18 @@ class CudaCompute final : public Compute {
     check(cuda::round(stream_, dev(a), precision == Precision::kBf16), "round kernel",
           fmt::format("{} at {}", shape_str(a.rows, a.cols), to_string(precision)));
   }
+  // bf16 storage, bf16 outputs and the polynomial in the products' epilogues
+  // (cuda::newton_schulz_bf16). With DISTMUON_CUDA_PRECISION set to another precision, the
+  // default's order with the products at that precision.
+  void newton_schulz_bf16(std::span<const MatrixView> xs, bool rows, std::span<const NsStep> steps,
+                          bool use_syrk, MatrixView work) override {
+    make_current("newton_schulz_bf16");
+    if (override_ && *override_ != Precision::kBf16) {
+      Compute::newton_schulz_bf16(xs, rows, steps, use_syrk, work);
+      return;
+    }
+    cuda::newton_schulz_bf16({blas_, stream_}, block_pointers(), xs, rows, steps, use_syrk, work);
+  }
   void fill(MatrixView a, float value) override {
     make_current("fill");
     check(cuda::fill(stream_, dev(a), value), "fill kernel", shape_str(a.rows, a.cols));
@@ -409,53 +418,19 @@ class CudaCompute final : public Compute {
           fmt::format("{}: {} (ld {}) to ld {}", op, shape_str(src), src.ld, dst.ld));
   }
 
-  // c = alpha op(a) op(a)^T + beta c for a symmetric c, at a reduced precision: c is split into
-  // t x t blocks, the t (t + 1) / 2 on and above the diagonal are computed as one batched GEMM
-  // (10/16 of a full product's work for t = 4, 36/64 for t = 8), and the lower triangle is
-  // mirrored from the upper one. `a` holds op(a)'s operand of `type` (row-major, leading
-  // dimension lda); t = 1 (a small or indivisible n) is one full product.
+  // c = alpha op(a) op(a)^T + beta c for a symmetric fp32 c at a reduced precision
+  // (cuda::upper_triangle_product; `a` holds op(a)'s operand of `type`, leading dimension lda).
   void upper_triangle_product(Precision precision, Trans ta, Index n, Index k, float alpha,
                               const void* a, cudaDataType type, Index lda, float beta, MatrixView c,
                               cublasComputeType_t ct) {
-    const auto context = [&] {
-      return fmt::format("syrk at {}: op(a) {}, c {}", to_string(precision), shape_str(n, k),
-                         shape_str(n, n));
-    };
-    int t = 1;
-    for (const int blocks : {8, 4, 2}) {
-      if (n % blocks == 0 && n / blocks >= kMinTriangleBlock) {
-        t = blocks;
-        break;
-      }
-    }
-    const std::int64_t elem = type == CUDA_R_16BF ? 2 : 4;
-    const Index bs = n / t;
-    const int count = t * (t + 1) / 2;
-    auto** pointers = static_cast<void**>(scratch(
-        block_pointers_, 3 * kMaxTriangleBlocks * sizeof(void*), "the block pointers of a syrk"));
-    const void** row_block = const_cast<const void**>(pointers);
-    const void** col_block = row_block + kMaxTriangleBlocks;
-    void** c_block = pointers + 2 * kMaxTriangleBlocks;
-    // op(a)'s row block i starts i bs rows down a (not transposed) or i bs columns right
-    // (transposed: op(a) = a^T).
-    const std::int64_t a_step = (ta == Trans::kNo ? bs * lda : bs) * elem;
-    check(cuda::upper_block_pointers(
-              stream_, a, a_step, c.data, static_cast<std::int64_t>(bs * c.ld) * 4,
-              static_cast<std::int64_t>(bs) * 4, t, row_block, col_block, c_block),
-          "upper_block_pointers kernel", context());
-    // Block (i, j), row-major: c_ij = alpha op(a)_i op(a)_j^T + beta c_ij, which cuBLAS's
-    // column-major convention computes as c_ij^T = (op(a)_j^T)^T-side first: the column block
-    // j is cuBLAS's A and the row block i its B.
-    const cublasOperation_t op_col = ta == Trans::kNo ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_row = ta == Trans::kNo ? CUBLAS_OP_N : CUBLAS_OP_T;
-    const int bsi = blas_int("syrk", bs), ki = blas_int("syrk", k);
-    const int ldi = blas_int("syrk", std::max<Index>(1, lda));
-    check(
-        cuda::cublas().gemm_batched_ex(blas_, op_col, op_row, bsi, bsi, ki, &alpha, col_block, type,
-                                       ldi, row_block, type, ldi, &beta, c_block, CUDA_R_32F,
-                                       blas_int("syrk", c.ld), count, ct, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmBatchedEx", context());
-    if (t > 1) check(cuda::mirror_upper(stream_, dev(c)), "mirror_upper kernel", context());
+    const std::string what = fmt::format("syrk at {}", to_string(precision));
+    cuda::upper_triangle_product({blas_, stream_}, block_pointers(), what.c_str(), ta, n, k, alpha,
+                                 a, type, lda, beta, c.data, CUDA_R_32F, c.ld, ct);
+  }
+  void** block_pointers() {
+    return static_cast<void**>(scratch(block_pointers_,
+                                       3 * cuda::kMaxTriangleBlocks * sizeof(void*),
+                                       "the block pointers of a syrk"));
   }
 
   void gemm_ex(const char* op, Precision precision, Trans ta, Trans tb, Index m, Index n, Index k,
@@ -584,11 +559,8 @@ class CudaCompute final : public Compute {
   Scratch results_;               // the batched reductions' device slots
   void* host_results_ = nullptr;  // their pinned host twin, results_.bytes long
   Scratch norm_slot_;             // normalize's sum of squares (one double, made on first use)
-  // upper_triangle_product: blocks of at least this many rows, at most 8 x 8 of them.
-  static constexpr Index kMinTriangleBlock = 1024;
-  static constexpr int kMaxTriangleBlocks = 36;
-  Scratch block_pointers_;  // its batched GEMM's pointer arrays (made on first use)
-  Scratch bf16_[2];         // Precision::kBf16: the bf16 copies of a product's operands
+  Scratch block_pointers_;        // upper_triangle_product's pointer arrays (made on first use)
+  Scratch bf16_[2];               // Precision::kBf16: the bf16 copies of a product's operands
   std::mutex comm_mutex_;
   std::map<const CommImpl*, std::weak_ptr<CommImpl>> comms_;
   std::shared_ptr<NcclDevice> nccl_device_;  // its NCCL communicators' (made with the first)

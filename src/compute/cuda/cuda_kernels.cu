@@ -57,24 +57,33 @@ struct ScaleOp {
   }
 };
 
-// ScaleOp with the factor computed from the sum of squares in device memory (Compute::normalize).
-struct NormScaleOp {
-  Dev a;
-  const double* sum;
-  double eps;
-  __device__ void operator()(std::int64_t i, std::int64_t j) const {
+// Compute::normalize's scale from the sum of squares in device memory: the factor (one sqrt and
+// one double division) is computed once per block by its first thread and shared, so that no
+// element pays them; then a grid-stride walk as each_element's.
+__global__ void norm_scale_kernel(Dev a, const double* sum, double eps) {
+  __shared__ float alpha;
+  __shared__ bool finite;
+  if (threadIdx.x == 0) {
     const double ss = *sum;
-    float& x = a.data[i * a.ld + j];
     // Not finite: infinite or NaN (a comparison with NaN is false).
-    if (!(ss <= 1.7976931348623157e308)) {
-      x = __int_as_float(0x7fc00000);  // quiet NaN: the caller's check finds it
-      return;
-    }
-    const double norm = sqrt(ss);
-    const float alpha = static_cast<float>(1.0 / (norm < eps ? eps : norm));  // std::max(norm, eps)
-    x = alpha == 0.0f ? 0.0f : x * alpha;
+    finite = ss <= 1.7976931348623157e308;
+    const double norm = finite ? sqrt(ss) : 0.0;
+    alpha = static_cast<float>(1.0 / (norm < eps ? eps : norm));  // std::max(norm, eps)
   }
-};
+  __syncthreads();
+  const std::int64_t col_stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  const std::int64_t j0 = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  for (std::int64_t i = blockIdx.y; i < a.rows; i += gridDim.y) {
+    for (std::int64_t j = j0; j < a.cols; j += col_stride) {
+      float& x = a.data[i * a.ld + j];
+      if (!finite) {
+        x = __int_as_float(0x7fc00000);  // quiet NaN: the caller's check finds it
+      } else {
+        x = alpha == 0.0f ? 0.0f : x * alpha;
+      }
+    }
+  }
+}
 
 struct AxpbyOp {
   float alpha;
@@ -166,25 +175,33 @@ struct ToBf16Op {
   }
 };
 
+struct FromBf16Op {
+  const __nv_bfloat16* src;
+  Dev a;
+  __device__ void operator()(std::int64_t i, std::int64_t j) const {
+    a.data[i * a.ld + j] = __bfloat162float(src[i * a.cols + j]);
+  }
+};
+
 // The lower triangle of c from its upper one, one 32 x 32 tile at a time through shared memory
 // so that both the reads and the writes are coalesced. Tiles above the diagonal do nothing.
 constexpr int kTile = 32, kTileRows = 8;
-__global__ void mirror_kernel(Dev c) {
-  __shared__ float tile[kTile][kTile + 1];
+template <class T>
+__global__ void mirror_kernel(T* data, std::int64_t n, std::int64_t ld) {
+  __shared__ T tile[kTile][kTile + 1];
   const int bi = blockIdx.y, bj = blockIdx.x;  // the destination tile (rows bi, columns bj)
   if (bj > bi) return;
-  const std::int64_t n = c.rows;
   // Read the source tile (rows bj, columns bi) of the upper triangle.
   for (int r = threadIdx.y; r < kTile; r += kTileRows) {
     const std::int64_t i = static_cast<std::int64_t>(bj) * kTile + r;
     const std::int64_t j = static_cast<std::int64_t>(bi) * kTile + threadIdx.x;
-    if (i < n && j < n) tile[r][threadIdx.x] = c.data[i * c.ld + j];
+    if (i < n && j < n) tile[r][threadIdx.x] = data[i * ld + j];
   }
   __syncthreads();
   for (int r = threadIdx.y; r < kTile; r += kTileRows) {
     const std::int64_t i = static_cast<std::int64_t>(bi) * kTile + r;
     const std::int64_t j = static_cast<std::int64_t>(bj) * kTile + threadIdx.x;
-    if (i < n && j < n && j < i) c.data[i * c.ld + j] = tile[threadIdx.x][r];
+    if (i < n && j < n && j < i) data[i * ld + j] = tile[threadIdx.x][r];
   }
 }
 
@@ -254,7 +271,9 @@ cudaError_t scale(cudaStream_t s, Dev a, float alpha) {
   return launch(s, a.rows, a.cols, ScaleOp{a, alpha});
 }
 cudaError_t scale_by_norm(cudaStream_t s, Dev a, const double* sum, double eps) {
-  return launch(s, a.rows, a.cols, NormScaleOp{a, sum, eps});
+  if (a.rows <= 0 || a.cols <= 0) return cudaSuccess;
+  norm_scale_kernel<<<grid_for(a.rows, a.cols), kThreads, 0, s>>>(a, sum, eps);
+  return cudaGetLastError();
 }
 cudaError_t axpby(cudaStream_t s, float alpha, ConstDev x, float beta, Dev y) {
   return launch(s, y.rows, y.cols, AxpbyOp{alpha, x, beta, y});
@@ -281,6 +300,9 @@ cudaError_t adamw(cudaStream_t s, AdamWArgs k, ConstDev g, Dev m, Dev v, Dev p) 
 cudaError_t to_bf16(cudaStream_t s, ConstDev a, void* dst) {
   return launch(s, a.rows, a.cols, ToBf16Op{a, static_cast<__nv_bfloat16*>(dst)});
 }
+cudaError_t from_bf16(cudaStream_t s, const void* src, Dev a) {
+  return launch(s, a.rows, a.cols, FromBf16Op{static_cast<const __nv_bfloat16*>(src), a});
+}
 
 cudaError_t upper_block_pointers(cudaStream_t s, const void* a, std::int64_t a_step, void* c,
                                  std::int64_t c_row_step, std::int64_t c_col_step, int t,
@@ -294,7 +316,15 @@ cudaError_t upper_block_pointers(cudaStream_t s, const void* a, std::int64_t a_s
 cudaError_t mirror_upper(cudaStream_t s, Dev c) {
   if (c.rows <= 1) return cudaSuccess;
   const auto tiles = static_cast<unsigned>((c.rows + kTile - 1) / kTile);
-  mirror_kernel<<<dim3(tiles, tiles), dim3(kTile, kTileRows), 0, s>>>(c);
+  mirror_kernel<float><<<dim3(tiles, tiles), dim3(kTile, kTileRows), 0, s>>>(c.data, c.rows, c.ld);
+  return cudaGetLastError();
+}
+
+cudaError_t mirror_upper_bf16(cudaStream_t s, void* c, std::int64_t n, std::int64_t ld) {
+  if (n <= 1) return cudaSuccess;
+  const auto tiles = static_cast<unsigned>((n + kTile - 1) / kTile);
+  mirror_kernel<__nv_bfloat16>
+      <<<dim3(tiles, tiles), dim3(kTile, kTileRows), 0, s>>>(static_cast<__nv_bfloat16*>(c), n, ld);
   return cudaGetLastError();
 }
 
@@ -314,20 +344,6 @@ cudaError_t find_non_finite(cudaStream_t s, ConstDev a, unsigned long long* out)
   if (n <= 0) return cudaSuccess;
   find_non_finite_kernel<<<grid_for(a.rows, a.cols), kThreads, 0, s>>>(a, out);
   return cudaGetLastError();
-}
-
-namespace {
-struct FromBf16Op {
-  const __nv_bfloat16* src;
-  Dev a;
-  __device__ void operator()(std::int64_t i, std::int64_t j) const {
-    a.data[i * a.ld + j] = __bfloat162float(src[i * a.cols + j]);
-  }
-};
-}  // namespace
-
-cudaError_t from_bf16(cudaStream_t s, const void* src, Dev a) {
-  return launch(s, a.rows, a.cols, FromBf16Op{static_cast<const __nv_bfloat16*>(src), a});
 }
 
 }  // namespace distmuon::cuda

@@ -55,6 +55,10 @@ cudaError_t muon_momentum(cudaStream_t s, MomentumArgs k, ConstDev g, ConstDev w
 cudaError_t adamw(cudaStream_t s, AdamWArgs k, ConstDev g, Dev m, Dev v, Dev p);
 // dst (rows * cols bf16 values, row-major, contiguous) = a rounded to bf16 (to nearest even).
 cudaError_t to_bf16(cudaStream_t s, ConstDev a, void* dst);
+// a = src (rows * cols bf16 values, row-major, contiguous) widened to fp32 (exact).
+cudaError_t from_bf16(cudaStream_t s, const void* src, Dev a);
+// mirror_upper for an n x n bf16 matrix with leading dimension ld (elements).
+cudaError_t mirror_upper_bf16(cudaStream_t s, void* c, std::int64_t n, std::int64_t ld);
 // *out += the sum of squares of a (out in device memory, zeroed by the caller): accumulated in
 // double per thread when in_double, else in float per thread and block (the blocks' partial
 // sums are added in double).
@@ -62,8 +66,5 @@ cudaError_t sum_squares(cudaStream_t s, ConstDev a, bool in_double, double* out)
 // *out = min(*out, the row-major index i * cols + j of a's first non-finite element); the caller
 // sets *out to UINT64_MAX first.
 cudaError_t find_non_finite(cudaStream_t s, ConstDev a, unsigned long long* out);
-
-// a = src (rows * cols bf16 values, row-major, contiguous), exactly.
-cudaError_t from_bf16(cudaStream_t s, const void* src, Dev a);
 
 }  // namespace distmuon::cuda

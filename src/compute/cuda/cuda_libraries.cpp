@@ -17,6 +17,8 @@ namespace {
 static_assert(sizeof(static_cast<decltype(CublasApi::gemm_ex)>(&::cublasGemmEx)) > 0);
 static_assert(sizeof(static_cast<decltype(CublasApi::gemm_batched_ex)>(&::cublasGemmBatchedEx)) >
               0);
+static_assert(sizeof(static_cast<decltype(CublasApi::gemm_strided_batched_ex)>(
+                  &::cublasGemmStridedBatchedEx)) > 0);
 
 CublasApi load_cublas() {
   const std::string soname = cublas_soname();
@@ -28,6 +30,7 @@ CublasApi load_cublas() {
   resolve(api.ssyrk, lib, soname, "cublasSsyrk_v2");
   resolve(api.gemm_ex, lib, soname, "cublasGemmEx");
   resolve(api.gemm_batched_ex, lib, soname, "cublasGemmBatchedEx");
+  resolve(api.gemm_strided_batched_ex, lib, soname, "cublasGemmStridedBatchedEx");
   resolve(api.get_status_string, lib, soname, "cublasGetStatusString");
   resolve(api.get_status_name, lib, soname, "cublasGetStatusName");
   return api;

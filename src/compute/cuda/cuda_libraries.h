@@ -31,6 +31,13 @@ struct CublasApi {
                                     const void* const[], cudaDataType, int, const void*,
                                     void* const[], cudaDataType, int, int, cublasComputeType_t,
                                     cublasGemmAlgo_t);
+  // cublasGemmStridedBatchedEx, spelled out for the same reason.
+  cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                                            int, int, int, const void*, const void*, cudaDataType,
+                                            int, long long int, const void*, cudaDataType, int,
+                                            long long int, const void*, void*, cudaDataType, int,
+                                            long long int, int, cublasComputeType_t,
+                                            cublasGemmAlgo_t);
   decltype(&::cublasGetStatusString) get_status_string;
   decltype(&::cublasGetStatusName) get_status_name;
 };

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/nccl/nccl_comm.h"
 #include "distmuon/compute.h"
@@ -147,6 +148,15 @@ class OpaqueCompute final : public Compute {
   }
   void round(MatrixView a, Precision precision) override {
     cpu().round(mine("round", a), precision);
+  }
+  // One call of the CPU backend's (the emulation) on the translated views.
+  void newton_schulz_bf16(std::span<const MatrixView> xs, bool rows, std::span<const NsStep> steps,
+                          bool use_syrk, MatrixView scratch) override {
+    std::vector<MatrixView> own;
+    own.reserve(xs.size());
+    for (const MatrixView& x : xs)
+      own.push_back(mine("newton_schulz_bf16", x));
+    cpu().newton_schulz_bf16(own, rows, steps, use_syrk, mine("newton_schulz_bf16", scratch));
   }
   void fill(MatrixView a, float value) override { cpu().fill(mine("fill", a), value); }
   void pack_bf16(ConstMatrixView a, float* dst) override {
