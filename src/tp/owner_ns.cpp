@@ -206,17 +206,29 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   }
   auto work = [&](std::size_t i) { return grid.T > 1 ? full[i] : tp_local[i]; };
 
-  // The items in `chunks` consecutive runs: chunk c is [first(c), first(c + 1)).
+  // The items in `chunks` chunks, largest matrices first (LPT's order, ties by index): LPT gives
+  // the first weights one to each owner, the next ones to the least loaded, so consecutive runs
+  // of that order keep the owners about as balanced in each chunk as over the bucket (chunks of
+  // consecutive indices would leave one owner waiting for another at every chunk).
   const std::size_t n_chunks =
       std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1, n_items);
   const std::size_t per_chunk = (n_items + n_chunks - 1) / n_chunks;
-  auto first = [&](std::size_t c) { return std::min(n_items, c * per_chunk); };
+  std::vector<std::size_t> order(n_items);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return layout(a).m * layout(a).n > layout(b).m * layout(b).n;
+  });
+  std::vector<std::vector<std::size_t>> chunk(n_chunks);
+  for (std::size_t k = 0; k < n_items; ++k)
+    chunk[k / per_chunk].push_back(order[k]);
+  std::vector<std::size_t> all(n_items);
+  std::iota(all.begin(), all.end(), std::size_t{0});
 
   // Stage 1 (GTP): GTP rank j sends the owner's row (g_o) its row block of the TP-local tensor.
-  auto gtp_stage = [&](std::size_t from, std::size_t to) {
+  auto gtp_stage = [&](const std::vector<std::size_t>& ids) {
     Exchange x(G);
     for (std::size_t j = 0; j < G && grid.G > 1; ++j) {
-      for (std::size_t i = from; i < to; ++i) {
+      for (const std::size_t i : ids) {
         if (static_cast<std::size_t>(grid.g_of(owners[i])) == j) x.to[j].push_back(items[i].shard);
         if (in_row(i)) {
           const Index r_l = layout(i).shard_rows();
@@ -227,10 +239,10 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     return x;
   };
   // Stage 2 (TP): TP rank j sends the owner (t_o) its TP-local tensor, a TP block of the full one.
-  auto tp_stage = [&](std::size_t from, std::size_t to) {
+  auto tp_stage = [&](const std::vector<std::size_t>& ids) {
     Exchange x(T);
     for (std::size_t j = 0; j < T && grid.T > 1; ++j) {
-      for (std::size_t i = from; i < to; ++i) {
+      for (const std::size_t i : ids) {
         if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
           x.to[j].push_back(tp_local[i]);
         if (holds(i)) x.from[j].push_back(tp_block(full[i], layout(i), static_cast<int>(j)));
@@ -241,11 +253,11 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   // Replicas: the home sends its result to the same position of every other replica, one
   // exchange per chunk, each started as soon as its items are orthogonalised (the next chunk's NS
   // runs while it is in flight).
-  auto dp_stage = [&](std::size_t from, std::size_t to) {
+  auto dp_stage = [&](const std::vector<std::size_t>& ids) {
     Exchange x(D);
     for (std::size_t j = 0; j < D; ++j) {
       if (j == static_cast<std::size_t>(grid.d)) continue;
-      for (std::size_t i = from; i < to; ++i) {
+      for (const std::size_t i : ids) {
         if (runs(i)) x.to[j].push_back(work(i));
         if (holds(i) && static_cast<std::size_t>(grid.d_of(owners[i])) == j)
           x.from[j].push_back(work(i));
@@ -254,15 +266,15 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     return x;
   };
   // Without GTP the TP-local tensor is the shard itself, copied in and out of its buffer.
-  auto copy_in = [&](std::size_t from, std::size_t to) {
+  auto copy_in = [&](const std::vector<std::size_t>& ids) {
     if (grid.G == 1 && !unsharded) {
-      for (std::size_t i = from; i < to; ++i)
+      for (const std::size_t i : ids)
         compute.copy(items[i].shard, tp_local[i]);
     }
   };
-  auto copy_out = [&](std::size_t from, std::size_t to) {
+  auto copy_out = [&](const std::vector<std::size_t>& ids) {
     if (grid.G == 1 && !unsharded) {
-      for (std::size_t i = from; i < to; ++i)
+      for (const std::size_t i : ids)
         compute.copy(tp_local[i], items[i].shard);
     }
   };
@@ -273,22 +285,21 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   const bool one_stage = (grid.G > 1) != (grid.T > 1);
   const bool pipelined = one_stage && n_chunks > 1;
   const Communicator& stage_group = grid.T > 1 ? tp : gtp;
-  auto stage = [&](std::size_t from, std::size_t to) {
-    return grid.T > 1 ? tp_stage(from, to) : gtp_stage(from, to);
+  auto stage = [&](const std::vector<std::size_t>& ids) {
+    return grid.T > 1 ? tp_stage(ids) : gtp_stage(ids);
   };
   constexpr std::size_t kGatherSlot = 1000, kScatterSlot = 2000;  // staging slots per chunk
   std::vector<Started> gathers, scatters;
   auto start_gather = [&](std::size_t c) {
-    copy_in(first(c), first(c + 1));
-    gathers.push_back(
-        start_exchange(stage_group, stage(first(c), first(c + 1)), compute, ws, kGatherSlot + c));
+    copy_in(chunk[c]);
+    gathers.push_back(start_exchange(stage_group, stage(chunk[c]), compute, ws, kGatherSlot + c));
   };
   if (pipelined) {
     start_gather(0);
   } else {
-    copy_in(0, n_items);
-    if (grid.G > 1) exchange(gtp, gtp_stage(0, n_items), compute, ws);
-    if (grid.T > 1) exchange(tp, tp_stage(0, n_items), compute, ws);
+    copy_in(all);
+    if (grid.G > 1) exchange(gtp, gtp_stage(all), compute, ws);
+    if (grid.T > 1) exchange(tp, tp_stage(all), compute, ws);
   }
 
   // The home's NS: the code duplicated mode runs on the same matrix.
@@ -300,7 +311,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
       finish(gathers[c], compute);
       if (c + 1 < n_chunks) start_gather(c + 1);
     }
-    for (std::size_t i = first(c); i < first(c + 1); ++i) {
+    for (const std::size_t i : chunk[c]) {
       if (!runs(i)) continue;
       orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
                          scale, compute, ws);
@@ -308,11 +319,10 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
       if (bf16_wire && grid.D > 1) compute.round(work(i), Precision::kBf16);
     }
     if (grid.D > 1) {
-      in_flight.push_back(
-          start_exchange(*dp, dp_stage(first(c), first(c + 1)), compute, ws, 1 + c, bf16_wire));
+      in_flight.push_back(start_exchange(*dp, dp_stage(chunk[c]), compute, ws, 1 + c, bf16_wire));
     } else if (pipelined) {
-      scatters.push_back(start_exchange(stage_group, stage(first(c), first(c + 1)).reversed(),
-                                        compute, ws, kScatterSlot + c));
+      scatters.push_back(
+          start_exchange(stage_group, stage(chunk[c]).reversed(), compute, ws, kScatterSlot + c));
     }
   }
   for (Started& x : in_flight)
@@ -322,22 +332,22 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   if (pipelined && grid.D == 1) {
     for (std::size_t c = 0; c < n_chunks; ++c) {
       finish(scatters[c], compute);
-      copy_out(first(c), first(c + 1));
+      copy_out(chunk[c]);
     }
     return;
   }
   if (pipelined) {
     for (std::size_t c = 0; c < n_chunks; ++c)
-      scatters.push_back(start_exchange(stage_group, stage(first(c), first(c + 1)).reversed(),
-                                        compute, ws, kScatterSlot + c));
+      scatters.push_back(
+          start_exchange(stage_group, stage(chunk[c]).reversed(), compute, ws, kScatterSlot + c));
     for (std::size_t c = 0; c < n_chunks; ++c)
       finish(scatters[c], compute);
-    copy_out(0, n_items);
+    copy_out(all);
     return;
   }
-  if (grid.T > 1) exchange(tp, tp_stage(0, n_items).reversed(), compute, ws);
-  if (grid.G > 1) exchange(gtp, gtp_stage(0, n_items).reversed(), compute, ws);
-  copy_out(0, n_items);
+  if (grid.T > 1) exchange(tp, tp_stage(all).reversed(), compute, ws);
+  if (grid.G > 1) exchange(gtp, gtp_stage(all).reversed(), compute, ws);
+  copy_out(all);
 }
 
 bool OwnerOrthogonalizer::KeyLess::operator()(const Key& a, const Key& b) const {
