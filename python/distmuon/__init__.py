@@ -456,11 +456,6 @@ def _check_muon_state(state, count):
         for key in ("name", "state"):
             if not isinstance(saved, dict) or key not in saved:
                 raise Error(f"{where}: parameter {i} of the state has no '{key}'")
-    try:
-        int(state["step"])
-    except (TypeError, ValueError):
-        raise Error(f"{where}: the state's 'step' must be an integer, got "
-                    f"{state['step']!r:.40}") from None
 
 
 def _muon_backend(device):
