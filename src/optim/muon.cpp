@@ -485,8 +485,12 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
     if (s.step_weights[w].mode == TpMode::kOwner)
       s.params[s.step_params[w]].owner = s.orthogonalizer.last_owners()[owned++];
   }
-  // Every backend: one batched check, one agreement (with the replicas' and AdamW's checks).
-  s.check_updates(active, replicas.empty() ? adamw : replicas);
+  // Every backend: one batched check, one agreement (with the replicas', AdamW's and the weights'
+  // range checks).
+  const std::string reason = !replicas.empty() ? replicas
+                             : !adamw.empty()  ? adamw
+                                               : s.check_weight_range(grads, active);
+  s.check_updates(active, reason);
   // The apply phase: rank-local, no collective.
   ++s.step;
   for (std::size_t i = 0; i < grads.size(); ++i) {

@@ -114,6 +114,44 @@ TEST(BadGradients, LargeFiniteGradientsWithinTheRangeAreStepped) {
     EXPECT_TRUE(std::isfinite(v));
 }
 
+// Finite settings and weights whose step would leave float32's range (a learning rate of 3e38, a
+// weight near the largest float on the last rank): refused on every rank naming the parameter,
+// before anything is written, and every value stays finite. The bound (weight_range.cpp) is
+// |f| ||w||_F + lr ||u||_F for Muon and |f| ||p||_F + lr |m'| / ((1 - beta1^t) eps) for AdamW.
+void expect_range_refused(MuonOptions o, const std::string& param, float weight) {
+  const Communicator& w = test::world();
+  o.tp_mode = TpMode::kDuplicated;
+  Model m(w, o);
+  if (w.rank() == w.size() - 1) (param == "embed" ? m.embed : m.hidden)(0, 0) = weight;
+  const Matrix hidden_before = m.hidden, embed_before = m.embed;
+  const Grads g(w, 1);
+  try {
+    m.step(g.hidden, g.embed);
+    ADD_FAILURE() << "a step past float32's range was taken";
+  } catch (const CollectiveError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'" + param + "' could take its weights past float32's range"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(m.opt.step_count(), 0);
+  EXPECT_TRUE(same(m.hidden, hidden_before));
+  EXPECT_TRUE(same(m.embed, embed_before));
+  for (const MatrixView s : m.opt.state_tensors(0))
+    for (Index i = 0; i < s.rows; ++i)
+      for (Index j = 0; j < s.cols; ++j)
+        EXPECT_EQ(s(i, j), 0.0f);  // the momentum untouched
+}
+
+TEST(BadGradients, StepsPastFloat32sRangeAreRefused) {
+  expect_range_refused({.lr = 3e38}, "hidden.w", 0.5f);
+  expect_range_refused({}, "hidden.w", std::numeric_limits<float>::max());
+  MuonOptions adamw;
+  adamw.adamw.lr = 3e38;
+  expect_range_refused(adamw, "embed", 0.5f);
+  expect_range_refused({}, "embed", -std::numeric_limits<float>::max());
+}
+
 // A caller's own check failing on the last rank (Muon::step(grads, failure), what the Python
 // bindings pass): every rank throws with its text before any update, the failing rank passing
 // no gradients at all; the next good step runs on every rank.

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import distmuon
+import distmuon.torch
 
 
 def _batch_with_a_bad_last_matrix(kind):
@@ -60,6 +61,35 @@ def test_learning_rates_past_float32_range_change_nothing():
     g = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
     opt.step([g])
     assert np.isfinite(w).all()
+
+
+@pytest.mark.parametrize("options", [dict(lr=3e38), dict(adamw=dict(lr=3e38))])
+def test_finite_settings_whose_step_leaves_float32_range_change_nothing(options):
+    """Settings within float32's range whose step would not be (a learning rate of 3e38): the
+    step is refused naming the parameter, nothing written, every value finite, also when the
+    weights are the ones that grow (set_learning_rates, torch's API)."""
+    opt = distmuon.Muon(tp_mode="duplicated", **options)
+    w = np.random.default_rng(2).standard_normal((16, 8)).astype(np.float32)
+    b = np.random.default_rng(5).standard_normal((6, 1)).astype(np.float32)
+    opt.add_parameter(w, "hidden.w")
+    opt.add_parameter(b, "bias", role="other")
+    w0, b0 = w.copy(), b.copy()
+    g = [np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32),
+         np.random.default_rng(4).standard_normal((6, 1)).astype(np.float32)]
+    name = "hidden.w" if "lr" in options else "bias"
+    with pytest.raises(distmuon.Error, match=f"'{name}' could take its weights past float32"):
+        opt.step(g)
+    assert np.array_equal(w, w0) and np.array_equal(b, b0) and opt.step_count == 0
+    opt.set_learning_rates(0.02, 1e-3)
+    opt.step(g)
+    assert np.isfinite(w).all() and np.isfinite(b).all() and opt.step_count == 1
+    t = torch.nn.Parameter(torch.randn(16, 8))
+    topt = distmuon.torch.Muon([t], lr=3e38)
+    t0 = t.detach().clone()
+    t.grad = torch.randn(16, 8)
+    with pytest.raises(distmuon.Error, match="float32"):
+        topt.step()
+    assert torch.equal(t.detach(), t0)
 
 
 @pytest.mark.parametrize("call", [
