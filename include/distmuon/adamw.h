@@ -47,6 +47,13 @@ struct AdamWOverflow {
 std::optional<AdamWOverflow> adamw_overflow(std::span<const ConstMatrixView> grads,
                                             std::span<const ConstMatrixView> exp_avg_sq,
                                             const AdamWOptions& options, Compute& compute);
+// The same with the sums of squares (in double) of grads and exp_avg_sq given, from a batch the
+// caller shares with other checks.
+std::optional<AdamWOverflow> adamw_overflow(std::span<const ConstMatrixView> grads,
+                                            std::span<const ConstMatrixView> exp_avg_sq,
+                                            std::span<const double> grad_sums,
+                                            std::span<const double> exp_avg_sq_sums,
+                                            const AdamWOptions& options, Compute& compute);
 
 // One AdamW step on compute (Compute::adamw). p, g, exp_avg and exp_avg_sq have the same shape
 // and live in compute's memory; step >= 1.

@@ -40,9 +40,23 @@ std::optional<AdamWOverflow> adamw_overflow(std::span<const ConstMatrixView> gra
   views.insert(views.end(), exp_avg_sq.begin(), exp_avg_sq.end());
   std::vector<double> sums(2 * n);
   compute.sum_squares(views, true, sums);
+  return adamw_overflow(grads, exp_avg_sq, std::span(sums).first(n), std::span(sums).subspan(n), o,
+                        compute);
+}
+
+std::optional<AdamWOverflow> adamw_overflow(std::span<const ConstMatrixView> grads,
+                                            std::span<const ConstMatrixView> exp_avg_sq,
+                                            std::span<const double> grad_sums,
+                                            std::span<const double> exp_avg_sq_sums,
+                                            const AdamWOptions& o, Compute& compute) {
+  DISTMUON_ASSERT(grads.size() == exp_avg_sq.size() && grad_sums.size() == grads.size() &&
+                      exp_avg_sq_sums.size() == grads.size(),
+                  "one second moment and one sum per gradient");
+  const std::size_t n = grads.size();
   const double b2 = o.beta2, limit = kMaxFloat32 * (1.0 - 1e-6);
   for (std::size_t i = 0; i < n; ++i) {
-    if (b2 * std::sqrt(sums[n + i]) + (1.0 - b2) * sums[i] <= limit) continue;  // every element
+    if (b2 * std::sqrt(exp_avg_sq_sums[i]) + (1.0 - b2) * grad_sums[i] <= limit)
+      continue;  // every element
     const Matrix g = to_host(compute, grads[i]), v = to_host(compute, exp_avg_sq[i]);
     for (Index r = 0; r < g.rows(); ++r) {
       for (Index c = 0; c < g.cols(); ++c) {

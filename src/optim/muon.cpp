@@ -381,30 +381,6 @@ std::string Muon::Impl::check_replicas(std::span<const std::uint8_t> active) {
   return reason;
 }
 
-std::string Muon::Impl::check_adamw(std::span<const ConstMatrixView> grads,
-                                    std::span<const std::uint8_t> active) const {
-  std::vector<ConstMatrixView> g, v;
-  std::vector<std::size_t> which;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].muon || (!active.empty() && active[i] == 0)) continue;
-    g.push_back(grads[i]);
-    v.push_back(params[i].exp_avg_sq.view());
-    which.push_back(i);
-  }
-  try {
-    const auto bad = adamw_overflow(g, v, options.adamw, *compute);
-    if (!bad) return {};
-    return fmt::format(
-        "the AdamW step of parameter '{}' would overflow: its gradient {:g} at ({}, {}) takes the "
-        "second moment (exp_avg_sq) past float32's range (beta2 = {}); nothing is updated (clip "
-        "the gradients or scale the loss down)",
-        params[which[bad->index]].spec.name, bad->grad, bad->at.row, bad->at.col,
-        options.adamw.beta2);
-  } catch (const Error& e) {
-    return e.what();
-  }
-}
-
 void Muon::Impl::check_updates(std::span<const std::uint8_t> active,
                                std::string_view replicas) const {
   const Impl& s = *this;
@@ -478,7 +454,6 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   // Before NS: a home's result replaces every replica's update, so a replica that differs would
   // go unnoticed after it.
   const std::string replicas = s.check_replicas(active);
-  const std::string adamw = s.check_adamw(grads, active);
   s.orthogonalizer.run(s.step_weights, s.ns, muon_scale_fn(s.options), *s.compute, &s.workspaces);
   std::size_t owned = 0;  // last_owners() lists the owner weights in order
   for (std::size_t w = 0; w < s.step_weights.size(); ++w) {
@@ -487,9 +462,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   }
   // Every backend: one batched check, one agreement (with the replicas', AdamW's and the weights'
   // range checks).
-  const std::string reason = !replicas.empty() ? replicas
-                             : !adamw.empty()  ? adamw
-                                               : s.check_weight_range(grads, active);
+  const std::string reason = !replicas.empty() ? replicas : s.check_ranges(grads, active);
   s.check_updates(active, reason);
   // The apply phase: rank-local, no collective.
   ++s.step;

@@ -110,17 +110,13 @@ struct Muon::Impl {
   // Returns this rank's failure text (empty: every replica of every weight agrees), for
   // check_updates to agree over the world.
   std::string check_replicas(std::span<const std::uint8_t> active);
-  // Stepping AdamW parameters: a finite gradient that would take the second moment past float32's
-  // range (adamw_overflow). Returns this rank's failure text naming the parameter (empty: none),
-  // for check_updates to agree over the world, so that nothing is written.
-  std::string check_adamw(std::span<const ConstMatrixView> grads,
-                          std::span<const std::uint8_t> active) const;
-  // Every stepping parameter: a step whose new weights could leave float32's range, bounded by
-  // norms of the weights and of what the step adds (weight_range.cpp; one batched sum of
-  // squares). Returns this rank's failure text naming the parameter (empty: none), for
-  // check_updates to agree over the world, so that nothing is written. After the updates.
-  std::string check_weight_range(std::span<const ConstMatrixView> grads,
-                                 std::span<const std::uint8_t> active) const;
+  // Every stepping parameter, after the updates: an AdamW gradient that would take the second
+  // moment past float32's range (adamw_overflow), and a step whose new weights could leave it
+  // (bounded by norms: weight_range.cpp), from one batched sum of squares. Returns this rank's
+  // failure text naming the parameter (empty: none), for check_updates to agree over the world,
+  // so that nothing is written.
+  std::string check_ranges(std::span<const ConstMatrixView> grads,
+                           std::span<const std::uint8_t> active) const;
   // Whether a Muon parameter with its mode set runs on one home of its replicas.
   bool runs_on_home(const ParamState& p) const;
   // The NS options of a planned parameter (its algorithm).

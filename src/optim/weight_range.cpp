@@ -1,5 +1,4 @@
-// Muon::Impl::check_weight_range: a step whose new weights could leave float32's range is
-// refused before anything is written (muon_impl.h).
+// Muon::Impl::check_ranges: the step's range checks, before anything is written (muon_impl.h).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -10,52 +9,70 @@
 
 namespace distmuon {
 
-// Bounds each stepping parameter's new elements by norms of what the step reads, one batched
-// sum of squares (in double) for all of them:
-//  - Muon: w' = f w - lr u (f the decay factor), so |w'_ij| <= |f| ||w||_F + lr ||u||_F, with u
-//    the orthogonalised and scaled update;
-//  - AdamW: p' = f p - lr m' / ((1 - beta1^t)(sqrt(v') + eps)), m' = beta1 m + (1 - beta1) g, so
-//    |p'_ij| <= |f| ||p||_F + lr (beta1 ||m||_F + (1 - beta1) ||g||_F) / ((1 - beta1^t) eps).
+// One batched sum of squares (in double) of what every stepping parameter's step reads, then:
+//  1. AdamW: a finite gradient that would take the second moment past float32's range
+//     (adamw_overflow, from the sums of g and v);
+//  2. the new weights' range, bounded by norms, so that no step writes an infinity:
+//     - Muon: w' = f w - lr u (f the decay factor, u the orthogonalised and scaled update), so
+//       |w'_ij| <= |f| ||w||_F + lr ||u||_F;
+//     - AdamW: p' = f p - lr m' / ((1 - beta1^t)(sqrt(v') + eps)), m' = beta1 m + (1 - beta1) g,
+//       so |p'_ij| <= |f| ||p||_F + lr (beta1 ||m||_F + (1 - beta1) ||g||_F) / ((1 - beta1^t) eps).
 // The bounds hold whatever the values; they refuse only steps whose bound comes within 1e-5 of
 // float32's largest value (weights or learning rates near 1e38, or AdamW's lr |m| / eps past it),
-// where a real run has long diverged.
-std::string Muon::Impl::check_weight_range(std::span<const ConstMatrixView> grads,
-                                           std::span<const std::uint8_t> active) const {
+// where a real run has long diverged. A non-finite sum is left to the checks of non-finite values.
+std::string Muon::Impl::check_ranges(std::span<const ConstMatrixView> grads,
+                                     std::span<const std::uint8_t> active) const {
   struct Bound {
     std::size_t param;
     double decay, lr, adam_scale;  // adam_scale: lr / ((1 - beta1^t) eps); 0 for Muon
-    std::size_t first;             // its views' first index: weight, then update or (m, g)
+    std::size_t first;             // its sums: weight, then update (Muon) or m, g, v (AdamW)
   };
   std::vector<Bound> bounds;
-  std::vector<ConstMatrixView> views;
+  std::vector<ConstMatrixView> views, adam_g, adam_v;
+  std::vector<std::size_t> adam_params;
   const AdamWOptions& a = options.adamw;
   const double t = static_cast<double>(step + 1);
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamState& p = params[i];
     if (!active.empty() && active[i] == 0) continue;
     const ConstMatrixView w = p.spec.local;
-    const Index rows = w.rows - (p.muon ? p.layout.local_pad() : 0);  // padding ignored
     if (p.muon) {
-      const double f = options.weight_decay_method == WeightDecayMethod::kDecoupled
+      const double f = options.weight_decay == 0 ? 1.0
+                       : options.weight_decay_method == WeightDecayMethod::kDecoupled
                            ? 1.0 - options.lr * options.weight_decay
                        : options.weight_decay_method == WeightDecayMethod::kIndependent
                            ? 1.0 - options.weight_decay
                            : 1.0;
-      bounds.push_back({i, options.weight_decay != 0 ? f : 1.0, options.lr, 0, views.size()});
+      const Index rows = w.rows - p.layout.local_pad();  // padding ignored
+      bounds.push_back({i, f, options.lr, 0, views.size()});
       views.push_back(w.row_block(0, rows));
       views.push_back(p.update.view().row_block(0, rows));
     } else {
       bounds.push_back({i, 1.0 - a.lr * a.weight_decay, a.lr,
                         a.lr / ((1.0 - std::pow(a.beta1, t)) * a.eps), views.size()});
-      views.push_back(w);
-      views.push_back(p.exp_avg.view());
-      views.push_back(grads[i]);
+      views.insert(views.end(), {w, p.exp_avg.view(), grads[i], p.exp_avg_sq.view()});
+      adam_g.push_back(grads[i]);
+      adam_v.push_back(p.exp_avg_sq.view());
+      adam_params.push_back(i);
     }
   }
   if (bounds.empty()) return {};
   std::vector<double> sums(views.size());
   try {
     compute->sum_squares(views, true, sums);
+    std::vector<double> g_sums, v_sums;
+    for (const Bound& b : bounds) {
+      if (b.adam_scale == 0) continue;
+      g_sums.push_back(sums[b.first + 2]);
+      v_sums.push_back(sums[b.first + 3]);
+    }
+    if (const auto bad = adamw_overflow(adam_g, adam_v, g_sums, v_sums, a, *compute)) {
+      return fmt::format(
+          "the AdamW step of parameter '{}' would overflow: its gradient {:g} at ({}, {}) takes "
+          "the second moment (exp_avg_sq) past float32's range (beta2 = {}); nothing is updated "
+          "(clip the gradients or scale the loss down)",
+          params[adam_params[bad->index]].spec.name, bad->grad, bad->at.row, bad->at.col, a.beta2);
+    }
   } catch (const Error& e) {
     return e.what();
   }
@@ -67,7 +84,7 @@ std::string Muon::Impl::check_weight_range(std::span<const ConstMatrixView> grad
                                  : b.adam_scale * (a.beta1 * std::sqrt(sums[b.first + 1]) +
                                                    (1.0 - a.beta1) * std::sqrt(sums[b.first + 2]));
     const double bound = std::abs(b.decay) * w + step_size;
-    if (bound <= limit) continue;
+    if (!std::isfinite(bound) || bound <= limit) continue;
     return fmt::format(
         "the step of {} parameter '{}' could take its weights past float32's range: |weights| up "
         "to {:.3g} (Frobenius norm) and a step of up to {:.3g} (learning rate {:g}) against a "
