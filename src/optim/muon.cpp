@@ -381,36 +381,6 @@ std::string Muon::Impl::check_replicas(std::span<const std::uint8_t> active) {
   return reason;
 }
 
-void Muon::Impl::check_updates(std::span<const std::uint8_t> active,
-                               std::string_view replicas) const {
-  const Impl& s = *this;
-  check_views.clear();
-  std::vector<std::size_t> which;
-  for (std::size_t i = 0; i < s.params.size(); ++i) {
-    const ParamState& p = s.params[i];
-    if (!p.muon || (!active.empty() && active[i] == 0)) continue;
-    const ConstMatrixView u = p.update.view();
-    check_views.push_back(u.row_block(0, u.rows - p.layout.local_pad()));  // padding ignored
-    which.push_back(i);
-  }
-  check_results.assign(check_views.size(), std::nullopt);
-  std::string reason(replicas);
-  try {
-    s.compute->find_non_finite(check_views, check_results);
-  } catch (const Error& e) {
-    reason = e.what();
-  }
-  for (std::size_t k = 0; reason.empty() && k < which.size(); ++k) {
-    if (const auto& bad = check_results[k]) {
-      reason = fmt::format(
-          "the update of weight '{}' is not finite at ({}, {}) of its shard: its Newton-Schulz "
-          "input was not finite (a momentum step or a norm that overflows); nothing is updated",
-          s.params[which[k]].spec.name, bad->row, bad->col);
-    }
-  }
-  agree_or_throw(s.world, reason.empty(), "Muon::step", reason);
-}
-
 void Muon::step(std::span<const ConstMatrixView> grads) {
   step(grads, {}, {});
 }
@@ -460,10 +430,9 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
     if (s.step_weights[w].mode == TpMode::kOwner)
       s.params[s.step_params[w]].owner = s.orthogonalizer.last_owners()[owned++];
   }
-  // Every backend: one batched check, one agreement (with the replicas', AdamW's and the weights'
-  // range checks).
-  const std::string reason = !replicas.empty() ? replicas : s.check_ranges(grads, active);
-  s.check_updates(active, reason);
+  // Every backend: one batched check (the updates finite, AdamW's second moment and the new
+  // weights within float32's range), one agreement (with the replicas' check).
+  s.check_updates(grads, active, replicas);
   // The apply phase: rank-local, no collective.
   ++s.step;
   for (std::size_t i = 0; i < grads.size(); ++i) {

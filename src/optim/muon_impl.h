@@ -98,25 +98,22 @@ struct Muon::Impl {
   // Replaces the options (validated by the caller) and what is derived from them.
   void use_options(MuonOptions o);
   std::string options_text;  // the options' JSON, agreed at every step
-  // The end of the step's compute phase, on every backend: one batched find_non_finite of every
-  // stepping Muon parameter's update (a non-finite NS input leaves it NaN), agreed over the world
-  // (CollectiveError on every rank naming the first failing rank's weight), before anything is
-  // written.
-  // replicas: a failure of the replicas' fingerprint check (check_replicas), agreed with the rest.
-  void check_updates(std::span<const std::uint8_t> active, std::string_view replicas) const;
+  // The end of the step's compute phase, on every backend (weight_range.cpp): one batched sum
+  // of squares (in double) of what every stepping parameter's step reads, from which (a) every
+  // Muon update is finite (a non-finite NS input leaves it NaN; its first such element is then
+  // found for the message), (b) no AdamW gradient takes the second moment past float32's range
+  // (adamw_overflow), (c) no step's new weights can leave that range (bounded by norms); agreed
+  // over the world (CollectiveError on every rank naming the first failing rank's parameter)
+  // before anything is written. replicas: a failure of the replicas' fingerprint check
+  // (check_replicas), agreed with the rest.
+  void check_updates(std::span<const ConstMatrixView> grads, std::span<const std::uint8_t> active,
+                     std::string_view replicas) const;
   // Replicated stepping weights: the fingerprints of every replica's weight and NS input
   // (p.update: gradient and momentum), one batched sum_squares, all-gathered over each replica
   // group (control plane; one collective per group, in the order of the groups' first weights).
   // Returns this rank's failure text (empty: every replica of every weight agrees), for
   // check_updates to agree over the world.
   std::string check_replicas(std::span<const std::uint8_t> active);
-  // Every stepping parameter, after the updates: an AdamW gradient that would take the second
-  // moment past float32's range (adamw_overflow), and a step whose new weights could leave it
-  // (bounded by norms: weight_range.cpp), from one batched sum of squares. Returns this rank's
-  // failure text naming the parameter (empty: none), for check_updates to agree over the world,
-  // so that nothing is written.
-  std::string check_ranges(std::span<const ConstMatrixView> grads,
-                           std::span<const std::uint8_t> active) const;
   // Whether a Muon parameter with its mode set runs on one home of its replicas.
   bool runs_on_home(const ParamState& p) const;
   // The NS options of a planned parameter (its algorithm).

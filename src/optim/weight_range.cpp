@@ -1,15 +1,31 @@
-// Muon::Impl::check_ranges: the step's range checks, before anything is written (muon_impl.h).
+// Muon::Impl::check_updates: the end of a step's compute phase, before anything is written
+// (muon_impl.h).
 #include <fmt/format.h>
 
 #include <cmath>
 #include <vector>
 
 #include "distmuon/adamw.h"
+#include "distmuon/agreement.h"
 #include "optim/muon_impl.h"
 
 namespace distmuon {
+namespace {
+
+// One parameter's place in the batch: its sums start at `first` (Muon: weight, update; AdamW:
+// weight, m, g, v), and the factors of its step.
+struct Bound {
+  std::size_t param;
+  bool muon;
+  double decay, lr, adam_scale;  // adam_scale: lr / ((1 - beta1^t) eps) for AdamW
+  std::size_t first;
+};
+
+}  // namespace
 
 // One batched sum of squares (in double) of what every stepping parameter's step reads, then:
+//  0. Muon: each update finite (a finite float's square cannot overflow a double's sum, so a
+//     non-finite sum means a non-finite element, then found by find_non_finite for the message);
 //  1. AdamW: a finite gradient that would take the second moment past float32's range
 //     (adamw_overflow, from the sums of g and v);
 //  2. the new weights' range, bounded by norms, so that no step writes an infinity:
@@ -19,14 +35,10 @@ namespace distmuon {
 //       so |p'_ij| <= |f| ||p||_F + lr (beta1 ||m||_F + (1 - beta1) ||g||_F) / ((1 - beta1^t) eps).
 // The bounds hold whatever the values; they refuse only steps whose bound comes within 1e-5 of
 // float32's largest value (weights or learning rates near 1e38, or AdamW's lr |m| / eps past it),
-// where a real run has long diverged. A non-finite sum is left to the checks of non-finite values.
-std::string Muon::Impl::check_ranges(std::span<const ConstMatrixView> grads,
-                                     std::span<const std::uint8_t> active) const {
-  struct Bound {
-    std::size_t param;
-    double decay, lr, adam_scale;  // adam_scale: lr / ((1 - beta1^t) eps); 0 for Muon
-    std::size_t first;             // its sums: weight, then update (Muon) or m, g, v (AdamW)
-  };
+// where a real run has long diverged. The weights themselves were checked finite before the step.
+void Muon::Impl::check_updates(std::span<const ConstMatrixView> grads,
+                               std::span<const std::uint8_t> active,
+                               std::string_view replicas) const {
   std::vector<Bound> bounds;
   std::vector<ConstMatrixView> views, adam_g, adam_v;
   std::vector<std::size_t> adam_params;
@@ -44,11 +56,11 @@ std::string Muon::Impl::check_ranges(std::span<const ConstMatrixView> grads,
                            ? 1.0 - options.weight_decay
                            : 1.0;
       const Index rows = w.rows - p.layout.local_pad();  // padding ignored
-      bounds.push_back({i, f, options.lr, 0, views.size()});
+      bounds.push_back({i, true, f, options.lr, 0, views.size()});
       views.push_back(w.row_block(0, rows));
       views.push_back(p.update.view().row_block(0, rows));
     } else {
-      bounds.push_back({i, 1.0 - a.lr * a.weight_decay, a.lr,
+      bounds.push_back({i, false, 1.0 - a.lr * a.weight_decay, a.lr,
                         a.lr / ((1.0 - std::pow(a.beta1, t)) * a.eps), views.size()});
       views.insert(views.end(), {w, p.exp_avg.view(), grads[i], p.exp_avg_sq.view()});
       adam_g.push_back(grads[i]);
@@ -56,13 +68,21 @@ std::string Muon::Impl::check_ranges(std::span<const ConstMatrixView> grads,
       adam_params.push_back(i);
     }
   }
-  if (bounds.empty()) return {};
+  std::string reason(replicas);
   std::vector<double> sums(views.size());
-  try {
+  auto checks = [&]() -> std::string {
     compute->sum_squares(views, true, sums);
+    for (const Bound& b : bounds) {
+      if (!b.muon || std::isfinite(sums[b.first + 1])) continue;
+      const auto bad = compute->find_non_finite(views[b.first + 1]);
+      return fmt::format(
+          "the update of weight '{}' is not finite at ({}, {}) of its shard: its Newton-Schulz "
+          "input was not finite (a momentum step or a norm that overflows); nothing is updated",
+          params[b.param].spec.name, bad ? bad->row : 0, bad ? bad->col : 0);
+    }
     std::vector<double> g_sums, v_sums;
     for (const Bound& b : bounds) {
-      if (b.adam_scale == 0) continue;
+      if (b.muon) continue;
       g_sums.push_back(sums[b.first + 2]);
       v_sums.push_back(sums[b.first + 3]);
     }
@@ -73,27 +93,32 @@ std::string Muon::Impl::check_ranges(std::span<const ConstMatrixView> grads,
           "(clip the gradients or scale the loss down)",
           params[adam_params[bad->index]].spec.name, bad->grad, bad->at.row, bad->at.col, a.beta2);
     }
-  } catch (const Error& e) {
-    return e.what();
+    const double limit = kMaxFloat32 * (1.0 - 1e-5);  // a margin for float32's roundings
+    for (const Bound& b : bounds) {
+      const double w = std::sqrt(sums[b.first]);
+      const double step_size =
+          b.muon ? b.lr * std::sqrt(sums[b.first + 1])
+                 : b.adam_scale * (a.beta1 * std::sqrt(sums[b.first + 1]) +
+                                   (1.0 - a.beta1) * std::sqrt(sums[b.first + 2]));
+      const double bound = std::abs(b.decay) * w + step_size;
+      if (!std::isfinite(bound) || bound <= limit) continue;  // non-finite: the checks above
+      return fmt::format(
+          "the step of {} parameter '{}' could take its weights past float32's range: |weights| "
+          "up to {:.3g} (Frobenius norm) and a step of up to {:.3g} (learning rate {:g}) against "
+          "a largest value of {:.3g}; nothing is updated (lower the learning rate, or check the "
+          "weights)",
+          b.muon ? "Muon" : "AdamW", params[b.param].spec.name, w, step_size, b.lr, kMaxFloat32);
+    }
+    return {};
+  };
+  if (reason.empty() && !bounds.empty()) {
+    try {
+      reason = checks();
+    } catch (const Error& e) {
+      reason = e.what();
+    }
   }
-  const double limit = kMaxFloat32 * (1.0 - 1e-5);  // a margin for float32's roundings
-  for (const Bound& b : bounds) {
-    const double w = std::sqrt(sums[b.first]);
-    const double step_size = b.adam_scale == 0
-                                 ? b.lr * std::sqrt(sums[b.first + 1])
-                                 : b.adam_scale * (a.beta1 * std::sqrt(sums[b.first + 1]) +
-                                                   (1.0 - a.beta1) * std::sqrt(sums[b.first + 2]));
-    const double bound = std::abs(b.decay) * w + step_size;
-    if (!std::isfinite(bound) || bound <= limit) continue;
-    return fmt::format(
-        "the step of {} parameter '{}' could take its weights past float32's range: |weights| up "
-        "to {:.3g} (Frobenius norm) and a step of up to {:.3g} (learning rate {:g}) against a "
-        "largest value of {:.3g}; nothing is updated (lower the learning rate, or check the "
-        "weights)",
-        b.adam_scale == 0 ? "Muon" : "AdamW", params[b.param].spec.name, w, step_size, b.lr,
-        kMaxFloat32);
-  }
-  return {};
+  agree_or_throw(world, reason.empty(), "Muon::step", reason);
 }
 
 }  // namespace distmuon
