@@ -176,10 +176,10 @@ namespace {
 template <typename T>
 T option(const nlohmann::json& j, const char* key, std::string_view prefix = "") {
   const auto it = j.find(key);
-  if (it == j.end()) throw Error(fmt::format("MuonOptions: missing option '{}{}'", prefix, key));
+  if (it == j.end()) throw Error(fmt::format("Muon options: missing option '{}{}'", prefix, key));
   const nlohmann::json& v = *it;
   const auto wrong = [&](std::string_view expected) {
-    return Error(fmt::format("MuonOptions: option '{}{}' must be {}, got {} {}", prefix, key,
+    return Error(fmt::format("Muon options: option '{}{}' must be {}, got {} {}", prefix, key,
                              expected, v.type_name(), v.dump()));
   };
   if constexpr (std::is_same_v<T, bool>) {
@@ -206,7 +206,7 @@ T option(const nlohmann::json& j, const char* key, std::string_view prefix = "")
 
 void from_json(const nlohmann::json& j, MuonOptions& o) {
   if (!j.is_object())
-    throw Error(fmt::format("MuonOptions: expected a JSON object, got {}", j.type_name()));
+    throw Error(fmt::format("Muon options: expected a JSON object, got {}", j.type_name()));
   o.lr = option<double>(j, "lr");
   o.momentum = option<double>(j, "momentum");
   o.nesterov = option<bool>(j, "nesterov");
@@ -223,7 +223,7 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
     const std::string v = option<std::string>(j, "schedule_check");
     if (v != "strict" && v != "warn") {
       throw Error(fmt::format(
-          "MuonOptions: option 'schedule_check' = '{}' is invalid; valid: strict, warn", v));
+          "Muon options: option 'schedule_check' = '{}' is invalid; valid: strict, warn", v));
     }
     o.schedule_warns = v == "warn";
   }
@@ -240,7 +240,7 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
       try {
         o.precision = parse_precision(p);
       } catch (const Error& e) {
-        throw Error(fmt::format("MuonOptions: option 'precision': {} (or auto)", e.what()));
+        throw Error(fmt::format("Muon options: option 'precision': {} (or auto)", e.what()));
       }
     }
   }
@@ -262,7 +262,7 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   const auto it = j.find("adamw");
   if (it == j.end() || !it->is_object())
     throw Error(
-        "MuonOptions: option 'adamw' must be an object {lr, beta1, beta2, eps, "
+        "Muon options: option 'adamw' must be an object {lr, beta1, beta2, eps, "
         "weight_decay}");
   const auto& a = *it;
   o.adamw.lr = option<double>(a, "lr", "adamw.");

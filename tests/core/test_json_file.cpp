@@ -69,7 +69,7 @@ TEST(MuonOptionsJson, WrongTypesNameTheOptionAndTheType) {
     j[key] = std::move(value);
     return error_of([&] { static_cast<void>(j.get<MuonOptions>()); });
   };
-  expect_clean(with("lr", "0.1"), "MuonOptions: option 'lr' must be a number, got string \"0.1\"");
+  expect_clean(with("lr", "0.1"), "Muon options: option 'lr' must be a number, got string \"0.1\"");
   expect_clean(with("nesterov", 1), "option 'nesterov' must be true or false, got number 1");
   expect_clean(with("steps", 2.5), "option 'steps' must be an integer from");
   expect_clean(with("steps", 4294967296), "option 'steps' must be an integer from");

@@ -265,13 +265,7 @@ TEST(GramNewtonSchulz, DistributedMatchesSingleProcess) {
       const Matrix full = random_matrix(m, n, 71);
       NsOptions o = options(set, NsAlgorithm::kGram, restart);
       o.side = dim == 0 ? GramSide::kCols : GramSide::kRows;
-      const Matrix single = newton_schulz(full.view(), o, cpu_compute());
-      Matrix mine = shard_of(full.view(), dim, 2, pair.rank());
-      auto stats = std::make_shared<CommStats>();
-      const Communicator counted = counting_communicator(pair, stats);
-      newton_schulz_inplace(mine.view(), o, cpu_compute(), &counted);
-      const double err =
-          relative_error(mine.view(), shard_of(single.view(), dim, 2, pair.rank()).view());
+      const auto [err, stats] = test::distributed_ns(full, dim, o, pair);
       std::printf("  distributed gram  %-14s dim=%d restart=%d  rel.err %.3e\n", set.c_str(), dim,
                   restart, err);
       EXPECT_LE(err, bound) << set << " dim " << dim << " restart " << restart;
@@ -281,14 +275,14 @@ TEST(GramNewtonSchulz, DistributedMatchesSingleProcess) {
       const int automatic = set == "polar_express" ? 2 : 1;
       EXPECT_EQ(grams, restart > 0 ? 1 + (o.steps - 1) / restart : automatic);
       EXPECT_LT(grams, o.steps);
-      EXPECT_EQ(stats->all_reduce.calls, static_cast<std::size_t>(1 + grams));
+      EXPECT_EQ(stats.all_reduce.calls, static_cast<std::size_t>(1 + grams));
       const auto s = static_cast<std::size_t>(dim == 0 ? n : m);
-      EXPECT_EQ(stats->all_reduce.bytes, 8 + static_cast<std::size_t>(grams) * s * s * 4);
-      EXPECT_EQ(stats->all_gather.calls, 0u);
+      EXPECT_EQ(stats.all_reduce.bytes, 8 + static_cast<std::size_t>(grams) * s * s * 4);
+      EXPECT_EQ(stats.all_gather.calls, 0u);
       // The traffic model says the same.
       const TpTraffic t = tp_traffic(m, n, 2, dim, TpMode::kDistributed, o);
-      EXPECT_EQ(t.all_reduce_calls, stats->all_reduce.calls);
-      EXPECT_EQ(t.all_reduce_bytes, stats->all_reduce.bytes);
+      EXPECT_EQ(t.all_reduce_calls, stats.all_reduce.calls);
+      EXPECT_EQ(t.all_reduce_bytes, stats.all_reduce.bytes);
     }
   }
 }

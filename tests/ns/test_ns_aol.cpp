@@ -174,20 +174,14 @@ TEST(NsAol, DistributedAndDuplicatedOverTwoRanks) {
       const Matrix full = random_matrix(m, n, 71);
       NsOptions o = aol_options(4, algorithm);
       o.side = dim == 0 ? GramSide::kCols : GramSide::kRows;
-      const Matrix single = newton_schulz(full.view(), o, cpu_compute());
-      Matrix mine = shard_of(full.view(), dim, 2, pair.rank());
-      auto stats = std::make_shared<CommStats>();
-      const Communicator counted = counting_communicator(pair, stats);
-      newton_schulz_inplace(mine.view(), o, cpu_compute(), &counted);
-      const double err =
-          relative_error(mine.view(), shard_of(single.view(), dim, 2, pair.rank()).view());
+      const auto [err, stats] = test::distributed_ns(full, dim, o, pair);
       std::printf("  distributed aol %s dim=%d  rel.err %.3e\n", to_string(algorithm), dim, err);
       EXPECT_LE(err, 1e-4) << to_string(algorithm) << " dim " << dim;
       const int grams = algorithm == NsAlgorithm::kGram ? gram_ns_gram_count(o) : o.steps + 1;
-      EXPECT_EQ(stats->all_reduce.calls, static_cast<std::size_t>(1 + grams));
+      EXPECT_EQ(stats.all_reduce.calls, static_cast<std::size_t>(1 + grams));
       const TpTraffic t = tp_traffic(m, n, 2, dim, TpMode::kDistributed, o);
-      EXPECT_EQ(t.all_reduce_calls, stats->all_reduce.calls);
-      EXPECT_EQ(t.all_reduce_bytes, stats->all_reduce.bytes);
+      EXPECT_EQ(t.all_reduce_calls, stats.all_reduce.calls);
+      EXPECT_EQ(t.all_reduce_bytes, stats.all_reduce.bytes);
 
       // Duplicated: the whole matrix gathered and orthogonalised on each rank, as one process.
       NsOptions d = aol_options(4, algorithm);

@@ -1,5 +1,8 @@
 #include "test_util.h"
 
+#include "distmuon/compute.h"
+#include "distmuon/tp.h"
+
 #include <fmt/format.h>
 #include <sys/wait.h>
 
@@ -9,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <stdexcept>
 
@@ -78,6 +82,17 @@ bool is_png_file(const std::filesystem::path& path) {
   char magic[8] = {};
   in.read(magic, 8);
   return in.gcount() == 8 && std::string(magic, 8) == "\x89PNG\r\n\x1a\n";
+}
+
+DistributedNs distributed_ns(const Matrix& full, int dim, const NsOptions& o,
+                             const Communicator& group) {
+  const int parts = group.size(), me = group.rank();
+  const Matrix single = newton_schulz(full.view(), o, cpu_compute());
+  Matrix mine = shard_of(full.view(), dim, parts, me);
+  auto stats = std::make_shared<CommStats>();
+  const Communicator counted = counting_communicator(group, stats);
+  newton_schulz_inplace(mine.view(), o, cpu_compute(), &counted);
+  return {relative_error(mine.view(), shard_of(single.view(), dim, parts, me).view()), *stats};
 }
 
 }  // namespace distmuon::test

@@ -42,6 +42,16 @@ inline double reduced_precision_ns_bound(bool gram, Precision p) {
   return gram ? 2 * standard : standard;
 }
 
+// Distributed NS over a group (newton_schulz_inplace with the group): this rank's shard of full
+// (split along dim over the group) orthogonalised with o, against the shard of one process's NS
+// of full; the relative error and the group's collectives (counted).
+struct DistributedNs {
+  double error = 0;
+  CommStats stats;
+};
+DistributedNs distributed_ns(const Matrix& full, int dim, const NsOptions& o,
+                             const Communicator& group);
+
 // Rows [r0, r0 + n) / columns [c0, c0 + n) of m as a new matrix.
 Matrix slice_rows(ConstMatrixView m, Index r0, Index n);
 Matrix slice_cols(ConstMatrixView m, Index c0, Index n);
