@@ -170,6 +170,15 @@ struct ParamSpec {
   // of the full weight are query groups of these blocks; each block type is orthogonalised as
   // its own matrix, gathered across the query groups. Empty: no split.
   std::vector<Index> qkv_split;
+
+  // A batch of matrices in one parameter (a 3-D [batch, rows, cols] weight: a layer's experts):
+  // `batch` matrices of the full shape rows x cols, each split as above (the same groups,
+  // padding and QKV split), their shards stacked by rows in `local`: batch x
+  // ((m_tp + pad_length) / G) rows, slice b's shard at rows b * shard_rows. Muon orthogonalises
+  // each slice as its own matrix (scale and all, as `batch` parameters would be), the slices of
+  // equal shape together (one batched product per NS step, Compute::gemm_batched); the momentum
+  // and AdamW are elementwise on the whole. Agreed across ranks with the rest of the parameter.
+  Index batch = 1;
 };
 
 // What the optimizer decided for a parameter (after the first step for tp_mode auto).
@@ -182,9 +191,12 @@ struct ParamInfo {
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm used (once planned)
   // tp_mode auto, once planned: whether the weight's groups cross an NVLink domain (its key's).
   std::optional<bool> crosses_domain;
-  int dp_size = 1;    // replicas (ParamSpec::dp_group)
-  bool home = false;  // once planned: orthogonalised on one home of its replicas
-  int owner = -1;     // owner mode or home, after a step: its owner index (t + T g + T G d)
+  int dp_size = 1;          // replicas (ParamSpec::dp_group)
+  bool home = false;        // once planned: orthogonalised on one home of its replicas
+  int owner = -1;           // owner mode or home, after a step: its owner index (t + T g + T G d)
+                            // (a batched parameter: its first slice's)
+  Index batch = 1;          // matrices in the parameter (ParamSpec::batch)
+  std::vector<int> owners;  // after a step: each slice's owner index (-1: run on this rank)
 };
 
 // Seconds of the last step() on this rank: total, and waiting in the parameters' collectives.
