@@ -45,7 +45,8 @@ def set_param_state(entry, core, st):
     for k, name in enumerate(_state_names(entry)):
         if entry.dt is not None:  # DTensor: its local state, padded as registered
             local = _dtensor.unwrap_state(entry.dt, entry.p, st[name], _WHAT).numpy()
-            parts = [local] if len(entry.indices) == 1 and local.ndim == 2 else list(local)
+            parts = [local.reshape(per_matrix[0][k].shape)] if len(entry.indices) == 1 else \
+                list(local)  # one parameter (a batch: its matrices stacked by rows)
             for i, part in zip(entry.indices, parts):
                 core._core.write_state(i, k, np.ascontiguousarray(part))
             continue

@@ -173,10 +173,13 @@ def test_3d_parameter_is_a_batch_of_matrices():
         os_.step()
     for e in range(3):
         assert torch.equal(batch[e], slices[e])  # each slice orthogonalised on its own
-    assert [(i["rows"], i["cols"]) for i in ob.plan()] == [(16, 24)] * 3
+    # One C++ parameter: a batch of 3 matrices of 16 x 24.
+    assert [(i["rows"], i["cols"], i["batch"]) for i in ob.plan()] == [(16, 24, 3)]
     st = ob.state_dict()["state"][0]["momentum_buffer"]
     assert st.shape == (3, 16, 24)
     assert torch.equal(st[2], os_.state_dict()["state"][2]["momentum_buffer"])
+    live = ob.state[batch]["momentum_buffer"]  # a view of the C++ state, shaped like the batch
+    assert live.shape == (3, 16, 24) and torch.equal(live, st)
 
 
 def test_conv_weight_is_flattened():
