@@ -139,6 +139,12 @@ class Compute {
                     Precision precision = Precision::kFp32);
   void syrk_batched(Trans ta, float alpha, std::span<const ConstMatrixView> a, float beta,
                     std::span<const MatrixView> c, Precision precision = Precision::kFp32);
+  // Whether the optimizer runs a batch of equal-shaped Newton-Schulz iterations through the
+  // batched products (one call per NS product for the whole batch: a device launches once for
+  // it; the default, opaque's and cuda's) or each matrix's whole NS in turn (cpu: measured
+  // faster there, each matrix's working set staying in cache; docs/data-parallel.md, "Batched
+  // experts"). Either gives the same bits.
+  virtual bool batches_newton_schulz() const { return true; }
   // Calls of the product entries so far (gemm, syrk, and the batched ones with the matrices
   // they multiplied): what a test counts to see that a batch went through one call per product.
   struct ProductCalls {

@@ -79,9 +79,15 @@ void orthogonalize_classes_local(std::span<const MatrixView> ps, const std::vect
         at += n;
       }
     }
-    NsWorkspace* w = count == 1 ? &workspaces.get(n_rows, xs[0].cols, ns.side)
-                                : &workspaces.batch(count, n_rows, xs[0].cols, ns.side);
-    run_newton_schulz_batch(xs, ns, compute, w, NormCheck::kBackend);
+    if (count == 1 || !compute.batches_newton_schulz()) {  // each matrix's NS in turn
+      NsWorkspace& w = workspaces.get(n_rows, xs[0].cols, ns.side);
+      for (const MatrixView& x : xs)
+        run_newton_schulz(x, ns, compute, nullptr, &w, NormCheck::kBackend);
+    } else {
+      run_newton_schulz_batch(xs, ns, compute,
+                              &workspaces.batch(count, n_rows, xs[0].cols, ns.side),
+                              NormCheck::kBackend);
+    }
     for (std::size_t i = 0; i < count; ++i) {
       if (scale) compute.scale(xs[i], static_cast<float>(f));
       if (runs.size() == 1) continue;
