@@ -106,6 +106,9 @@ struct MuonOptions {
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;
   TpMode tp_mode = TpMode::kAuto;
+  // The mode of the expert weights (ParamSpec::expert), as Megatron-LM's --muon-expert-tp-mode:
+  // JSON "expert_tp_mode", a mode name or "same" (unset: tp_mode, the default).
+  std::optional<TpMode> expert_tp_mode;
   // Replicated weights (ParamSpec::dp_group): JSON "replica_mode" auto, home or every_rank.
   ReplicaMode replica_mode = ReplicaMode::kAuto;
   ReplicaWire replica_wire = ReplicaWire::kFp32;  // JSON "replica_wire": fp32 or bf16
@@ -121,6 +124,13 @@ struct MuonOptions {
   // late rank(s) (stopped or stuck; the CLI then ends the job). 0: DISTMUON_STEP_TIMEOUT when
   // set, else no deadline. Needs an MPI communicator; fixed once the optimizer is built.
   double step_timeout_s = 0;
+
+  // The mode of a weight: expert_tp_mode (when set) for an expert weight, else tp_mode.
+  TpMode mode_for(bool expert) const {
+    return expert && expert_tp_mode ? *expert_tp_mode : tp_mode;
+  }
+  // Whether any weight's mode is auto (tp_mode or expert_tp_mode).
+  bool any_auto() const { return tp_mode == TpMode::kAuto || expert_tp_mode == TpMode::kAuto; }
 
   // Throws distmuon::Error naming the field and listing its valid values.
   void validate() const;

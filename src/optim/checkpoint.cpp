@@ -367,7 +367,8 @@ LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, Ran
   // the key the current options give (the same NS steps, syrk, Gram formations and allowed
   // algorithms; the domain probe is not repeated): a decision made under other options is dropped
   // and the weight planned again. Every rank compares the same saved key with the same options.
-  if (s.options.tp_mode == TpMode::kAuto && saved.gtp_size == l.gtp_size && p.muon) {
+  if (s.options.mode_for(p.spec.expert) == TpMode::kAuto && saved.gtp_size == l.gtp_size &&
+      p.muon) {
     const int r = find_source(ranks, i, l.tp_rank, l.gtp_rank, p.spec.expert_rank, s.world.rank());
     const auto& e = ranks[static_cast<std::size_t>(r)].at("params")[i];
     const auto saved_key =

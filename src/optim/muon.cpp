@@ -138,8 +138,8 @@ void Muon::Impl::plan() {
   bool pending = false;
   for (ParamState& p : params) {
     if (!p.muon || p.mode) continue;
-    if (options.tp_mode != TpMode::kAuto) {
-      p.mode = options.tp_mode;
+    if (const TpMode mode = options.mode_for(p.spec.expert); mode != TpMode::kAuto) {
+      p.mode = mode;
       p.algorithm = fixed_algorithm();
     } else {
       pending = true;
@@ -150,8 +150,8 @@ void Muon::Impl::plan() {
   for (std::size_t i = 0; i < params.size(); ++i) {
     ParamState& p = params[i];
     if (!p.muon || !p.mode || p.home) continue;
-    if (options.replica_mode == ReplicaMode::kAuto && options.tp_mode == TpMode::kAuto &&
-        p.layout.dp_on() && !p.sharded()) {
+    if (options.replica_mode == ReplicaMode::kAuto &&
+        options.mode_for(p.spec.expert) == TpMode::kAuto && p.layout.dp_on() && !p.sharded()) {
       priced.push_back(i);
     } else {
       p.home = runs_on_home(p);
@@ -168,7 +168,7 @@ bool Muon::Impl::runs_on_home(const ParamState& p) const {
 Muon::Muon(MuonOptions options, Communicator world, Compute& compute) {
   options.validate();
   impl_ = std::make_unique<Impl>(std::move(options), std::move(world), compute);
-  if (impl_->options.tp_mode == TpMode::kAuto) impl_->auto_state = make_auto_state(impl_->options);
+  if (impl_->options.any_auto()) impl_->auto_state = make_auto_state(impl_->options);
 }
 Muon::~Muon() = default;
 Muon::Muon(Muon&&) noexcept = default;
@@ -245,7 +245,7 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   if (p.muon) {
     p.momentum = DeviceMatrix(*s.compute, ps.local.rows, ps.local.cols);
     // One full matrix per rank: plain NS whatever the mode; auto has nothing to decide.
-    if (!p.sharded() && s.options.tp_mode == TpMode::kAuto) {
+    if (!p.sharded() && s.options.mode_for(ps.expert) == TpMode::kAuto) {
       p.mode = TpMode::kDuplicated;
       p.algorithm = s.fixed_algorithm();
     }
@@ -500,8 +500,8 @@ void Muon::set_options(const MuonOptions& options) {
   const MuonOptions& cur = impl_->options;
   const nlohmann::json now = cur, next = options;
   for (const char* fixed :
-       {"tp_mode", "replica_mode", "replica_wire", "ns_algorithm", "gram_restart", "use_syrk",
-        "precision", "cost_model", "profile", "plan", "wisdom", "step_timeout_s"}) {
+       {"tp_mode", "expert_tp_mode", "replica_mode", "replica_wire", "ns_algorithm", "gram_restart",
+        "use_syrk", "precision", "cost_model", "profile", "plan", "wisdom", "step_timeout_s"}) {
     if (now.at(fixed) != next.at(fixed)) {
       throw Error(fmt::format(
           "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,

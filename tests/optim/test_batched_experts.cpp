@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -29,6 +30,7 @@ using test::TestLayout;
 struct Experts {
   TestLayout layout;
   Index count = 1;
+  bool expert = false;  // ParamSpec::expert (MuonOptions::expert_tp_mode applies)
 };
 
 // The world as T x G (T = 2 when the world is even, else 1): TP over T, GTP over G.
@@ -90,6 +92,7 @@ StepResult run(const std::vector<Experts>& experts, bool batched, const MuonOpti
     if (batched) {
       ParamSpec s = test::layout_spec(x.layout, groups, weights[e].view(), name);
       s.batch = x.count;
+      s.expert = x.expert;
       s.dp_group = dp;
       muon.add_parameter(s);
       continue;
@@ -97,6 +100,7 @@ StepResult run(const std::vector<Experts>& experts, bool batched, const MuonOpti
     for (Index k = 0; k < x.count; ++k) {
       ParamSpec s = test::layout_spec(x.layout, groups, weights[e].view().row_block(k * r, r),
                                       name + "." + std::to_string(k));
+      s.expert = x.expert;
       s.dp_group = dp;
       muon.add_parameter(s);
     }
@@ -249,6 +253,36 @@ TEST(BatchedExperts, ExpertsSpreadOverOwnersAndHomes) {
     ++per[static_cast<std::size_t>(o)];
   for (const int n : per)
     EXPECT_EQ(n, 8 / w.size());
+}
+
+// MuonOptions::expert_tp_mode: the expert weights in their own mode, the others in tp_mode;
+// owner and duplicated give the same bits, so the result is duplicated's.
+TEST(BatchedExperts, ExpertTpModeAppliesToExpertWeights) {
+  MuonOptions o = options(TpMode::kDuplicated);
+  o.expert_tp_mode = TpMode::kOwner;
+  const nlohmann::json j = o;
+  EXPECT_EQ(j.at("expert_tp_mode"), "owner");
+  EXPECT_EQ(j.get<MuonOptions>().expert_tp_mode, TpMode::kOwner);
+  nlohmann::json same = j;
+  same["expert_tp_mode"] = "same";
+  EXPECT_FALSE(same.get<MuonOptions>().expert_tp_mode.has_value());
+  same["expert_tp_mode"] = "sideways";
+  EXPECT_THROW((void)same.get<MuonOptions>(), Error);
+  const ProcessGroups groups = groups_of_world();
+  auto experts = experts_for(groups);
+  experts[0].expert = true;
+  const StepResult mixed = run(experts, true, o, groups, cpu_compute());
+  expect_same_bits(mixed, run(experts, true, options(TpMode::kDuplicated), groups, cpu_compute()),
+                   "expert_tp_mode owner");
+  ASSERT_TRUE(mixed.info[0].mode && mixed.info[1].mode);
+  EXPECT_EQ(*mixed.info[0].mode, TpMode::kOwner);
+  EXPECT_EQ(*mixed.info[1].mode, TpMode::kDuplicated);
+  if (test::world().size() > 1) {  // the expert slices spread over the owners
+    std::vector<int> owners = mixed.info[0].owners;
+    std::sort(owners.begin(), owners.end());
+    EXPECT_EQ(owners.front(), 0);
+    EXPECT_EQ(owners.back(), groups.tp_size * groups.gtp_size - 1);
+  }
 }
 
 TEST(BatchedExperts, CheckpointRoundTrip) {
