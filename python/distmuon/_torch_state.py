@@ -30,7 +30,7 @@ def param_state(entry, core):
     for k, name in enumerate(_state_names(entry)):
         mats = [m[k] for m in per_matrix]
         if entry.dt is not None:  # DTensor: state as a DTensor like the parameter
-            local = np.stack(mats) if len(mats) > 1 else mats[0].copy()  # a 3-D one: stacked
+            local = np.stack(mats) if len(mats) > 1 else mats[0].copy()  # a batch: stacked by rows
             st[name] = _dtensor.wrap_state(entry.dt, entry.p, torch.from_numpy(local))
             continue
         full = np.stack(mats) if len(mats) > 1 else mats[0].copy()

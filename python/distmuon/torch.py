@@ -4,7 +4,8 @@ The arguments torch.optim.Muon has (lr, weight_decay, momentum, nesterov, ns_coe
 ns_steps, adjust_lr_fn) have its names, defaults and meaning; the parameters torch.optim.Muon
 refuses go to distmuon's AdamW (1-D and 0-D parameters, and those of a group with
 use_muon=False or whose Layout says so) or are orthogonalised as torch leaves it to users to do
-(3-D: a batch of matrices, each slice on its own; 4-D and more: flattened to out x rest).
+(3-D: a batch of matrices, one C++ parameter whose slices are each orthogonalised on their own,
+equal shapes in one batched NS; 4-D and more: flattened to out x rest).
 docs/python.md has the table of defaults next to torch's.
 
 Each parameter may be this rank's shard of a larger weight. Its layout comes from, in order: the
@@ -82,8 +83,9 @@ class Layout:
 
 
 class _Param:
-    """One torch parameter as the C++ optimizer sees it: one or more float32 matrices (a 3-D
-    parameter is a batch of them), their layout, and their indices in the group's core."""
+    """One torch parameter as the C++ optimizer sees it: its float32 matrix (a 3-D parameter's
+    batch stacked by rows: one C++ parameter of that batch), its layout, and its index in the
+    group's core."""
 
     def __init__(self, p, layout, matrices, work, dt=None):
         self.p = p

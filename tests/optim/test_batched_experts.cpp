@@ -199,6 +199,18 @@ TEST(BatchedExperts, AlgorithmsAndPrecisionsEqualSeparateParameters) {
   }
 }
 
+// The size once, at one rank: 64 experts of 256 x 512, one step, the batched products
+// (opaque) against 64 separate parameters (cpu).
+TEST(BatchedExperts, SixtyFourExpertsOf256x512) {
+  if (test::world().size() != 1) GTEST_SKIP() << "one rank suffices (every rank holds all)";
+  const ProcessGroups groups = make_process_groups(test::world(), 1, 1);
+  const std::vector<Experts> experts = {{{.m = 256, .n = 512}, 64, true}};
+  auto opaque = make_opaque_compute();
+  const MuonOptions o = options(TpMode::kDuplicated);
+  expect_same_bits(run(experts, true, o, groups, *opaque, 1),
+                   run(experts, false, o, groups, cpu_compute(), 1), "64 x 256 x 512");
+}
+
 // The opaque backend: its batched entry takes the batch, one call per NS product per step.
 TEST(BatchedExperts, OpaqueBackendBatchesEveryProduct) {
   const ProcessGroups groups = make_process_groups(test::world(), 1, 1);
