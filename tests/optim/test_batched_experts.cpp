@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -294,6 +295,35 @@ TEST(BatchedExperts, ExpertTpModeAppliesToExpertWeights) {
     std::sort(owners.begin(), owners.end());
     EXPECT_EQ(owners.front(), 0);
     EXPECT_EQ(owners.back(), groups.tp_size * groups.gtp_size - 1);
+  }
+}
+
+// tp_mode auto plans a batched parameter (each slice as its own weight of the slice's shape),
+// by the estimate and by measuring (plan measure times one slice); the steps run in the planned
+// modes. The planned mode may differ from the separate parameters' (owner and duplicated give
+// their bits, distributed its own rounding): compared within 1e-5 relative (fp32 NS's rounding
+// over two steps, as test_muon_auto compares auto with duplicated).
+TEST(BatchedExperts, AutoPlansBatchedParameters) {
+  const ProcessGroups groups = groups_of_world();
+  const auto experts = experts_for(groups);
+  const StepResult reference =
+      run(experts, false, options(TpMode::kDuplicated), groups, cpu_compute());
+  for (const PlanMode plan : {PlanMode::kEstimate, PlanMode::kMeasure}) {
+    MuonOptions o = options(TpMode::kAuto);
+    o.plan = plan;
+    const StepResult got = run(experts, true, o, groups, cpu_compute());
+    for (const ParamInfo& p : got.info)
+      EXPECT_TRUE(p.mode.has_value()) << p.name;
+    ASSERT_EQ(got.slices.size(), reference.slices.size());
+    for (std::size_t k = 0; k < got.slices.size(); ++k) {
+      double diff = 0, norm = 0;
+      for (Index i = 0; i < got.slices[k].size(); ++i) {
+        const double a = got.slices[k].data()[i], b = reference.slices[k].data()[i];
+        diff += (a - b) * (a - b);
+        norm += b * b;
+      }
+      EXPECT_LE(std::sqrt(diff / norm), 1e-5) << "matrix " << k;
+    }
   }
 }
 
