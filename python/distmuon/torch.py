@@ -596,8 +596,9 @@ class Muon(torch.optim.Optimizer):
                         "parameters, whose state is made at the first step (step first)")
 
     def plan(self):
-        """Per matrix of every group: name, muon, rows, cols, tp/gtp sizes, mode, algorithm
-        (the modes auto chose appear after the first step)."""
+        """Per parameter of every group (a 3-D one once: rows x cols of each matrix, its batch
+        and, after a step in owner mode or on homes, each matrix's owner): name, muon, rows,
+        cols, tp/gtp sizes, mode, algorithm (the modes auto chose appear after the first step)."""
         return [info for core, _ in self._cores if core is not None
                 for info in core.parameters()]
 
