@@ -303,20 +303,22 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   }
 
   // The home's NS: the code duplicated mode runs on the same matrix.
-  NsOptions gram = ns;
-  gram.algorithm = NsAlgorithm::kGram;
+  std::vector<FullWork> homed;
   std::vector<Started> in_flight;
   for (std::size_t c = 0; c < n_chunks; ++c) {
     if (pipelined) {
       finish(gathers[c], compute);
       if (c + 1 < n_chunks) start_gather(c + 1);
     }
+    // The chunk's weights this rank runs, those of equal shape as one batch (orthogonalize_fulls).
+    homed.clear();
     for (const std::size_t i : chunk[c]) {
-      if (!runs(i)) continue;
-      orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
-                         scale, compute, ws);
-      // A bf16 wire: the home keeps what the other replicas receive.
-      if (bf16_wire && grid.D > 1) compute.round(work(i), Precision::kBf16);
+      if (runs(i)) homed.push_back({work(i), &layout(i), items[i].algorithm});
+    }
+    orthogonalize_fulls(homed, ns, scale, compute, ws);
+    // A bf16 wire: the home keeps what the other replicas receive.
+    for (const FullWork& h : homed) {
+      if (bf16_wire && grid.D > 1) compute.round(h.full, Precision::kBf16);
     }
     if (grid.D > 1) {
       in_flight.push_back(start_exchange(*dp, dp_stage(chunk[c]), compute, ws, 1 + c, bf16_wire));
