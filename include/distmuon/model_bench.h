@@ -127,7 +127,8 @@ struct ModelBenchReplicated {
   // replica_mode auto (tp_mode auto) would choose homes: estimate_replica_bucket on the pipelined
   // schedule and the emulated link, fp32 wire (without a profile: on FLOPs).
   bool auto_home = false;
-  // Auto's measured time (home pipelined, or every rank) over the fastest fp32 run's, - 1.
+  // Auto's measured time over the faster mode's, as the optimizer runs them (every rank, or the
+  // homes on the pipelined schedule, fp32 wire), - 1.
   double regret = 0;
 };
 

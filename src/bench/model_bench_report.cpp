@@ -240,7 +240,7 @@ std::string format_report(const ModelBenchReport& r) {
     const ModelBenchReplicated& d = *r.replicated;
     out += fmt::format(
         "\nreplicated over {} ranks (data parallel, unsharded; same rounds; auto: {}, {:+.1f}% "
-        "over the fastest fp32 run):\n",
+        "over the faster mode, every rank or home pipelined):\n",
         d.replicas, d.auto_home ? "home, pipelined" : "every rank", d.regret * 100);
     line("every rank's NS", d.every_rank.median_s, d.predicted_every_rank_s, "");
     if (d.link.latency_s > 0 || d.link.bytes_per_s > 0) {
