@@ -365,6 +365,13 @@ void validate_options(const SimulationOptions& o) {
         fmt::format("step simulation: wire_elem_size must be 2 or 4, got {}", o.wire_elem_size));
   }
   if (o.steps < 1) throw Error(fmt::format("step simulation: steps must be >= 1, got {}", o.steps));
+  if (!(o.link.latency_s >= 0 && o.link.latency_s < 1e9) ||
+      !(o.link.bytes_per_s >= 0 && o.link.bytes_per_s < 1e18)) {
+    throw Error(fmt::format(
+        "step simulation: the emulated link needs a latency and a bandwidth >= 0, got {} s "
+        "and {} bytes/s",
+        o.link.latency_s, o.link.bytes_per_s));
+  }
   if (o.buckets < 1 || o.buckets > 4096)
     throw Error(fmt::format("step simulation: buckets must be in [1, 4096], got {}", o.buckets));
   o.profile.validate();

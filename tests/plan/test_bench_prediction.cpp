@@ -13,6 +13,7 @@
 
 #include "bench/model_bench_prediction.h"
 #include "distmuon/cost_model.h"
+#include "distmuon/error.h"
 #include "distmuon/layout.h"
 #include "distmuon/model_preset.h"
 #include "distmuon/placement.h"
@@ -115,6 +116,7 @@ TEST(BenchPrediction, OwnerRunsAreTheSimulation) {
     if (link.bytes_per_s > 0) EXPECT_LT(detail::predict_owner(keys, &p, {4, link}), serial);
   }
   EXPECT_EQ(detail::predict_owner(keys, nullptr, {4, {}}), 0.0);
+  EXPECT_THROW(simulate_step(pl, sim_options(p, 1, 4, {-1e-6, 0})), Error);
 }
 
 // Owner mode, 2 ranks, 4 equal weights (LPT: 0 and 2 on rank 0, 1 and 3 on rank 1), a datasheet
