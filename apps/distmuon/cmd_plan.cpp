@@ -30,6 +30,8 @@ struct PlanCliOptions {
   std::string parallel, sharding = "layerwise";
   int domain_size = 0, buckets = 1, rank = -1;
   bool batch_experts = true;
+  std::string replica_wire = "fp32";
+  double link_latency_us = 0, link_gbps = 0;  // an emulated link, as bench --model's
 };
 
 void run_simulation(const PlanCliOptions& o, const std::vector<WeightShape>& weights);
@@ -96,6 +98,19 @@ void add_plan_command(CLI::App& app, Context& ctx) {
                   "With --parallel: pipelined buckets of owner and replicated-home (1: serial)")
       ->check(in_range<int>(1, 4096))
       ->capture_default_str();
+  cmd->add_option("--replica-wire", o->replica_wire,
+                  "With --parallel: what replicated-home sends to the other replicas: fp32 or "
+                  "bf16 (replica_wire)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--link-latency-us", o->link_latency_us,
+                  "With --parallel: price owner's and replicated-home's exchanges over an "
+                  "emulated link of this latency, as bench --model --link-latency-us runs them")
+      ->check(in_range<double>(0, ProfileBounds::kMaxLatencyUs));
+  cmd->add_option("--link-gbps", o->link_gbps,
+                  "With --parallel: price owner's and replicated-home's exchanges over an "
+                  "emulated link of this bandwidth (GB/s), as bench --model --link-gbps runs them")
+      ->check(in_range<double>(0, ProfileBounds::kMaxGbps));
   cmd->add_option("--rank", o->rank,
                   "With --parallel: also list what this rank holds and the Muon work it owns in "
                   "each mode")
@@ -190,6 +205,8 @@ void run_simulation(const PlanCliOptions& o, const std::vector<WeightShape>& wei
   sim.algorithm = parse_ns_algorithm(o.algorithm);
   sim.buckets = o.buckets;
   sim.batch_experts = o.batch_experts;
+  sim.wire_elem_size = o.replica_wire == "bf16" ? 2 : 4;
+  sim.link = {o.link_latency_us * 1e-6, o.link_gbps * 1e9};
   Parallelism par = parse_parallelism(o.parallel);
   par.sharding = parse_optimizer_sharding(o.sharding);
   std::string lower = o.model;

@@ -103,22 +103,41 @@ CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profi
 CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile);
 CostEstimate estimate(const AutoKey& key, const HardwareProfile* profile, CostModel model);
 
+// How a bucket's exchanges are scheduled (tp/owner_ns.h, orthogonalize_owned): its weights,
+// largest first, in `chunks` chunks, each chunk's exchange in flight while the next chunk's NS
+// runs (1: the serial schedule: every NS, then one exchange; a bucket split over two groups at
+// once is always serial, as the executor runs it). link: an emulated link under the bucket's
+// exchanges (emulated_link_communicator, as `bench --model --link-gbps` sets it; zeros: none):
+// an exchange then lasts at least latency + the bytes the rank sends / bandwidth from the rank's
+// start, whatever else is in flight.
+struct ExchangeSchedule {
+  int chunks = 1;
+  LinkModel link;
+};
+
 // Owner mode for a bucket of weights that share their groups (every key with the same group
 // sizes, partition and domain crossing): LPT assigns each weight to one of the
 // group_size x second_group_size ranks on its FLOPs (the executor's assignment), the busiest
 // owner's NS time is the compute term, and the gather and scatter all-to-alls are priced on the
-// busiest rank's bytes sent or received (at the all-gather rates) plus ring latencies.
+// busiest rank's bytes sent or received (at the all-gather rates) plus ring latencies, with the
+// staging copies at the calibrated copy rate (a calibrated profile). seconds: the bucket on its
+// schedule, every rank's NS and exchanges on one timeline (src/plan/exchange_schedule.h).
 struct OwnerBucketEstimate {
   std::vector<int> owners;              // per weight
   std::vector<NsAlgorithm> algorithms;  // per weight: the cheaper allowed on the owner
   double compute = 0;        // the busiest owner's NS: seconds with a profile, FLOPs without
-  double comm_s = 0;         // both all-to-alls (0 without a profile)
+  double comm_s = 0;         // both all-to-alls on the serial schedule (0 without a profile)
+  double seconds = 0;        // the bucket on the given schedule (0 without a profile)
   double payload_bytes = 0;  // the bucket's bytes through the all-to-alls (in and out)
-  double cost() const { return compute + comm_s; }
+  int chunks = 1;            // the chunks the schedule ran in
+  // Seconds on the schedule with a profile (serial, no link: compute + comm_s), FLOPs without.
+  double cost() const { return seconds > 0 ? seconds : compute; }
+  double exposed_comm_s() const { return seconds > 0 ? seconds - compute : 0; }
 };
 OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
                                           std::span<const CostEstimate> estimates,
-                                          const HardwareProfile* profile);
+                                          const HardwareProfile* profile,
+                                          const ExchangeSchedule& schedule = {});
 
 // auto over a bucket: owner (with each weight's cheaper algorithm) when its estimate beats the
 // sum of the per-weight best choices, else each weight's best. The reference model never picks
@@ -138,22 +157,28 @@ BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* pro
 // assigns each weight to one replica on its FLOPs (the executor's assignment), the busiest home's
 // NS is the compute term, and one all-to-all sends each home's results (fp32, 4 bytes an element)
 // to the other replicas, priced on the busiest rank's bytes sent or received (at the all-gather
-// rates) plus replicas - 1 latency steps. Without a profile both compare FLOPs (the exchange is
-// free); a tie stays with every rank (it moves nothing).
+// rates) plus replicas - 1 latency steps, with the staging copies (and the bf16 wire's rounding
+// and packing) at the calibrated copy rate. seconds: the homes on the schedule (chunks, emulated
+// link), every rank's NS and exchanges on one timeline. Without a profile both compare FLOPs
+// (the exchange is free); a tie stays with every rank (it moves nothing).
 struct ReplicaBucketEstimate {
   std::vector<int> homes;               // per weight: the replica that orthogonalises it
   std::vector<NsAlgorithm> algorithms;  // per weight: the cheaper allowed
   double every_rank = 0;     // every replica's NS of the bucket: seconds with a profile, else FLOPs
   double compute = 0;        // the busiest home's NS, in the same unit
-  double comm_s = 0;         // the results' all-to-all (0 without a profile)
+  double comm_s = 0;         // the results' all-to-all on the serial schedule (0 without a profile)
+  double seconds = 0;        // the homes on the given schedule (0 without a profile)
   double payload_bytes = 0;  // the bytes the busiest rank sends
-  double home_cost() const { return compute + comm_s; }
+  int chunks = 1;            // the chunks the schedule ran in
+  // Seconds on the schedule with a profile (serial, no link: compute + comm_s), FLOPs without.
+  double home_cost() const { return seconds > 0 ? seconds : compute; }
   bool chose_home() const { return home_cost() < every_rank; }
 };
 // wire_bytes: bytes per element of the homes' results on the wire (4: fp32; 2: the bf16 wire).
 ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int replicas,
                                               bool crosses, const HardwareProfile* profile,
-                                              CostModel model, double wire_bytes = 4.0);
+                                              CostModel model, double wire_bytes = 4.0,
+                                              const ExchangeSchedule& schedule = {});
 
 // The largest number of ranks a weight's groups may span (group_size x second_group_size): the
 // owner estimate keeps per-rank loads, so an absurd group (-G 1000000000) would allocate gigabytes.

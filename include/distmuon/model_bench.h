@@ -110,16 +110,26 @@ struct ModelBenchOwner {
 
 // The model's weights replicated over the group (ModelBenchConfig::replicated): one optimizer
 // step's NS with every rank running every weight, and with one home per weight (LPT on the
-// FLOPs, results sent to the other replicas), timed in the same interleaved rounds; the cost
-// model's predictions (estimate_replica_bucket; zero without a profile) and auto's choice.
+// FLOPs, results sent to the other replicas) on the serial and the pipelined schedule, and
+// pipelined with the bf16 wire, timed in the same interleaved rounds; the cost model's
+// predictions of each (estimate_replica_bucket on each schedule, with the emulated link; zero
+// without a profile) and auto's choice.
 struct ModelBenchReplicated {
   int replicas = 1;
-  TimingSummary every_rank, home, home_pipelined;  // home: the serial schedule
-  int pipeline = 1;                                // home_pipelined's chunks
-  LinkModel link;                                  // the emulated link (zeros: none)
-  std::vector<int> homes;                          // per weight (count copies per shape, in order)
-  double predicted_every_rank_s = 0, predicted_home_s = 0;
-  bool auto_home = false;  // replica_mode auto (tp_mode auto) would choose homes
+  // home: the serial schedule; home_pipelined: pipeline chunks (the optimizer's schedule);
+  // home_bf16: pipelined, the results in bf16 on the wire (replica_wire bf16).
+  TimingSummary every_rank, home, home_pipelined, home_bf16;
+  int pipeline = 1;        // home_pipelined's chunks
+  LinkModel link;          // the emulated link (zeros: none)
+  std::vector<int> homes;  // per weight (count copies per shape, in order)
+  double predicted_every_rank_s = 0, predicted_home_s = 0, predicted_home_pipelined_s = 0,
+         predicted_home_bf16_s = 0;
+  // replica_mode auto (tp_mode auto) would choose homes: estimate_replica_bucket on the pipelined
+  // schedule and the emulated link, fp32 wire (without a profile: on FLOPs).
+  bool auto_home = false;
+  // Auto's measured time over the faster mode's, as the optimizer runs them (every rank, or the
+  // homes on the pipelined schedule, fp32 wire), - 1.
+  double regret = 0;
 };
 
 struct ModelBenchTotals {

@@ -16,10 +16,13 @@
 //    per-weight best cost over the shard group), which runs it in its best TP mode; the updated
 //    shards are then all-gathered over the replicas (the layer-wise distributed optimizer);
 //  - auto: per weight class the mode whose busiest rank is fastest.
-// Owner and replicated-home move their traffic in `buckets` pipelined buckets: the exchange of
-// bucket k + 1 overlaps the NS of bucket k, so a class costs max(ns, comm) + min(ns, comm) /
-// buckets (buckets = 1: serial). Experts of a layer on one rank are batched (one collective per
-// batch: the latency once, the bytes of all) unless batch_experts is off.
+// Owner and replicated-home move their traffic in `buckets` pipelined chunks, as the executor
+// schedules them (ExchangeSchedule: the exchange of a chunk in flight while the next chunk's NS
+// runs; buckets = 1: serial): owner buckets and the homes of unsharded replicated weights on
+// every rank's timeline (estimate_owner_bucket, estimate_replica_bucket); the all-gather of
+// sharded replicated weights costs max(ns, comm) + min(ns, comm) / buckets. Experts of a layer on
+// one rank are batched (one collective per batch: the latency once, the bytes of all) unless
+// batch_experts is off.
 
 #include <optional>
 #include <string>
@@ -27,6 +30,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "distmuon/comm.h"
 #include "distmuon/hardware_profile.h"
 #include "distmuon/newton_schulz.h"
 #include "distmuon/placement.h"
@@ -47,7 +51,10 @@ struct SimulationOptions {
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // kAuto: the cheaper per weight
   int buckets = 1;  // pipelined buckets of owner and replicated-home (1: serial)
   bool batch_experts = true;
-  int wire_elem_size = 4;  // bytes per element of the replicated-home all-gather (fp32)
+  int wire_elem_size = 4;  // bytes per element of the replicated-home exchange (4 fp32, 2 bf16)
+  // An emulated link under owner's and replicated-home's exchanges (as `bench --model
+  // --link-gbps` puts one there; zeros: none): estimate_owner_bucket's ExchangeSchedule.
+  LinkModel link;
 };
 
 // One class of weights on one rank.

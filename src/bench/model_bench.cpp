@@ -13,6 +13,7 @@
 #include <random>
 
 #include "bench/model_bench_measure.h"
+#include "bench/model_bench_prediction.h"
 #include "bench/model_bench_replicated.h"
 #include "distmuon/agreement.h"
 #include "distmuon/auto_mode.h"
@@ -425,9 +426,6 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     }
   }
   t.oracle_s = t.per_weight_oracle_s;
-  std::vector<CostEstimate> estimates;
-  for (const AutoKey& k : keys)
-    estimates.push_back(estimate(k, profile, CostModel::kRefined));
   for (std::size_t r = 0; r < owner_runs.size(); ++r) {
     const auto& [label, algorithms, pipeline] = owner_runs[r];
     ModelBenchOwner o{label, algorithms, summarize(std::move(owners[r].samples)), 0};
@@ -436,7 +434,8 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
       std::vector<AutoKey> pinned = keys;
       for (std::size_t w = 0; w < pinned.size(); ++w)
         pinned[w].algorithm = algorithms[w];
-      o.predicted_s = estimate_owner_bucket(pinned, estimates, profile).cost();
+      // The run's schedule (its chunks) and the emulated link under its exchanges.
+      o.predicted_s = detail::predict_owner(pinned, profile, {pipeline, config.link});
     }
     t.oracle_s = std::min(t.oracle_s, o.time.median_s);
     if (rep.auto_owner && algorithms == auto_algorithms && !o.serial) {

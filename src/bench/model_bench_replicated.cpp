@@ -1,9 +1,11 @@
 // bench --model --replicated (model_bench_replicated.h).
 #include "bench/model_bench_replicated.h"
 
+#include <algorithm>
 #include <memory>
 #include <random>
 
+#include "bench/model_bench_prediction.h"
 #include "distmuon/agreement.h"
 #include "ns/ns_workspaces.h"
 #include "plan/candidate_runner.h"
@@ -23,6 +25,9 @@ struct ReplicatedRun {
   std::vector<double> samples;
 };
 
+// The runs, in the rounds' order.
+enum Run { kEveryRank, kHome, kHomePipelined, kHomeBf16, kRuns };
+
 }  // namespace
 
 ModelBenchReplicated run_replicated_bench(const Communicator& group, const ModelBenchConfig& config,
@@ -34,7 +39,6 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
   const Communicator one = compute.data_communicator(local_communicator());
   // The inputs: each shape's full matrix drawn on the host (the same on every rank), uploaded once.
   std::vector<DeviceMatrix> inputs;
-  std::vector<AutoKey> keys;
   std::vector<std::size_t> input_of;  // per weight
   for (std::size_t i = 0; i < config.weights.size(); ++i) {
     const WeightShape& w = config.weights[i];
@@ -44,25 +48,22 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
     for (float& v : full.values())
       v = dist(rng);
     inputs.push_back(to_device(compute, full.view()));
-    for (Index c = 0; c < w.count; ++c) {
+    for (Index c = 0; c < w.count; ++c)
       input_of.push_back(i);
-      keys.push_back(
-          auto_key(ShardLayout{.m = w.m, .n = w.n}, config.ns, NsAlgorithm::kStandard, false));
-    }
   }
   const std::size_t n = input_of.size();
-  ReplicatedRun runs[3];  // every rank, homes (serial), homes (pipelined)
+  ReplicatedRun runs[kRuns];
   NsWorkspaces workspaces;
   std::vector<MeasureTask> tasks;
   const ScaleFn unit = [](Index, Index) { return 1.0; };
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < kRuns; ++r) {
     ReplicatedRun& run = runs[r];
     run.layouts.reserve(n);
     ResetCopies copies;
     for (std::size_t w = 0; w < n; ++w) {
       const WeightShape& s = config.weights[input_of[w]];
       ShardLayout l{.m = s.m, .n = s.n};
-      if (r > 0) {
+      if (r != kEveryRank) {
         l.dp_size = group.size();
         l.dp_rank = group.rank();
       }
@@ -72,10 +73,11 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
     }
     for (std::size_t w = 0; w < n; ++w) {
       run.weights.push_back({run.work[w].view(), &run.layouts[w], &one, &one,
-                             NsAlgorithm::kStandard, r > 0 ? &dp : nullptr});
+                             NsAlgorithm::kStandard, r != kEveryRank ? &dp : nullptr});
     }
-    run.orth = std::make_unique<OwnerOrthogonalizer>(ns_flops_cost(config.ns),
-                                                     r == 2 ? config.pipeline : 1);
+    run.orth = std::make_unique<OwnerOrthogonalizer>(
+        ns_flops_cost(config.ns), r == kHomePipelined || r == kHomeBf16 ? config.pipeline : 1,
+        r == kHomeBf16);
     tasks.push_back({[&run, &config, &compute, &workspaces, unit] {
                        run.orth->run(run.weights, config.ns, unit, compute, &workspaces);
                        compute.synchronize();
@@ -87,19 +89,25 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
   std::vector<std::vector<double>> timed = run_candidates(group, tasks, options);
   ModelBenchReplicated out;
   out.replicas = group.size();
-  out.every_rank = summarize(std::move(timed[0]));
-  out.home = summarize(std::move(timed[1]));
-  out.home_pipelined = summarize(std::move(timed[2]));
+  out.every_rank = summarize(std::move(timed[kEveryRank]));
+  out.home = summarize(std::move(timed[kHome]));
+  out.home_pipelined = summarize(std::move(timed[kHomePipelined]));
+  out.home_bf16 = summarize(std::move(timed[kHomeBf16]));
   out.pipeline = config.pipeline;
   out.link = config.link;
-  out.homes = runs[1].orth->last_owners();
-  const ReplicaBucketEstimate e =
-      estimate_replica_bucket(keys, group.size(), crosses, profile, model);
-  out.auto_home = e.chose_home();
-  if (profile != nullptr) {
-    out.predicted_every_rank_s = e.every_rank;
-    out.predicted_home_s = e.home_cost();
-  }
+  out.homes = runs[kHome].orth->last_owners();
+  const ReplicatedPrediction p =
+      predict_replicated(config.weights, config.ns, group.size(), crosses, profile, model,
+                         config.pipeline, config.link);
+  out.auto_home = p.auto_home;
+  out.predicted_every_rank_s = p.every_rank_s;
+  out.predicted_home_s = p.home_s;
+  out.predicted_home_pipelined_s = p.home_pipelined_s;
+  out.predicted_home_bf16_s = p.home_bf16_s;
+  // The modes as the optimizer runs them: every rank, or the homes on the pipelined schedule.
+  const double best = std::min(out.every_rank.median_s, out.home_pipelined.median_s);
+  const double chosen = out.auto_home ? out.home_pipelined.median_s : out.every_rank.median_s;
+  out.regret = best > 0 ? chosen / best - 1 : 0.0;
   return out;
 }
 

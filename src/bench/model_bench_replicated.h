@@ -1,8 +1,9 @@
 #pragma once
 // bench --model --replicated: the model's weights replicated over the group (data parallelism,
 // unsharded), every rank's NS of every weight against one home per weight (owner mode spanning
-// the replicas, tp/owner_ns.h), timed in the same interleaved rounds, with the cost model's
-// prediction of both (estimate_replica_bucket).
+// the replicas, tp/owner_ns.h) on the serial and the pipelined schedule and with the bf16 wire,
+// timed in the same interleaved rounds, with the cost model's prediction of each
+// (estimate_replica_bucket).
 
 #include "distmuon/comm.h"
 #include "distmuon/compute.h"

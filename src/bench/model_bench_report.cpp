@@ -16,6 +16,14 @@ double ratio(double a, double b) {
   return b > 0 ? a / b : 0.0;
 }
 
+// "   (predicted 101.8 ms, -12.3%)": a prediction beside its measurement (nothing when there is
+// none).
+std::string predicted(double predicted_s, double measured_s) {
+  if (!(predicted_s > 0)) return "";
+  return fmt::format("   (predicted {:.4g} ms, {:+.1f}%)", predicted_s * 1e3,
+                     (ratio(predicted_s, measured_s) - 1) * 100);
+}
+
 json cost_json(const ModeCost& c, bool seconds) {
   json j = {{"gflop", c.flops * 1e-9},
             {"payload_bytes", c.payload_bytes},
@@ -111,14 +119,18 @@ json to_json(const ModelBenchReport& r) {
                        {"every_rank", timing_json(d.every_rank)},
                        {"home", timing_json(d.home)},
                        {"home_pipelined", timing_json(d.home_pipelined)},
+                       {"home_bf16", timing_json(d.home_bf16)},
                        {"pipeline", d.pipeline},
                        {"link_latency_us", d.link.latency_s * 1e6},
                        {"link_gbps", d.link.bytes_per_s / 1e9},
                        {"homes", d.homes},
-                       {"auto", d.auto_home ? "home" : "every_rank"}};
+                       {"auto", d.auto_home ? "home" : "every_rank"},
+                       {"regret", d.regret}};
     if (r.has_profile) {
       j["replicated"]["predicted_every_rank_ms"] = d.predicted_every_rank_s * 1e3;
       j["replicated"]["predicted_home_ms"] = d.predicted_home_s * 1e3;
+      j["replicated"]["predicted_home_pipelined_ms"] = d.predicted_home_pipelined_s * 1e3;
+      j["replicated"]["predicted_home_bf16_ms"] = d.predicted_home_bf16_s * 1e3;
     }
   }
   const ModelBenchTotals& t = r.totals;
@@ -180,7 +192,7 @@ std::string format_report(const ModelBenchReport& r) {
     out += "\nowner mode over every weight at once (LPT owners, bucketed all-to-alls):\n";
     for (const ModelBenchOwner& o : r.owner) {
       out += fmt::format("  {:<28} {:>10.2f} ms", o.label, o.time.median_s * 1e3);
-      if (r.has_profile) out += fmt::format("   (predicted {:.4g} ms)", o.predicted_s * 1e3);
+      if (r.has_profile) out += predicted(o.predicted_s, o.time.median_s);
       if (o.serial) {
         out += fmt::format("   {} pipelined: {:.2f}x of this", r.owner.front().label,
                            ratio(r.owner.front().time.median_s, o.time.median_s));
@@ -209,9 +221,9 @@ std::string format_report(const ModelBenchReport& r) {
          std::string(r.has_profile ? "; predicted by the model" : "") +
          std::string(r.plan == PlanMode::kMeasure ? "; auto's predicted by the planner" : "") +
          "):\n";
-  const auto line = [&](const char* name, double measured, double predicted, std::string note) {
+  const auto line = [&](const char* name, double measured, double predicted_s, std::string note) {
     out += fmt::format("  {:<24} {:>10.2f} ms", name, measured * 1e3);
-    if (predicted > 0) out += fmt::format("   (predicted {:.4g} ms)", predicted * 1e3);
+    out += predicted(predicted_s, measured);
     out += note.empty() ? "\n" : "   " + note + "\n";
   };
   line("always duplicated", t.duplicated_s, t.predicted_duplicated_s,
@@ -227,8 +239,9 @@ std::string format_report(const ModelBenchReport& r) {
   if (r.replicated) {
     const ModelBenchReplicated& d = *r.replicated;
     out += fmt::format(
-        "\nreplicated over {} ranks (data parallel, unsharded; same rounds; auto: {}):\n",
-        d.replicas, d.auto_home ? "home" : "every rank");
+        "\nreplicated over {} ranks (data parallel, unsharded; same rounds; auto: {}, {:+.1f}% "
+        "over the faster mode, every rank or home pipelined):\n",
+        d.replicas, d.auto_home ? "home, pipelined" : "every rank", d.regret * 100);
     line("every rank's NS", d.every_rank.median_s, d.predicted_every_rank_s, "");
     if (d.link.latency_s > 0 || d.link.bytes_per_s > 0) {
       out +=
@@ -237,9 +250,12 @@ std::string format_report(const ModelBenchReport& r) {
     }
     line("one home per weight", d.home.median_s, d.predicted_home_s,
          fmt::format("{:.2f}x of every rank's", ratio(d.home.median_s, d.every_rank.median_s)));
-    line("  pipelined", d.home_pipelined.median_s, 0,
+    line("  pipelined", d.home_pipelined.median_s, d.predicted_home_pipelined_s,
          fmt::format("{} chunks: {:.2f}x of the serial schedule", d.pipeline,
                      ratio(d.home_pipelined.median_s, d.home.median_s)));
+    line("  pipelined, bf16 wire", d.home_bf16.median_s, d.predicted_home_bf16_s,
+         fmt::format("{:.2f}x of the fp32 wire's",
+                     ratio(d.home_bf16.median_s, d.home_pipelined.median_s)));
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #include "distmuon/error.h"
 #include "distmuon/topology.h"
 #include "optim/muon_impl.h"
+#include "tp/owner_ns.h"
 
 namespace distmuon {
 
@@ -113,17 +114,19 @@ void plan_replica_homes(Muon::Impl& s, std::span<const std::size_t> todo) {
             at.push_back(q);
             keys.push_back(auto_key(p.layout, s.ns, p.algorithm, false));
           }
+          // Priced on the schedule the homes run (detail::WeightOrthogonalizer's pipeline).
           const ReplicaBucketEstimate e = estimate_replica_bucket(
               keys, first.layout.dp_size, crosses[j] != 0, profile, r.cost_model(),
-              s.options.replica_wire == ReplicaWire::kBf16 ? 2.0 : 4.0);
+              s.options.replica_wire == ReplicaWire::kBf16 ? 2.0 : 4.0,
+              {detail::OwnerOrthogonalizer::kDefaultPipeline, {}});
           const bool seconds = profile != nullptr;
           spdlog::info(
               "replica_mode=auto: {} weights over {} replicas{}: home {} (NS {} + exchange {}) vs "
               "every rank {} -> {}",
               keys.size(), first.layout.dp_size, crosses[j] != 0 ? " (crossing domains)" : "",
               format_cost(e.home_cost(), seconds), format_cost(e.compute, seconds),
-              format_cost(e.comm_s, true), format_cost(e.every_rank, seconds),
-              e.chose_home() ? "home" : "every rank");
+              format_cost(seconds ? e.home_cost() - e.compute : 0.0, true),
+              format_cost(e.every_rank, seconds), e.chose_home() ? "home" : "every rank");
           for (const std::size_t q : at)
             out[q] = e.chose_home() ? 1 : 0;
         }

@@ -9,6 +9,7 @@
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 #include "plan/cost_rates.h"
+#include "plan/exchange_schedule.h"
 
 namespace distmuon {
 namespace {
@@ -40,11 +41,59 @@ double all_to_all_s(const std::vector<double>& send, const std::vector<double>& 
   return busiest / (gbps * 1e9) + (ranks - 1) * alpha_us * 1e-6;
 }
 
+// The executor's chunks (orthogonalize_owned): the weights by size (m n), largest first, ties by
+// index, in clamp(chunks, 1, n) chunks of ceil(n / chunks) consecutive ones (the last ones may
+// be empty: their exchanges still run).
+std::vector<std::vector<std::size_t>> chunk_weights(std::span<const AutoKey> keys, int chunks) {
+  const std::size_t n = keys.size();
+  const std::size_t count = std::clamp<std::size_t>(static_cast<std::size_t>(std::max(chunks, 1)),
+                                                    1, std::max<std::size_t>(n, 1));
+  const std::size_t per_chunk = (n + count - 1) / count;
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return keys[a].m * keys[a].n > keys[b].m * keys[b].n;
+  });
+  std::vector<std::vector<std::size_t>> out(count);
+  for (std::size_t k = 0; k < n; ++k)
+    out[k / per_chunk].push_back(order[k]);
+  return out;
+}
+
+// Per-rank terms of one exchange: the emulated link's minimum and the staging copies.
+struct ExchangeTerms {
+  const detail::Rates& rates;
+  const LinkModel& link;
+  // An exchange in which every rank r sends sent[r] bytes (all its blocks, as the link counts
+  // them) and copies pack[r] elements into its staging and unpack[r] out of it.
+  detail::ExchangeTimes make(const std::vector<double>& sent, const std::vector<double>& pack,
+                             const std::vector<double>& unpack, double transfer_s) const {
+    detail::ExchangeTimes x;
+    x.transfer_s = transfer_s;
+    for (std::size_t r = 0; r < sent.size(); ++r) {
+      x.link_s.push_back(link_s(sent[r]));
+      x.pack_s.push_back(copy_s(pack[r]));
+      x.unpack_s.push_back(copy_s(unpack[r]));
+    }
+    return x;
+  }
+  double link_s(double bytes) const {
+    if (link.latency_s <= 0 && link.bytes_per_s <= 0) return 0;
+    return link.latency_s + (link.bytes_per_s > 0 ? bytes / link.bytes_per_s : 0.0);
+  }
+  // Elements copied at the calibrated copy rate (the elementwise "scale" pass: one read-write
+  // stream); nothing without a calibration of the precision.
+  double copy_s(double elements) const {
+    return rates.compute == nullptr ? 0.0 : elements / (rates.compute->elementwise.scale * 1e9);
+  }
+};
+
 }  // namespace
 
 OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
                                           std::span<const CostEstimate> estimates,
-                                          const HardwareProfile* profile) {
+                                          const HardwareProfile* profile,
+                                          const ExchangeSchedule& schedule) {
   if (keys.empty() || keys.size() != estimates.size()) {
     throw Error(fmt::format("owner bucket estimate: {} keys and {} estimates", keys.size(),
                             estimates.size()));
@@ -84,15 +133,51 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
       if (r != o) send[r] += bytes[i] / g;
   }
   out.compute = *std::max_element(load.begin(), load.end());
-  // Gather and scatter move the same bytes in opposite directions.
+  if (profile == nullptr) return out;
+  // The schedule: per chunk, the gather (every rank sends the owner row its shard of each
+  // weight, its own included, and the owner copies the full matrix out of its staging), the
+  // owners' NS, and the scatter (the reverse). A bucket split over two groups at once runs
+  // serially (its second stage needs the first's result) and is priced as one exchange each way
+  // over all its ranks.
   const detail::Rates rates(profile, first.elem_size, first.crosses_domain);
-  out.comm_s = 2 * all_to_all_s(send, recv, ranks, first.crosses_domain, rates);
+  const ExchangeTerms terms{rates, schedule.link};
+  const bool one_stage = first.second_group_size == 1;
+  const auto price = [&](int chunks) {
+    std::vector<detail::ChunkTimes> times;
+    for (const std::vector<std::size_t>& ids : chunk_weights(keys, one_stage ? chunks : 1)) {
+      std::vector<double> ns(r_count, 0.0), c_send(r_count, 0.0), c_recv(r_count, 0.0);
+      std::vector<double> shards(r_count, 0.0), owned(r_count, 0.0);
+      std::vector<double> shard_elems(r_count, 0.0), owned_elems(r_count, 0.0);
+      for (const std::size_t i : ids) {
+        const auto o = static_cast<std::size_t>(out.owners[i]);
+        const double elems = bytes[i] / first.elem_size;
+        ns[o] += cost[i];
+        owned[o] += bytes[i];
+        owned_elems[o] += elems;
+        c_recv[o] += bytes[i] * (g - 1) / g;
+        for (std::size_t r = 0; r < r_count; ++r) {
+          shards[r] += bytes[i] / g;
+          shard_elems[r] += elems / g;
+          if (r != o) c_send[r] += bytes[i] / g;
+        }
+      }
+      const double transfer = all_to_all_s(c_send, c_recv, ranks, first.crosses_domain, rates);
+      times.push_back({terms.make(shards, shard_elems, owned_elems, transfer), std::move(ns),
+                       terms.make(owned, owned_elems, shard_elems, transfer)});
+    }
+    return std::pair{detail::schedule_seconds(times, true), times.size()};
+  };
+  out.comm_s = price(1).first - out.compute;
+  const auto [seconds, chunks] = price(schedule.chunks);
+  out.seconds = seconds;
+  out.chunks = static_cast<int>(chunks);
   return out;
 }
 
 ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int replicas,
                                               bool crosses, const HardwareProfile* profile,
-                                              CostModel model, double wire_bytes) {
+                                              CostModel model, double wire_bytes,
+                                              const ExchangeSchedule& schedule) {
   if (replicas < 1 || replicas > kMaxGroupSize) {
     throw Error(fmt::format("replica bucket estimate: {} replicas (valid: 1 to {})", replicas,
                             kMaxGroupSize));
@@ -131,9 +216,41 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
   }
   out.compute = n == 0 ? 0.0 : *std::max_element(load.begin(), load.end());
   out.payload_bytes = n == 0 ? 0.0 : *std::max_element(send.begin(), send.end());
-  const int elem_size = n == 0 ? 4 : keys.front().elem_size;
-  const detail::Rates rates(profile, elem_size, crosses);
-  out.comm_s = all_to_all_s(send, recv, replicas, crosses, rates);
+  if (profile == nullptr || n == 0 || replicas == 1) return out;
+  // The schedule: per chunk, the homes' NS (a bf16 wire: and the rounding of their results),
+  // then the exchange: each home copies its results into its staging once per other replica
+  // (a bf16 wire: and packs them), every replica copies what it receives out of its staging
+  // (a bf16 wire: after unpacking it).
+  const detail::Rates rates(profile, keys.front().elem_size, crosses);
+  const ExchangeTerms terms{rates, schedule.link};
+  const bool bf16 = wire_bytes < 4;
+  const double passes = bf16 ? 2 : 1;
+  const auto price = [&](int chunks) {
+    std::vector<detail::ChunkTimes> times;
+    for (const std::vector<std::size_t>& ids : chunk_weights(keys, chunks)) {
+      std::vector<double> ns(r_count, 0.0), c_send(r_count, 0.0), c_recv(r_count, 0.0);
+      std::vector<double> pack(r_count, 0.0), unpack(r_count, 0.0);
+      for (const std::size_t i : ids) {
+        const auto h = static_cast<std::size_t>(out.homes[i]);
+        const double elems = static_cast<double>(keys[i].m) * static_cast<double>(keys[i].n);
+        ns[h] += cost[i] + (bf16 ? terms.copy_s(elems) : 0.0);
+        c_send[h] += bytes[i] * (replicas - 1);
+        pack[h] += passes * elems * (replicas - 1);
+        for (std::size_t r = 0; r < r_count; ++r) {
+          if (r == h) continue;
+          c_recv[r] += bytes[i];
+          unpack[r] += passes * elems;
+        }
+      }
+      const double transfer = all_to_all_s(c_send, c_recv, replicas, crosses, rates);
+      times.push_back({{}, std::move(ns), terms.make(c_send, pack, unpack, transfer)});
+    }
+    return std::pair{detail::schedule_seconds(times, false), times.size()};
+  };
+  out.comm_s = price(1).first - out.compute;
+  const auto [seconds, chunks] = price(schedule.chunks);
+  out.seconds = seconds;
+  out.chunks = static_cast<int>(chunks);
   return out;
 }
 

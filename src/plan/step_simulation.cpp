@@ -231,7 +231,8 @@ class Simulator {
           estimates.push_back(*p->e);
         }
       }
-      const OwnerBucketEstimate est = estimate_owner_bucket(keys, estimates, &o_.profile);
+      const OwnerBucketEstimate est =
+          estimate_owner_bucket(keys, estimates, &o_.profile, {o_.buckets, o_.link});
       if (record != nullptr) {
         std::size_t i = 0;
         for (const Priced* p : bucket) {
@@ -241,8 +242,30 @@ class Simulator {
       }
       out.ns_s += est.compute;
       out.comm_s += est.comm_s;
-      out.seconds += pipelined(est.compute, est.comm_s, o_.buckets);
+      out.seconds += est.seconds;
     }
+  }
+
+  // Replicated-home over r replicas of weights no group shards: the executor's homes
+  // (estimate_replica_bucket: LPT on the FLOPs, the homes' results in an all-to-all, chunked).
+  void unsharded_homes(const std::vector<const Priced*>& group, int r, bool crosses,
+                       ClassStep& out) {
+    std::vector<AutoKey> keys;
+    for (const Priced* p : group)
+      keys.insert(keys.end(), static_cast<std::size_t>(p->w->count()), p->key);
+    const ReplicaBucketEstimate est =
+        estimate_replica_bucket(keys, r, crosses, &o_.profile, CostModel::kRefined,
+                                o_.wire_elem_size, {o_.buckets, o_.link});
+    if (record != nullptr) {
+      std::size_t i = 0;
+      for (const Priced* p : group) {
+        for (Index e = 0; e < p->w->count(); ++e)
+          record->push_back({p->w, p->w->expert() ? e : -1, est.homes[i++], TpMode::kDuplicated});
+      }
+    }
+    out.ns_s += est.compute;
+    out.comm_s += est.comm_s;
+    out.seconds += est.home_cost();
   }
 
   // Replicated-home: per group of replicas, LPT homes on each weight's per-weight best cost;
@@ -254,6 +277,12 @@ class Simulator {
       groups[{p.w->replicas, p.w->replicas_cross}].push_back(&p);
     for (const auto& [replicas, group] : groups) {
       const auto [r, crosses] = replicas;
+      if (r > 1 && std::all_of(group.begin(), group.end(), [](const Priced* p) {
+            return p->key.group_size * p->key.second_group_size == 1;
+          })) {
+        unsharded_homes(group, r, crosses, out);
+        continue;
+      }
       std::vector<Part> parts;
       double payload = 0;
       for (const Priced* p : group) {
@@ -336,6 +365,13 @@ void validate_options(const SimulationOptions& o) {
         fmt::format("step simulation: wire_elem_size must be 2 or 4, got {}", o.wire_elem_size));
   }
   if (o.steps < 1) throw Error(fmt::format("step simulation: steps must be >= 1, got {}", o.steps));
+  if (!(o.link.latency_s >= 0 && o.link.latency_s < 1e9) ||
+      !(o.link.bytes_per_s >= 0 && o.link.bytes_per_s < 1e18)) {
+    throw Error(fmt::format(
+        "step simulation: the emulated link needs a latency and a bandwidth >= 0, got {} s "
+        "and {} bytes/s",
+        o.link.latency_s, o.link.bytes_per_s));
+  }
   if (o.buckets < 1 || o.buckets > 4096)
     throw Error(fmt::format("step simulation: buckets must be in [1, 4096], got {}", o.buckets));
   o.profile.validate();

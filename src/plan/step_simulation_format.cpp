@@ -34,6 +34,17 @@ std::string format_simulation(const StepSimulation& sim) {
                      to_string(o.algorithm), o.profile.name, o.buckets,
                      o.buckets == 1 ? " (serial)" : " (pipelined)",
                      o.batch_experts ? "batched per layer" : "one by one");
+  const bool link = o.link.latency_s > 0 || o.link.bytes_per_s > 0;
+  if (o.wire_elem_size != 4 || link) {
+    out += fmt::format("replicated-home's wire: {}", o.wire_elem_size == 2 ? "bf16" : "fp32");
+    if (link) {
+      out += fmt::format(
+          "; owner's and replicated-home's exchanges over an emulated link of {:.4g} "
+          "us, {:.4g} GB/s",
+          o.link.latency_s * 1e6, o.link.bytes_per_s / 1e9);
+    }
+    out += "\n";
+  }
   out += fmt::format("Muon weights: {:.4g} elements\n", sim.parameters);
   out += fmt::format("  {:<16} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>8} {:>12}\n", "mode",
                      "step_ms", "ns_ms", "comm_ms", "exposed_ms", "dense_ms", "expert_ms",
@@ -85,6 +96,10 @@ void to_json(nlohmann::json& j, const StepSimulation& sim) {
                      {"muon_elements", sim.parameters},
                      {"momentum_bytes_per_rank", sim.momentum_bytes},
                      {"units", "seconds"}};
+  if (o.link.latency_s > 0 || o.link.bytes_per_s > 0) {
+    j["options"]["link_latency_us"] = o.link.latency_s * 1e6;
+    j["options"]["link_gbps"] = o.link.bytes_per_s / 1e9;
+  }
   nlohmann::json modes = nlohmann::json::object();
   for (const ModeStep& m : sim.modes) {
     const RankStep& r = m.step();

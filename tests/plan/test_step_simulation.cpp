@@ -1,7 +1,7 @@
 // The step simulation: each mode's per-rank time is the refined cost model's for the rank's
-// weights (checked against the cost model called by hand), replicated-home is LPT homes plus the
-// ring all-gather of the updates (checked against the formula), buckets overlap as
-// max + min / buckets, batching pays a batch's latency once, auto takes per class the fastest
+// weights (checked against the cost model called by hand), replicated-home of unsharded weights
+// is the replica bucket's estimate (LPT homes, the results' all-to-all, on the buckets'
+// schedule), batching pays a batch's latency once, auto takes per class the fastest
 // busiest rank, and the optimizer state follows the sharding option.
 #include <gtest/gtest.h>
 
@@ -75,8 +75,9 @@ TEST(StepSimulation, OneGroupIsThePlan) {
   expect_close(sim.of(StepMode::kOwner).seconds(), plan.owner->cost(), "owner");
 }
 
-// dp 4, one 512 x 512 weight in each of 4 layers: one home each, then the all-gather.
-TEST(StepSimulation, ReplicatedHomeIsLptHomesAndTheAllGather) {
+// dp 4, one 512 x 512 weight in each of 4 layers, unsharded: the executor's homes
+// (estimate_replica_bucket: one home each, the results' all-to-all, on the buckets' schedule).
+TEST(StepSimulation, ReplicatedHomeOfUnshardedWeightsIsTheReplicaBucket) {
   const Placement pl({{"attn.qkv", 512, 512, 0, 4, 0, TpSplit::kColumn}}, parse_parallelism("dp=4"),
                      72);
   SimulationOptions o = gb200();
@@ -87,14 +88,18 @@ TEST(StepSimulation, ReplicatedHomeIsLptHomesAndTheAllGather) {
   const double bytes = 4.0 * 512 * 512 * 4;  // 4 weights, fp32 on the wire
   const double alpha = o.profile.latency_us(false) * 1e-6;
   const double wire = bytes * 3 / 4 / (o.profile.bandwidth_gbps(4, false) * 1e9);
+  const std::vector<AutoKey> keys(4, key);
   for (const int buckets : {1, 2}) {
     o.buckets = buckets;
     const StepSimulation sim = simulate_step(pl, o);
-    const double gather = wire + buckets * 3 * alpha;
+    const ReplicaBucketEstimate want = estimate_replica_bucket(
+        keys, 4, false, &o.profile, CostModel::kRefined, 4.0, {buckets, {}});
     const ModeStep& home = sim.of(StepMode::kReplicatedHome);
     expect_close(home.step().ns_s(), ns, "home NS: one weight");
-    expect_close(home.step().comm_s(), gather, "all-gather");
-    expect_close(home.seconds(), std::max(ns, gather) + std::min(ns, gather) / buckets, "overlap");
+    expect_close(home.step().comm_s(), want.comm_s, "the results' all-to-all, serial");
+    expect_close(home.seconds(), want.home_cost(), "on the schedule");
+    // Each home sends its result to the 3 others: the ring all-gather's bytes and latencies.
+    expect_close(want.comm_s, wire + 3 * alpha, "serial exchange");
     // Every rank runs all four weights in the other modes, then (the optimizer state being
     // sharded layer-wise by default) the parameters are all-gathered, in one bucket.
     expect_close(sim.of(StepMode::kDuplicated).seconds(),

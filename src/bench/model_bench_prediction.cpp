@@ -1,0 +1,43 @@
+// The model benchmark's predictions (model_bench_prediction.h).
+#include "bench/model_bench_prediction.h"
+
+#include "distmuon/layout.h"
+
+namespace distmuon::detail {
+
+double predict_owner(std::span<const AutoKey> keys, const HardwareProfile* profile,
+                     const ExchangeSchedule& schedule) {
+  if (profile == nullptr || keys.empty()) return 0;
+  std::vector<CostEstimate> estimates;
+  estimates.reserve(keys.size());
+  for (const AutoKey& k : keys)
+    estimates.push_back(estimate(k, profile, CostModel::kRefined));
+  return estimate_owner_bucket(keys, estimates, profile, schedule).cost();
+}
+
+ReplicatedPrediction predict_replicated(const std::vector<WeightShape>& weights,
+                                        const NsOptions& ns, int replicas, bool crosses,
+                                        const HardwareProfile* profile, CostModel model,
+                                        int pipeline, LinkModel link) {
+  std::vector<AutoKey> keys;
+  for (const WeightShape& w : weights) {
+    keys.insert(keys.end(), static_cast<std::size_t>(w.count),
+                auto_key(ShardLayout{.m = w.m, .n = w.n}, ns, NsAlgorithm::kStandard, false));
+  }
+  const auto at = [&](int chunks, double wire) {
+    return estimate_replica_bucket(keys, replicas, crosses, profile, model, wire, {chunks, link});
+  };
+  const ReplicaBucketEstimate serial = at(1, 4.0), pipelined = at(pipeline, 4.0);
+  ReplicatedPrediction out;
+  out.auto_home = pipelined.chose_home();
+  out.homes = pipelined.homes;
+  if (profile != nullptr) {
+    out.every_rank_s = serial.every_rank;
+    out.home_s = serial.home_cost();
+    out.home_pipelined_s = pipelined.home_cost();
+    out.home_bf16_s = at(pipeline, 2.0).home_cost();
+  }
+  return out;
+}
+
+}  // namespace distmuon::detail

@@ -1,0 +1,36 @@
+#pragma once
+// The timeline of a bucket's Newton-Schulz and exchanges on every rank, as owner mode's executor
+// schedules them (tp/owner_ns.h, orthogonalize_owned): the cost model's owner and replica bucket
+// estimates (owner_cost.cpp) price their serial and pipelined schedules with it. Internal to
+// src/plan.
+
+#include <span>
+#include <vector>
+
+namespace distmuon::detail {
+
+// One all-to-all, per rank (vectors of the bucket's rank count).
+struct ExchangeTimes {
+  std::vector<double> pack_s;    // staging what the rank sends, before the exchange starts
+  std::vector<double> link_s;    // an emulated link's minimum from the rank's start (0: none)
+  std::vector<double> unpack_s;  // copying what arrived into place, after the exchange ends
+  // The transfer itself: it starts once every rank has started the exchange and the previous
+  // transfer of the bucket is done (one link), and lasts this long.
+  double transfer_s = 0;
+};
+
+// One chunk of the bucket.
+struct ChunkTimes {
+  ExchangeTimes gather;      // owner mode: the chunk's gather, before its NS (replicas: unused)
+  std::vector<double> ns_s;  // per rank: the NS of the chunk's weights it orthogonalises
+  ExchangeTimes send;        // after the NS: owner mode's scatter, or the replicas' exchange
+};
+
+// The time from the bucket's start to the end of its slowest rank. gathers: owner mode's
+// schedule (start chunk 0's gather; per chunk, wait for its gather, start the next chunk's, run
+// its NS, start its scatter; then wait for the scatters in order); else the replicas' (per chunk,
+// its NS, then start its exchange; then wait for the exchanges in order). One chunk is the serial
+// schedule. A wait ends when the rank's own link minimum and the transfer are both over.
+double schedule_seconds(std::span<const ChunkTimes> chunks, bool gathers);
+
+}  // namespace distmuon::detail
