@@ -155,11 +155,35 @@ OwnerCostFn ns_flops_cost(const NsOptions& ns) {
 }
 
 OwnerPlan plan_owners(std::span<const double> costs, int homes) {
-  OwnerPlan plan{lpt_assign(costs, homes), std::vector<std::size_t>(costs.size())};
+  OwnerPlan plan{lpt_assign(costs, homes), std::vector<std::size_t>(costs.size()),
+                 std::vector<double>(costs.begin(), costs.end())};
   std::iota(plan.order.begin(), plan.order.end(), std::size_t{0});
   std::stable_sort(plan.order.begin(), plan.order.end(),
                    [&](std::size_t x, std::size_t y) { return costs[x] > costs[y]; });
   return plan;
+}
+
+std::vector<std::size_t> chunk_starts(const OwnerPlan& plan, int chunks) {
+  const std::size_t n = plan.order.size();
+  if (n == 0) return {0};
+  const std::size_t n_chunks = std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1, n);
+  // The midpoint of each item's cost on the bucket's cumulative cost, in plan.order.
+  std::vector<double> mid(n);
+  double total = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    const double c = plan.costs[plan.order[k]];
+    mid[k] = total + c / 2;
+    total += c;
+  }
+  std::vector<std::size_t> starts(n_chunks + 1, 0);
+  starts[n_chunks] = n;
+  for (std::size_t j = 1; j < n_chunks; ++j) {
+    const double bound = total * (static_cast<double>(j) - 0.5) / static_cast<double>(n_chunks - 1);
+    const auto past =
+        static_cast<std::size_t>(std::lower_bound(mid.begin(), mid.end(), bound) - mid.begin());
+    starts[j] = std::clamp(past, starts[j - 1] + 1, n - (n_chunks - j));
+  }
+  return starts;
 }
 
 void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan,
@@ -167,8 +191,9 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
                          NsWorkspaces* workspaces, int chunks, bool bf16_wire) {
   const std::vector<int>& owners = plan.owners;
-  DISTMUON_ASSERT(items.size() == owners.size() && items.size() == plan.order.size(),
-                  "one owner per item, every item in the order once");
+  DISTMUON_ASSERT(items.size() == owners.size() && items.size() == plan.order.size() &&
+                      items.size() == plan.costs.size(),
+                  "one owner and one cost per item, every item in the order once");
   if (items.empty()) return;
   NsWorkspaces call_workspaces;  // only when the caller keeps none
   NsWorkspaces& ws = workspaces != nullptr ? *workspaces : call_workspaces;
@@ -210,16 +235,13 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
   }
   auto work = [&](std::size_t i) { return grid.T > 1 ? full[i] : tp_local[i]; };
 
-  // The items in `chunks` chunks, in the plan's order (largest cost first, LPT's own order): LPT
-  // gives the first weights one to each owner, the next ones to the least loaded, so consecutive
-  // runs of that order keep the owners about as balanced in each chunk as over the bucket (chunks
-  // of consecutive indices would leave one owner waiting for another at every chunk).
-  const std::size_t n_chunks =
-      std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1, n_items);
-  const std::size_t per_chunk = (n_items + n_chunks - 1) / n_chunks;
+  // The items in chunks of consecutive items of the plan's order (chunk_starts).
+  const std::vector<std::size_t> starts = chunk_starts(plan, chunks);
+  const std::size_t n_chunks = starts.size() - 1;
   std::vector<std::vector<std::size_t>> chunk(n_chunks);
-  for (std::size_t k = 0; k < n_items; ++k)
-    chunk[k / per_chunk].push_back(plan.order[k]);
+  for (std::size_t j = 0; j < n_chunks; ++j)
+    chunk[j].assign(plan.order.begin() + static_cast<std::ptrdiff_t>(starts[j]),
+                    plan.order.begin() + static_cast<std::ptrdiff_t>(starts[j + 1]));
 
   // Stage 1 (GTP): GTP rank j sends the owner's row (g_o) its row block of the TP-local tensor.
   auto gtp_stage = [&](const std::vector<std::size_t>& ids) {

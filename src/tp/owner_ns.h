@@ -71,13 +71,21 @@ struct OwnerItem {
 // LPT's order (largest cost first, ties by index), the order the pipelined chunks take them in:
 // LPT gives the first weights one to each owner, the next ones to the least loaded, so
 // consecutive runs of that order keep the owners about as balanced in each chunk as over the
-// bucket.
+// bucket. costs: each item's cost estimate (OwnerCostFn).
 struct OwnerPlan {
   std::vector<int> owners;
   std::vector<std::size_t> order;
+  std::vector<double> costs;
 };
 // lpt_assign(costs, homes) and the order of its items.
 OwnerPlan plan_owners(std::span<const double> costs, int homes);
+
+// Where the chunks of a pipelined bucket start in plan.order: min(chunks, items) chunks, each of
+// at least one item, with chunk j + 1 starting at the first item whose cost midpoint lies past
+// (j + 1/2) / (chunks - 1) of the bucket's cost: the first and last chunks hold about half the
+// share of the others, since the first one's gather and the last one's scatter have no NS to
+// hide behind. Returns chunks + 1 indices: chunk j is order[starts[j], starts[j + 1]).
+std::vector<std::size_t> chunk_starts(const OwnerPlan& plan, int chunks);
 
 // Orthogonalises and scales a bucket in place as plan says. Every item shares tp (used when the
 // layouts are TP-sharded) and gtp (when GTP-sharded), and every rank of the T x G grid calls this
@@ -86,12 +94,12 @@ OwnerPlan plan_owners(std::span<const double> costs, int homes);
 // workspaces when given (kept across steps).
 // dp: the items' replica group when the homes span it (owners then range over T G D), else
 // nullptr (each replica, if any, runs its own). chunks: the items go in up to this many chunks of
-// consecutive items of plan.order, each stage of a chunk (gather over GTP, over TP, the replicas'
-// exchange, scatter over TP, over GTP: those whose group has more than one rank) one non-blocking
-// all-to-all in flight while another chunk's NS runs (see the top of this file); 1 is the serial
-// schedule (every stage after the one before). The same bits either way: the chunks only copy.
-// bf16_wire: the results go to the other replicas in bf16 (half the bytes), the home rounding its
-// own copy to bf16 as well, so that every replica holds the same bits (each element within
+// consecutive items of plan.order (chunk_starts), each stage of a chunk (gather over GTP, over TP,
+// the replicas' exchange, scatter over TP, over GTP: those whose group has more than one rank) one
+// non-blocking all-to-all in flight while another chunk's NS runs (see the top of this file); 1 is
+// the serial schedule (every stage after the one before). The same bits either way: the chunks only
+// copy. bf16_wire: the results go to the other replicas in bf16 (half the bytes), the home rounding
+// its own copy to bf16 as well, so that every replica holds the same bits (each element within
 // bf16's rounding of the fp32 result).
 void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,

@@ -177,5 +177,21 @@ TEST(OwnerPipeline, PlanOrderIsLptsOrder) {
   EXPECT_EQ(plan.owners, lpt_assign(costs, 2));
 }
 
+// The chunks split the bucket's cost with the first and last chunks at half a share (their gather
+// and scatter are exposed), every chunk at least one item.
+TEST(OwnerPipeline, ChunkStartsGiveTheEndsHalfAShare) {
+  // 13 equal items in 4 chunks: boundaries at 13 x {1/6, 1/2, 5/6} = 2.17, 6.5, 10.83 of the
+  // items' midpoints 0.5, 1.5, ...: chunks of 2, 4, 5 and 2 items.
+  const detail::OwnerPlan equal = detail::plan_owners(std::vector<double>(13, 1.0), 2);
+  EXPECT_EQ(detail::chunk_starts(equal, 4), (std::vector<std::size_t>{0, 2, 6, 11, 13}));
+  // One chunk: every item; more chunks than items: one chunk per item.
+  EXPECT_EQ(detail::chunk_starts(equal, 1), (std::vector<std::size_t>{0, 13}));
+  EXPECT_EQ(detail::chunk_starts(detail::plan_owners(std::vector<double>{1, 2}, 2), 5),
+            (std::vector<std::size_t>{0, 1, 2}));
+  // One item holds most of the cost: every chunk still gets one.
+  const detail::OwnerPlan skewed = detail::plan_owners(std::vector<double>{1, 100, 1, 1}, 2);
+  EXPECT_EQ(detail::chunk_starts(skewed, 3), (std::vector<std::size_t>{0, 1, 2, 4}));
+}
+
 }  // namespace
 }  // namespace distmuon
