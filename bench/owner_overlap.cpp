@@ -9,9 +9,9 @@
 // over GTP (padded), are one owner bucket, the same on every replica. Four runs, interleaved in
 // rounds (the planner's runner: the order rotating, each run's time the slowest rank's): the
 // pipelined and the serial schedule (one chunk), each over the emulated link and over the
-// machine's own transport. Prints the medians, the pipelined run's ratio to the serial one over
-// the link, and the serial schedule's exchanges (its time over the link less its time without)
-// against the rest of its step, to set the link so that the two are about equal.
+// machine's own transport. Prints the medians (and the spread), the pipelined run's ratio to the
+// serial one over the link, and the serial schedule's exchanges (its time over the link less its
+// time without) against the rest of its step, to set the link so that the two are about equal.
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -166,17 +166,22 @@ int run(int argc, char** argv) {
   }
   const std::vector<std::vector<double>> times =
       detail::run_candidates(world, tasks, {o.warmup, o.reps, "owner_overlap", {}});
+  std::vector<TimingSummary> summary;
   std::vector<double> median;
-  for (const auto& t : times)
-    median.push_back(summarize(t).median_s);
+  for (const auto& t : times) {
+    summary.push_back(summarize(t));
+    median.push_back(summary.back().median_s);
+  }
   if (world.rank() == 0) {
     fmt::print("owner over {} ({} weights), TP {} x GTP {} x {} replicas, {} chunks, {} rounds\n",
                o.model, source.size(), o.tp, o.gtp, o.replicas, o.chunks, o.reps);
     fmt::print("{}; {} ranks\n", blas_summary(), world.size());
     fmt::print("emulated link: {:.4g} us, {:.4g} GB/s\n", o.link.latency_s * 1e6,
                o.link.bytes_per_s / 1e9);
-    for (std::size_t r = 0; r < runs.size(); ++r)
-      fmt::print("  {:<28} {:9.2f} ms\n", runs[r].label, median[r] * 1e3);
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      fmt::print("  {:<28} {:9.2f} ms   (min {:.2f}, max {:.2f})\n", runs[r].label, median[r] * 1e3,
+                 summary[r].min_s * 1e3, summary[r].max_s * 1e3);
+    }
     fmt::print("pipelined / serial over the link: {:.2f}x\n", median[0] / median[1]);
     fmt::print(
         "serial schedule's exchanges over the link (with less without): {:.2f} ms, the rest "
