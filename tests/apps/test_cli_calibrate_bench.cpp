@@ -125,7 +125,11 @@ TEST(CliBenchModel, TrainDefaultOnATinyConfigGivesJsonTotalsAndAPlot) {
     EXPECT_EQ(o.at("algorithms").size(), 5u);
     const double ms = o.at("measured").at("median_ms");
     oracle = std::min(oracle, ms);
-    if (auto_owner && o.at("algorithms").get<std::vector<std::string>>() == planned) chosen = ms;
+    // Auto's time is its pipelined owner run's, not the serial schedule's run of the same
+    // algorithms.
+    if (auto_owner && !o.at("serial").get<bool>() &&
+        o.at("algorithms").get<std::vector<std::string>>() == planned)
+      chosen = ms;
   }
   EXPECT_NEAR(totals.at("auto_ms").get<double>(), chosen, 1e-9 * chosen);
   EXPECT_NEAR(totals.at("oracle_ms").get<double>(), oracle, 1e-9 * oracle);
