@@ -117,13 +117,42 @@ class Compute {
   // accumulated and stored in fp32.
   void gemm(Trans ta, Trans tb, float alpha, ConstMatrixView a, ConstMatrixView b, float beta,
             MatrixView c, Precision precision = Precision::kFp32) {
+    gemm_calls_.fetch_add(1, std::memory_order_relaxed);
     do_gemm(ta, tb, alpha, a, b, beta, c, precision);
   }
   // c = alpha * op(a) * op(a)^T + beta * c for a symmetric c; both triangles of c are written.
   void syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
             Precision precision = Precision::kFp32) {
+    syrk_calls_.fetch_add(1, std::memory_order_relaxed);
     do_syrk(ta, alpha, a, beta, c, precision);
   }
+  // Batched products: the same product on each of count equal-shaped operand sets (batched
+  // Newton-Schulz: one call per NS product for a batch of equal shapes, e.g. a layer's experts):
+  //   gemm_batched: c[i] = alpha op(a[i]) op(b[i]) + beta c[i];
+  //   syrk_batched: c[i] = alpha op(a[i]) op(a[i])^T + beta c[i], both triangles written.
+  // a, b and c hold one view per matrix (same count, every a[i] of one shape, likewise b, c).
+  // Each c[i] gets the bits its own gemm/syrk would give on the cpu and opaque backends (the
+  // default runs them in turn); cuda multiplies equally strided batches as one strided-batched
+  // product (cublasGemmStridedBatchedEx), at the same precision, and others in turn.
+  void gemm_batched(Trans ta, Trans tb, float alpha, std::span<const ConstMatrixView> a,
+                    std::span<const ConstMatrixView> b, float beta, std::span<const MatrixView> c,
+                    Precision precision = Precision::kFp32);
+  void syrk_batched(Trans ta, float alpha, std::span<const ConstMatrixView> a, float beta,
+                    std::span<const MatrixView> c, Precision precision = Precision::kFp32);
+  // Whether the optimizer runs a batch of equal-shaped Newton-Schulz iterations through the
+  // batched products (one call per NS product for the whole batch: a device launches once for
+  // it; the default, opaque's and cuda's) or each matrix's whole NS in turn (cpu: measured
+  // faster there, each matrix's working set staying in cache; docs/data-parallel.md, "Batched
+  // experts"). Either gives the same bits.
+  virtual bool batches_newton_schulz() const { return true; }
+  // Calls of the product entries so far (gemm, syrk, and the batched ones with the matrices
+  // they multiplied): what a test counts to see that a batch went through one call per product.
+  struct ProductCalls {
+    std::size_t gemm = 0, syrk = 0;    // single products
+    std::size_t batched_calls = 0;     // gemm_batched and syrk_batched calls
+    std::size_t batched_matrices = 0;  // matrices those calls multiplied
+  };
+  ProductCalls product_calls() const;
   // The precision Newton-Schulz runs at on this backend when the caller leaves it to the backend
   // (MuonOptions::precision unset, the CLI's and Python's default): fp32 on the CPU backends,
   // whose tf32 and bf16 are an emulation for tests (slower than fp32); bf16 on CUDA
@@ -215,9 +244,17 @@ class Compute {
                        float beta, MatrixView c, Precision precision) = 0;
   virtual void do_syrk(Trans ta, float alpha, ConstMatrixView a, float beta, MatrixView c,
                        Precision precision) = 0;
+  // The batched products (shapes checked by the callers above). Default: do_gemm / do_syrk on
+  // each matrix in turn.
+  virtual void do_gemm_batched(Trans ta, Trans tb, float alpha, std::span<const ConstMatrixView> a,
+                               std::span<const ConstMatrixView> b, float beta,
+                               std::span<const MatrixView> c, Precision precision);
+  virtual void do_syrk_batched(Trans ta, float alpha, std::span<const ConstMatrixView> a,
+                               float beta, std::span<const MatrixView> c, Precision precision);
 
  private:
   std::atomic<std::size_t> allocations_{0}, releases_{0}, live_bytes_{0}, peak_bytes_{0};
+  std::atomic<std::size_t> gemm_calls_{0}, syrk_calls_{0}, batched_calls_{0}, batched_matrices_{0};
 };
 
 // An owning, contiguous (ld == cols), zero-initialised row-major matrix in a backend's memory.

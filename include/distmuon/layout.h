@@ -49,7 +49,12 @@ struct ShardLayout {
   // parallelism: DDP, HSDP's replicate dimension). Replicas never split the matrix; they only say
   // which ranks may share one orthogonalisation (owner mode's homes span them: owner_ns.h).
   int dp_size = 1, dp_rank = 0;
+  // Batched parameter: `batch` matrices of this layout (e.g. a layer's experts, [E, m, n]),
+  // their shards stacked by rows in the parameter's local view (batch x shard_rows() rows). Every
+  // other field and function describes one matrix; each is orthogonalised on its own.
+  Index batch = 1;
 
+  bool operator==(const ShardLayout&) const = default;
   bool tp_on() const { return tp_dim != kNoPartition && tp_size > 1; }
   bool gtp_on() const { return gtp_size > 1; }
   bool dp_on() const { return dp_size > 1; }

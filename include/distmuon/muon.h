@@ -106,6 +106,9 @@ struct MuonOptions {
   ScaleMode scale_mode = ScaleMode::kSpectral;
   double extra_scale_factor = 1.0;
   TpMode tp_mode = TpMode::kAuto;
+  // The mode of the expert weights (ParamSpec::expert), as Megatron-LM's --muon-expert-tp-mode:
+  // JSON "expert_tp_mode", a mode name or "same" (unset: tp_mode, the default).
+  std::optional<TpMode> expert_tp_mode;
   // Replicated weights (ParamSpec::dp_group): JSON "replica_mode" auto, home or every_rank.
   ReplicaMode replica_mode = ReplicaMode::kAuto;
   ReplicaWire replica_wire = ReplicaWire::kFp32;  // JSON "replica_wire": fp32 or bf16
@@ -121,6 +124,13 @@ struct MuonOptions {
   // late rank(s) (stopped or stuck; the CLI then ends the job). 0: DISTMUON_STEP_TIMEOUT when
   // set, else no deadline. Needs an MPI communicator; fixed once the optimizer is built.
   double step_timeout_s = 0;
+
+  // The mode of a weight: expert_tp_mode (when set) for an expert weight, else tp_mode.
+  TpMode mode_for(bool expert) const {
+    return expert && expert_tp_mode ? *expert_tp_mode : tp_mode;
+  }
+  // Whether any weight's mode is auto (tp_mode or expert_tp_mode).
+  bool any_auto() const { return tp_mode == TpMode::kAuto || expert_tp_mode == TpMode::kAuto; }
 
   // Throws distmuon::Error naming the field and listing its valid values.
   void validate() const;
@@ -170,6 +180,15 @@ struct ParamSpec {
   // of the full weight are query groups of these blocks; each block type is orthogonalised as
   // its own matrix, gathered across the query groups. Empty: no split.
   std::vector<Index> qkv_split;
+
+  // A batch of matrices in one parameter (a 3-D [batch, rows, cols] weight: a layer's experts):
+  // `batch` matrices of the full shape rows x cols, each split as above (the same groups,
+  // padding and QKV split), their shards stacked by rows in `local`: batch x
+  // ((m_tp + pad_length) / G) rows, slice b's shard at rows b * shard_rows. Muon orthogonalises
+  // each slice as its own matrix (scale and all, as `batch` parameters would be), the slices of
+  // equal shape together (one batched product per NS step, Compute::gemm_batched); the momentum
+  // and AdamW are elementwise on the whole. Agreed across ranks with the rest of the parameter.
+  Index batch = 1;
 };
 
 // What the optimizer decided for a parameter (after the first step for tp_mode auto).
@@ -182,9 +201,12 @@ struct ParamInfo {
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm used (once planned)
   // tp_mode auto, once planned: whether the weight's groups cross an NVLink domain (its key's).
   std::optional<bool> crosses_domain;
-  int dp_size = 1;    // replicas (ParamSpec::dp_group)
-  bool home = false;  // once planned: orthogonalised on one home of its replicas
-  int owner = -1;     // owner mode or home, after a step: its owner index (t + T g + T G d)
+  int dp_size = 1;          // replicas (ParamSpec::dp_group)
+  bool home = false;        // once planned: orthogonalised on one home of its replicas
+  int owner = -1;           // owner mode or home, after a step: its owner index (t + T g + T G d)
+                            // (a batched parameter: its first slice's)
+  Index batch = 1;          // matrices in the parameter (ParamSpec::batch)
+  std::vector<int> owners;  // after a step: each slice's owner index (-1: run on this rank)
 };
 
 // Seconds of the last step() on this rank: total, and waiting in the parameters' collectives.

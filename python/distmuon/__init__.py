@@ -225,6 +225,20 @@ def _options_json(options):
     return json.dumps(options)
 
 
+
+def _stacked(x, what):
+    """A row-major 3-D array or tensor [E, r, c] as its (E r) x c view (no copy: the optimizer
+    updates it in place)."""
+    if _is_torch(x):
+        if not x.is_contiguous():
+            raise Error(f"{what}: a strided 3-D tensor; distmuon takes row-major (contiguous) "
+                        "batches")
+        return x.detach().view(-1, x.shape[-1])
+    arr = as_array(x, what)
+    if not arr.flags.c_contiguous:
+        raise Error(f"{what}: a strided 3-D array; distmuon takes row-major (contiguous) batches")
+    return arr.reshape(-1, arr.shape[-1])
+
 class Muon:
     """The Muon optimizer over this rank's shards (C++ distmuon::Muon).
 
@@ -266,7 +280,8 @@ class Muon:
 
     def add_parameter(self, shard, name, rows=None, cols=None, *, role="hidden", use_muon=True,
                       tp_dim=None, tp_group=None, gtp_group=None, pad=0, expert=False,
-                      expert_rank=0, qkv_split=(), tp_pad=0, data_parallel_group=None):
+                      expert_rank=0, qkv_split=(), tp_pad=0, data_parallel_group=None,
+                      batch=None):
         """Registers this rank's shard (updated in place by step()). rows x cols is the full
         unpadded weight (default: the shard's shape); tp_dim 0/1 with tp_group splits it over
         TP, gtp_group splits the (padded by `pad` rows) TP-local tensor by rows over GTP.
@@ -275,9 +290,21 @@ class Muon:
         Communicator or anything communicator() accepts (converted once per object). A 1-D shard
         is registered as a k x 1 column. data_parallel_group: the ranks holding the same shard
         (its replicas, e.g. the DDP world); Muon then orthogonalises it once, on one home rank of
-        them (options' replica_mode; docs/data-parallel.md). Returns its index."""
+        them (options' replica_mode; docs/data-parallel.md). A 3-D shard [E, r, c] (row-major)
+        is a batch of E matrices in one parameter (e.g. experts; rows x cols default to each
+        matrix's shape): each orthogonalised on its own, equal shapes together (batched NS);
+        batch=E also takes them stacked by rows in a 2-D (E r) x c shard. Returns its index."""
         what = f"Muon parameter '{name}'"
         self._check_device(shard, what)
+        if getattr(shard, "ndim", 0) == 3:
+            shape = tuple(shard.shape)
+            if batch is not None and batch != shape[0]:
+                raise Error(f"{what}: batch={batch} for a 3-D shard of {shape[0]} matrices")
+            batch = shape[0]
+            rows = shape[1] if rows is None else rows
+            cols = shape[2] if cols is None else cols
+            shard = _stacked(shard, what)
+        batch = 1 if batch is None else batch
         if self._cuda is not None:
             arr = shard.reshape(-1, 1) if shard.dim() == 1 else shard
             rows = arr.shape[0] if rows is None else rows
@@ -293,7 +320,7 @@ class Muon:
             arr, name, rows, cols, role, use_muon, tp_dim,
             self._group(tp_group), self._group(gtp_group), pad, expert, expert_rank,
             list(qkv_split), tp_pad,
-            self._group(data_parallel_group))
+            self._group(data_parallel_group), batch)
         self._shards.append(arr)
         return i
 
@@ -332,6 +359,8 @@ class Muon:
         if g is None:
             return None
         self._check_device(g, what)
+        if getattr(g, "ndim", 0) == 3:  # a batched parameter's gradient: stacked by rows
+            g = _stacked(g, what)
         if self._cuda is not None:
             return core_matrix((g.reshape(-1, 1) if g.dim() == 1 else g).detach(), what)
         a = as_array(g, what)

@@ -1,6 +1,7 @@
 """3-D DTensor parameters (a batch of matrices, e.g. the experts of a mixture-of-experts layer,
-as FSDP2 shards them): each slice [e] is a matrix orthogonalised on its own, as for a plain 3-D
-parameter (docs/python.md, "FSDP2 and DTensor parameters").
+as FSDP2 shards them): this rank's local batch is one C++ parameter of that batch
+(ParamSpec::batch), each slice [e] a matrix orthogonalised on its own, equal shapes in one
+batched NS, as for a plain 3-D parameter (docs/python.md, "FSDP2 and DTensor parameters").
 
 Taken: the batch whole on every rank (replicated, or a mesh of one), or split over its first
 dimension by one mesh dimension (Shard(0), FSDP2's default) evenly, so that every rank holds the

@@ -9,8 +9,9 @@ for torch's optimizers (torch.distributed.checkpoint.state_dict, which steps an 
       parameter (its local tensor a view of the shard's state);
   "step": a float32 0-D tensor, the param group's step count, refreshed after each step and load.
 
-Where no view can exist (a 3-D parameter, whose slices' states lie apart; a backend whose memory
-the host cannot read) the tensors are copies made when read (LazyState).
+Where no view can exist (a 3-D DTensor, whose local batch the C++ state stacks by rows; a backend
+whose memory the host cannot read) the tensors are copies made when read (LazyState). A plain
+3-D parameter is one C++ parameter of its batch: its state is a view too.
 """
 
 import torch

@@ -30,7 +30,7 @@ def param_state(entry, core):
     for k, name in enumerate(_state_names(entry)):
         mats = [m[k] for m in per_matrix]
         if entry.dt is not None:  # DTensor: state as a DTensor like the parameter
-            local = np.stack(mats) if len(mats) > 1 else mats[0].copy()  # a 3-D one: stacked
+            local = np.stack(mats) if len(mats) > 1 else mats[0].copy()  # a batch: stacked by rows
             st[name] = _dtensor.wrap_state(entry.dt, entry.p, torch.from_numpy(local))
             continue
         full = np.stack(mats) if len(mats) > 1 else mats[0].copy()
@@ -45,7 +45,8 @@ def set_param_state(entry, core, st):
     for k, name in enumerate(_state_names(entry)):
         if entry.dt is not None:  # DTensor: its local state, padded as registered
             local = _dtensor.unwrap_state(entry.dt, entry.p, st[name], _WHAT).numpy()
-            parts = [local] if len(entry.indices) == 1 and local.ndim == 2 else list(local)
+            parts = [local.reshape(per_matrix[0][k].shape)] if len(entry.indices) == 1 else \
+                list(local)  # one parameter (a batch: its matrices stacked by rows)
             for i, part in zip(entry.indices, parts):
                 core._core.write_state(i, k, np.ascontiguousarray(part))
             continue

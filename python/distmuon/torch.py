@@ -4,7 +4,8 @@ The arguments torch.optim.Muon has (lr, weight_decay, momentum, nesterov, ns_coe
 ns_steps, adjust_lr_fn) have its names, defaults and meaning; the parameters torch.optim.Muon
 refuses go to distmuon's AdamW (1-D and 0-D parameters, and those of a group with
 use_muon=False or whose Layout says so) or are orthogonalised as torch leaves it to users to do
-(3-D: a batch of matrices, each slice on its own; 4-D and more: flattened to out x rest).
+(3-D: a batch of matrices, one C++ parameter whose slices are each orthogonalised on their own,
+equal shapes in one batched NS; 4-D and more: flattened to out x rest).
 docs/python.md has the table of defaults next to torch's.
 
 Each parameter may be this rank's shard of a larger weight. Its layout comes from, in order: the
@@ -82,8 +83,9 @@ class Layout:
 
 
 class _Param:
-    """One torch parameter as the C++ optimizer sees it: one or more float32 matrices (a 3-D
-    parameter is a batch of them), their layout, and their indices in the group's core."""
+    """One torch parameter as the C++ optimizer sees it: its float32 matrix (a 3-D parameter's
+    batch stacked by rows: one C++ parameter of that batch), its layout, and its index in the
+    group's core."""
 
     def __init__(self, p, layout, matrices, work, dt=None):
         self.p = p
@@ -94,6 +96,9 @@ class _Param:
         self.address = p.data_ptr() if dt is None else dt.local.data_ptr()
         self.indices: List[int] = []
         self.muon = False
+        # Matrices in the C++ parameter: a 3-D parameter's (its local) batch, else 1.
+        local = p if dt is None else dt.local
+        self.batch = local.shape[0] if local.dim() == 3 else 1
 
     @property
     def logical_shape(self):
@@ -119,11 +124,12 @@ def _matrix_shape(p):
 
 
 def _as_matrices(t):
-    """2-D views of a contiguous float32 tensor t (NumPy for a CPU tensor, the tensor's own for a
-    CUDA one): one per 3-D slice, else one."""
+    """The 2-D view of a contiguous float32 tensor t the C++ optimizer takes (NumPy for a CPU
+    tensor, the tensor's own for a CUDA one), in a list: a 3-D batch [E, m, n] stacked by rows,
+    (E m) x n (one batched parameter)."""
     a = t.detach() if t.device.type == "cuda" else t.detach().numpy()
     if t.dim() == 3:
-        return [a[e] for e in range(a.shape[0])]
+        return [a.reshape(-1, a.shape[-1])]
     if t.dim() >= 4:
         return [a.reshape(a.shape[0], -1)]
     return [a.reshape(-1, 1) if t.dim() <= 1 else a]
@@ -185,7 +191,7 @@ def _read_grad(entry):
         a, why = _dtensor.read_grad(entry.dt, p)
         if why:
             raise Error(why)
-        return [a[k] for k in range(a.shape[0])] if a.ndim == 3 else [a]
+        return [a.reshape(-1, a.shape[-1])] if a.ndim == 3 else [a]  # a batch: stacked
     if g.dtype is torch.float32 and p.dtype is torch.float32 and g.layout is torch.strided and \
             g.device == p.device and g.shape == p.shape and g.is_contiguous():
         return _as_matrices(g)  # the common case: read where it lies
@@ -477,14 +483,13 @@ class Muon(torch.optim.Optimizer):
             for k, (e, (tp, gtp, dp)) in enumerate(zip(entries, groups)):
                 lo = e.layout
                 base = lo.name or f"group{gi}.param{k}"
-                for s, m in enumerate(e.matrices):
-                    name = base if len(e.matrices) == 1 else f"{base}[{s}]"
+                for m in e.matrices if e.batch > 0 else []:  # a 3-D one: one batch
                     e.indices.append(core.add_parameter(
-                        m, name, lo.rows, lo.cols, role=lo.role,
+                        m, base, lo.rows, lo.cols, role=lo.role,
                         use_muon=lo.use_muon and bool(group["use_muon"]), tp_dim=lo.tp_dim,
                         tp_group=tp, gtp_group=gtp, pad=lo.pad, expert=lo.expert,
                         expert_rank=lo.expert_rank, qkv_split=lo.qkv_split, tp_pad=lo.tp_pad,
-                        data_parallel_group=dp))
+                        data_parallel_group=dp, batch=e.batch))
             infos = core.parameters()
             for e in entries:
                 e.muon = bool(e.indices) and bool(infos[e.indices[0]]["muon"])
@@ -591,8 +596,9 @@ class Muon(torch.optim.Optimizer):
                         "parameters, whose state is made at the first step (step first)")
 
     def plan(self):
-        """Per matrix of every group: name, muon, rows, cols, tp/gtp sizes, mode, algorithm
-        (the modes auto chose appear after the first step)."""
+        """Per parameter of every group (a 3-D one once: rows x cols of each matrix, its batch
+        and, after a step in owner mode or on homes, each matrix's owner): name, muon, rows,
+        cols, tp/gtp sizes, mode, algorithm (the modes auto chose appear after the first step)."""
         return [info for core, _ in self._cores if core is not None
                 for info in core.parameters()]
 

@@ -54,7 +54,7 @@ class PyMuon {
                             std::optional<int> tp_dim, std::optional<Communicator> tp_group,
                             std::optional<Communicator> gtp_group, Index pad, bool expert,
                             int expert_rank, std::vector<Index> qkv_split, Index tp_pad,
-                            std::optional<Communicator> dp_group) {
+                            std::optional<Communicator> dp_group, Index batch) {
     auto param = std::make_unique<BackendMatrix>(backend_, shard,
                                                  fmt::format("Muon parameter '{}'", name), true);
     ParamSpec spec;
@@ -81,6 +81,7 @@ class PyMuon {
     spec.expert_rank = expert_rank;
     spec.qkv_split = std::move(qkv_split);
     spec.dp_group = std::move(dp_group);
+    spec.batch = batch;
     const std::size_t i = muon_.add_parameter(std::move(spec));
     param->upload();
     params_.push_back(std::move(param));
@@ -237,6 +238,8 @@ py::dict param_info(const ParamInfo& p) {
   d["dp_size"] = p.dp_size;
   d["home"] = p.home;
   d["owner"] = p.owner;
+  d["batch"] = p.batch;
+  d["owners"] = p.owners;
   return d;
 }
 
@@ -250,7 +253,7 @@ void init_muon(py::module_& m) {
            py::arg("rows"), py::arg("cols"), py::arg("role"), py::arg("use_muon"),
            py::arg("tp_dim"), py::arg("tp_group"), py::arg("gtp_group"), py::arg("pad"),
            py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"), py::arg("tp_pad") = 0,
-           py::arg("dp_group") = py::none())
+           py::arg("dp_group") = py::none(), py::arg("batch") = 1)
       .def("step", &PyMuon::step, py::arg("grads"), py::arg("failure") = std::string(),
            py::arg("active") = std::vector<std::uint8_t>())
       .def("set_options", &PyMuon::set_options, py::arg("patch"))

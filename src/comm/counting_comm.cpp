@@ -1,32 +1,31 @@
 // Counting decorator used by tests to check what each mode sends.
+#include "comm/forwarding_comm.h"
 #include "distmuon/comm.h"
 
 namespace distmuon {
 namespace {
 
-class CountingComm final : public CommImpl {
+class CountingComm final : public detail::ForwardingComm {
  public:
   CountingComm(std::shared_ptr<CommImpl> inner, std::shared_ptr<CommStats> stats)
-      : inner_(std::move(inner)), stats_(std::move(stats)) {}
-  std::string backend() const override { return "counting(" + inner_->backend() + ")"; }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingComm(std::move(inner)), stats_(std::move(stats)) {}
+  std::string backend() const override { return "counting(" + inner().backend() + ")"; }
   void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
     record(stats_->all_gather, count * static_cast<std::size_t>(size()) * dtype_size(t));
-    inner_->all_gather(send, recv, count, t);
+    inner().all_gather(send, recv, count, t);
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
     record(stats_->all_reduce, count * dtype_size(t));
-    inner_->all_reduce(buf, count, t, op);
+    inner().all_reduce(buf, count, t, op);
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                       ReduceOp op) override {
     record(stats_->reduce_scatter, count * static_cast<std::size_t>(size()) * dtype_size(t));
-    inner_->reduce_scatter(send, recv, count, t, op);
+    inner().reduce_scatter(send, recv, count, t, op);
   }
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
     record(stats_->broadcast, count * dtype_size(t));
-    inner_->broadcast(buf, count, t, root);
+    inner().broadcast(buf, count, t, root);
   }
   void all_to_all_v(const void* send, const std::size_t* send_counts,
                     const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
@@ -35,7 +34,7 @@ class CountingComm final : public CommImpl {
     for (int r = 0; r < size(); ++r)
       sent += send_counts[r];
     record(stats_->all_to_all, sent * dtype_size(t));
-    inner_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+    inner().all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
   }
   std::unique_ptr<CommRequest> start_all_to_all_v(const void* send, const std::size_t* send_counts,
                                                   const std::size_t* send_displs, void* recv,
@@ -46,28 +45,22 @@ class CountingComm final : public CommImpl {
     for (int r = 0; r < size(); ++r)
       sent += send_counts[r];
     record(stats_->all_to_all, sent * dtype_size(t));
-    return inner_->start_all_to_all_v(send, send_counts, send_displs, recv, recv_counts,
+    return inner().start_all_to_all_v(send, send_counts, send_displs, recv, recv_counts,
                                       recv_displs, t);
   }
   void barrier() override {
     record(stats_->barrier, 0);
-    inner_->barrier();
+    inner().barrier();
   }
   std::shared_ptr<CommImpl> split(int color, int key) override {
-    return std::make_shared<CountingComm>(inner_->split(color, key), stats_);
+    return std::make_shared<CountingComm>(inner_split(color, key), stats_);
   }
-  GroupPlacement placement() const override { return inner_->placement(); }
-  void abort(int code) override { inner_->abort(code); }
-  bool has_gate() const override { return inner_->has_gate(); }
-  void post_gate(int to, const std::string& text) override { inner_->post_gate(to, text); }
-  std::optional<std::string> poll_gate(int from) override { return inner_->poll_gate(from); }
 
  private:
   static void record(CommStats::Op& op, std::size_t bytes) {
     ++op.calls;
     op.bytes += bytes;
   }
-  std::shared_ptr<CommImpl> inner_;
   std::shared_ptr<CommStats> stats_;
 };
 

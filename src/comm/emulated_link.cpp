@@ -5,6 +5,7 @@
 #include <memory>
 #include <thread>
 
+#include "comm/forwarding_comm.h"
 #include "distmuon/comm.h"
 #include "distmuon/error.h"
 
@@ -13,39 +14,36 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-class EmulatedLink final : public CommImpl {
+class EmulatedLink final : public detail::ForwardingComm {
  public:
   EmulatedLink(std::shared_ptr<CommImpl> inner, LinkModel link)
-      : inner_(std::move(inner)), link_(link) {}
-  std::string backend() const override { return inner_->backend(); }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingComm(std::move(inner)), link_(link) {}
   void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
     const auto end = deadline(count * static_cast<std::size_t>(size()) * dtype_size(t));
-    inner_->all_gather(send, recv, count, t);
+    inner().all_gather(send, recv, count, t);
     std::this_thread::sleep_until(end);
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
     const auto end = deadline(count * dtype_size(t));
-    inner_->all_reduce(buf, count, t, op);
+    inner().all_reduce(buf, count, t, op);
     std::this_thread::sleep_until(end);
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                       ReduceOp op) override {
     const auto end = deadline(count * static_cast<std::size_t>(size()) * dtype_size(t));
-    inner_->reduce_scatter(send, recv, count, t, op);
+    inner().reduce_scatter(send, recv, count, t, op);
     std::this_thread::sleep_until(end);
   }
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
     const auto end = deadline(count * dtype_size(t));
-    inner_->broadcast(buf, count, t, root);
+    inner().broadcast(buf, count, t, root);
     std::this_thread::sleep_until(end);
   }
   void all_to_all_v(const void* send, const std::size_t* send_counts,
                     const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
                     const std::size_t* recv_displs, DType t) override {
     const auto end = deadline(sent_bytes(send_counts, t));
-    inner_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+    inner().all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
     std::this_thread::sleep_until(end);
   }
   std::unique_ptr<CommRequest> start_all_to_all_v(const void* send, const std::size_t* send_counts,
@@ -63,23 +61,18 @@ class EmulatedLink final : public CommImpl {
     };
     auto out = std::make_unique<Request>();
     out->end = deadline(sent_bytes(send_counts, t));
-    out->inner = inner_->start_all_to_all_v(send, send_counts, send_displs, recv, recv_counts,
+    out->inner = inner().start_all_to_all_v(send, send_counts, send_displs, recv, recv_counts,
                                             recv_displs, t);
     return out;
   }
   void barrier() override {
     const auto end = deadline(0);
-    inner_->barrier();
+    inner().barrier();
     std::this_thread::sleep_until(end);
   }
   std::shared_ptr<CommImpl> split(int color, int key) override {
-    return std::make_shared<EmulatedLink>(inner_->split(color, key), link_);
+    return std::make_shared<EmulatedLink>(inner_split(color, key), link_);
   }
-  GroupPlacement placement() const override { return inner_->placement(); }
-  void abort(int code) override { inner_->abort(code); }
-  bool has_gate() const override { return inner_->has_gate(); }
-  void post_gate(int to, const std::string& text) override { inner_->post_gate(to, text); }
-  std::optional<std::string> poll_gate(int from) override { return inner_->poll_gate(from); }
 
  private:
   std::size_t sent_bytes(const std::size_t* counts, DType t) const {
@@ -96,7 +89,6 @@ class EmulatedLink final : public CommImpl {
     if (link_.bytes_per_s > 0) s += static_cast<double>(bytes) / link_.bytes_per_s;
     return now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   }
-  std::shared_ptr<CommImpl> inner_;
   LinkModel link_;
 };
 

@@ -2,6 +2,7 @@
 // The argument checks every compute backend runs before its arithmetic, so that a wrong shape
 // is the same distmuon::Error on every backend.
 
+#include <optional>
 #include <span>
 
 #include "distmuon/compute.h"
@@ -31,5 +32,15 @@ SyrkShape check_syrk(Trans ta, ConstMatrixView a, ConstMatrixView c);
 // at least ns_bf16_scratch_floats floats (defined in ns_bf16.cpp).
 void check_ns_bf16_args(const char* op, std::span<const MatrixView> xs, bool rows,
                         MatrixView scratch);
+// The batched products' arguments (Compute::gemm_batched, syrk_batched): as many a (b) as c,
+// every matrix of a list in its first's shape, and that shape fitting (check_gemm, check_syrk).
+void check_gemm_batched(Trans ta, Trans tb, std::span<const ConstMatrixView> a,
+                        std::span<const ConstMatrixView> b, std::span<const MatrixView> c);
+void check_syrk_batched(Trans ta, std::span<const ConstMatrixView> a,
+                        std::span<const MatrixView> c);
+// The element stride between consecutive matrices of a batch when every view has the first's
+// leading dimension and starts that many floats after the one before (a batch cut from one
+// buffer, e.g. a stacked parameter's slices); nullopt otherwise. 0 for a batch of one.
+std::optional<Index> batch_stride(std::span<const ConstMatrixView> views);
 
 }  // namespace distmuon::detail

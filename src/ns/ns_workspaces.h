@@ -35,6 +35,11 @@ class NsWorkspaces {
   // algorithms size their buffers from these alone).
   NsWorkspace& get(Index rows, Index cols, GramSide side) { return cache_[{rows, cols, side}]; }
   std::size_t size() const { return cache_.size(); }
+  // The workspace for a batch of count such matrices (run_newton_schulz_batch: its matrices
+  // stack count blocks).
+  NsWorkspace& batch(std::size_t count, Index rows, Index cols, GramSide side) {
+    return batches_[{count, rows, cols, side}];
+  }
 
   // A rows x cols buffer of compute's memory for `role` and `slot` (e.g. a weight's index in an
   // owner bucket); allocated the first time the key is seen, its contents unspecified.
@@ -47,6 +52,7 @@ class NsWorkspaces {
 
  private:
   std::map<std::tuple<Index, Index, GramSide>, NsWorkspace> cache_;
+  std::map<std::tuple<std::size_t, Index, Index, GramSide>, NsWorkspace> batches_;
   std::map<std::tuple<BufferRole, std::size_t, Index, Index>, DeviceMatrix> buffers_;
 };
 

@@ -128,6 +128,13 @@ void check_params(const nlohmann::json& saved, const nlohmann::json& current) {
                                     : ""));
       }
     }
+    // Absent from checkpoints written before batched parameters: one matrix.
+    const auto saved_batch = saved[i].value("batch", Index{1});
+    if (saved_batch != current[i].at("batch").get<Index>()) {
+      throw Error(fmt::format(
+          "parameter {} ('{}'): a batch of {} matrices in the checkpoint but {} now", i,
+          current[i].at("name").get<std::string>(), saved_batch, current[i].at("batch").dump()));
+    }
     // Absent from checkpoints written before uneven TP shards: none then.
     const auto saved_tp_pad = saved[i].value("tp_pad_length", Index{0});
     if (saved_tp_pad != current[i].at("tp_pad_length").get<Index>()) {
@@ -315,9 +322,11 @@ LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, Ran
   const Index src_rows = saved.shard_rows();
   LoadedParam out;
   const auto& names = tensor_names(p.muon);
-  out.tensors.assign(names.size(), Matrix(l.shard_rows(), l.n_tp()));
+  out.tensors.assign(names.size(), Matrix(l.batch * l.shard_rows(), l.n_tp()));
   std::map<int, int> source;  // saved GTP rank -> saved world rank
-  for (Index j = 0; j < l.shard_rows(); ++j) {
+  // Row j of slice b: row b * shard_rows + j of the tensors (a batch stacks its slices' shards).
+  for (Index bj = 0; bj < l.batch * l.shard_rows(); ++bj) {
+    const Index b = bj / l.shard_rows(), j = bj % l.shard_rows();
     const Index row = l.gtp_rank * l.shard_rows() + j;  // TP-local row
     if (row >= l.m_tp()) continue;                      // padding: zero
     const int g = static_cast<int>(row / src_rows);
@@ -330,16 +339,18 @@ LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, Ran
       const auto& t = tensors.at(k);
       const auto offset = t.at("offset").get<std::size_t>();
       const auto row_bytes = sizeof(float) * static_cast<std::size_t>(l.n_tp());
-      if (t.at("name") != names[k] || t.at("rows").get<Index>() != src_rows ||
+      const Index saved_rows = l.batch * src_rows;
+      if (t.at("name") != names[k] || t.at("rows").get<Index>() != saved_rows ||
           t.at("cols").get<Index>() != l.n_tp() ||
-          offset + row_bytes * static_cast<std::size_t>(src_rows) > bytes.size()) {
-        throw Error(
-            fmt::format("checkpoint tensor {} of '{}' on rank {} does not match a {} "
-                        "shard of {}",
-                        t.dump(), p.spec.name, source[g], names[k], shape_str(src_rows, l.n_tp())));
+          offset + row_bytes * static_cast<std::size_t>(saved_rows) > bytes.size()) {
+        throw Error(fmt::format(
+            "checkpoint tensor {} of '{}' on rank {} does not match a {} "
+            "shard of {}",
+            t.dump(), p.spec.name, source[g], names[k], shape_str(saved_rows, l.n_tp())));
       }
-      std::copy_n(bytes.data() + offset + row_bytes * static_cast<std::size_t>(row % src_rows),
-                  row_bytes, reinterpret_cast<char*>(out.tensors[k].view().row_block(j, 1).data));
+      const Index saved_row = b * src_rows + row % src_rows;
+      std::copy_n(bytes.data() + offset + row_bytes * static_cast<std::size_t>(saved_row),
+                  row_bytes, reinterpret_cast<char*>(out.tensors[k].view().row_block(bj, 1).data));
     }
   }
   // A checkpoint holds finite values only: one that does not (written by another program, or
@@ -356,7 +367,8 @@ LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, Ran
   // the key the current options give (the same NS steps, syrk, Gram formations and allowed
   // algorithms; the domain probe is not repeated): a decision made under other options is dropped
   // and the weight planned again. Every rank compares the same saved key with the same options.
-  if (s.options.tp_mode == TpMode::kAuto && saved.gtp_size == l.gtp_size && p.muon) {
+  if (s.options.mode_for(p.spec.expert) == TpMode::kAuto && saved.gtp_size == l.gtp_size &&
+      p.muon) {
     const int r = find_source(ranks, i, l.tp_rank, l.gtp_rank, p.spec.expert_rank, s.world.rank());
     const auto& e = ranks[static_cast<std::size_t>(r)].at("params")[i];
     const auto saved_key =

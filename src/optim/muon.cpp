@@ -115,7 +115,8 @@ nlohmann::json Muon::Impl::config() const {
                     {"tp_pad_length", p.layout.tp_pad},
                     {"dp_size", p.layout.dp_size},
                     {"expert", s.expert},
-                    {"qkv_split", s.qkv_split}});
+                    {"qkv_split", s.qkv_split},
+                    {"batch", p.layout.batch}});
   }
   // The precision NS runs at, resolved on this rank (options.precision auto: the backend's),
   // agreed with the rest: it decides Gram NS's restarts, so the count of its collectives.
@@ -137,8 +138,8 @@ void Muon::Impl::plan() {
   bool pending = false;
   for (ParamState& p : params) {
     if (!p.muon || p.mode) continue;
-    if (options.tp_mode != TpMode::kAuto) {
-      p.mode = options.tp_mode;
+    if (const TpMode mode = options.mode_for(p.spec.expert); mode != TpMode::kAuto) {
+      p.mode = mode;
       p.algorithm = fixed_algorithm();
     } else {
       pending = true;
@@ -149,8 +150,8 @@ void Muon::Impl::plan() {
   for (std::size_t i = 0; i < params.size(); ++i) {
     ParamState& p = params[i];
     if (!p.muon || !p.mode || p.home) continue;
-    if (options.replica_mode == ReplicaMode::kAuto && options.tp_mode == TpMode::kAuto &&
-        p.layout.dp_on() && !p.sharded()) {
+    if (options.replica_mode == ReplicaMode::kAuto &&
+        options.mode_for(p.spec.expert) == TpMode::kAuto && p.layout.dp_on() && !p.sharded()) {
       priced.push_back(i);
     } else {
       p.home = runs_on_home(p);
@@ -167,7 +168,7 @@ bool Muon::Impl::runs_on_home(const ParamState& p) const {
 Muon::Muon(MuonOptions options, Communicator world, Compute& compute) {
   options.validate();
   impl_ = std::make_unique<Impl>(std::move(options), std::move(world), compute);
-  if (impl_->options.tp_mode == TpMode::kAuto) impl_->auto_state = make_auto_state(impl_->options);
+  if (impl_->options.any_auto()) impl_->auto_state = make_auto_state(impl_->options);
 }
 Muon::~Muon() = default;
 Muon::Muon(Muon&&) noexcept = default;
@@ -199,6 +200,7 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
   l.pad = ps.pad_length;
   l.tp_pad = ps.tp_pad_length;
   l.qkv = ps.qkv_split;
+  l.batch = ps.batch;
   if (ps.tp_partition_dim != kNoPartition && ps.tp_group && ps.tp_group->size() > 1) {
     p.tp = timed(ps.tp_group);
     l.tp_dim = ps.tp_partition_dim;
@@ -228,19 +230,22 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
         fmt::format("{}: TP partition dim {} (valid: none, 0, 1)", what, ps.tp_partition_dim));
   }
   l.validate(what);
-  if (ps.local.rows != l.shard_rows() || ps.local.cols != l.n_tp() || ps.local.ld < ps.local.cols ||
-      (ps.local.data == nullptr && ps.local.size() > 0)) {
+  if (ps.local.rows != l.batch * l.shard_rows() || ps.local.cols != l.n_tp() ||
+      ps.local.ld < ps.local.cols || (ps.local.data == nullptr && ps.local.size() > 0)) {
     throw Error(fmt::format(
         "{}: the local shard is {} but a {} weight (TP {} on dim {}, TP pad {}, pad {}, GTP {}) "
-        "has {} shards",
+        "has {} shards{}",
         what, shape_str(ps.local), shape_str(l.m, l.n), l.tp_size, l.tp_dim, l.tp_pad, l.pad,
-        l.gtp_size, shape_str(l.shard_rows(), l.n_tp())));
+        l.gtp_size, shape_str(l.shard_rows(), l.n_tp()),
+        l.batch == 1 ? std::string()
+                     : fmt::format(", {} of them stacked by rows in a batch of {} ({} rows)",
+                                   l.batch, l.batch, l.batch * l.shard_rows())));
   }
   p.muon = ps.use_muon && ps.role == ParamRole::kHidden;
   if (p.muon) {
     p.momentum = DeviceMatrix(*s.compute, ps.local.rows, ps.local.cols);
     // One full matrix per rank: plain NS whatever the mode; auto has nothing to decide.
-    if (!p.sharded() && s.options.tp_mode == TpMode::kAuto) {
+    if (!p.sharded() && s.options.mode_for(ps.expert) == TpMode::kAuto) {
       p.mode = TpMode::kDuplicated;
       p.algorithm = s.fixed_algorithm();
     }
@@ -282,8 +287,18 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
     s.check_views.clear();
     std::vector<std::string> what;
     auto add = [&](ConstMatrixView v, std::size_t i, const char* kind) {
-      s.check_views.push_back(v.row_block(0, v.rows - s.params[i].layout.local_pad()));
-      what.push_back(fmt::format("{} '{}'", kind, s.params[i].spec.name));
+      const detail::ShardLayout& l = s.params[i].layout;
+      if (l.local_pad() == 0 || l.batch == 1) {
+        s.check_views.push_back(v.row_block(0, v.rows - l.local_pad()));
+        what.push_back(fmt::format("{} '{}'", kind, s.params[i].spec.name));
+        return;
+      }
+      for (Index b = 0; b < l.batch; ++b) {  // each slice's padding rows ignored
+        s.check_views.push_back(v.row_block(b * l.shard_rows(), l.shard_rows())
+                                    .row_block(0, l.shard_rows() - l.local_pad()));
+        what.push_back(
+            fmt::format("{} '{}' (matrix {} of its batch)", kind, s.params[i].spec.name, b));
+      }
     };
     for (std::size_t i = 0; i < grads.size(); ++i) {
       if (is_active(i)) {
@@ -416,19 +431,26 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
     p.update.ensure(*s.compute, w.rows, w.cols);
     muon_direction(s, p, grads[i], p.update.view());
     const bool home = p.home.value_or(false);
-    s.step_params.push_back(i);
-    s.step_weights.push_back({p.update.view(), &p.layout, &p.tp, &p.gtp,
-                              home ? TpMode::kOwner : *p.mode, p.algorithm,
-                              home ? &p.dp : nullptr});
+    const Index rows = p.layout.shard_rows();
+    for (Index b = 0; b < p.layout.batch; ++b) {  // a batched parameter: one weight per slice
+      s.step_params.push_back(i);
+      s.step_weights.push_back({p.update.view().row_block(b * rows, rows), &p.layout, &p.tp, &p.gtp,
+                                home ? TpMode::kOwner : *p.mode, p.algorithm,
+                                home ? &p.dp : nullptr});
+    }
   }
   // Before NS: a home's result replaces every replica's update, so a replica that differs would
   // go unnoticed after it.
   const std::string replicas = s.check_replicas(active);
   s.orthogonalizer.run(s.step_weights, s.ns, muon_scale_fn(s.options), *s.compute, &s.workspaces);
   std::size_t owned = 0;  // last_owners() lists the owner weights in order
+  for (const std::size_t i : s.step_params)
+    s.params[i].owners.clear();
   for (std::size_t w = 0; w < s.step_weights.size(); ++w) {
-    if (s.step_weights[w].mode == TpMode::kOwner)
-      s.params[s.step_params[w]].owner = s.orthogonalizer.last_owners()[owned++];
+    if (s.step_weights[w].mode != TpMode::kOwner) continue;
+    ParamState& p = s.params[s.step_params[w]];
+    p.owners.push_back(s.orthogonalizer.last_owners()[owned++]);
+    p.owner = p.owners.front();
   }
   // Every backend: one batched check (the updates finite, AdamW's second moment and the new
   // weights within float32's range), one agreement (with the replicas' check).
@@ -478,8 +500,8 @@ void Muon::set_options(const MuonOptions& options) {
   const MuonOptions& cur = impl_->options;
   const nlohmann::json now = cur, next = options;
   for (const char* fixed :
-       {"tp_mode", "replica_mode", "replica_wire", "ns_algorithm", "gram_restart", "use_syrk",
-        "precision", "cost_model", "profile", "plan", "wisdom", "step_timeout_s"}) {
+       {"tp_mode", "expert_tp_mode", "replica_mode", "replica_wire", "ns_algorithm", "gram_restart",
+        "use_syrk", "precision", "cost_model", "profile", "plan", "wisdom", "step_timeout_s"}) {
     if (now.at(fixed) != next.at(fixed)) {
       throw Error(fmt::format(
           "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,
@@ -523,7 +545,7 @@ std::vector<ParamInfo> Muon::parameters() const {
     out.push_back({p.spec.name, p.muon, p.spec.rows, p.spec.cols, p.layout.tp_size,
                    p.layout.gtp_size, p.muon ? p.mode : std::nullopt, p.algorithm,
                    p.auto_key ? std::optional<bool>(p.auto_key->crosses_domain) : std::nullopt,
-                   p.layout.dp_size, p.home.value_or(false), p.owner});
+                   p.layout.dp_size, p.home.value_or(false), p.owner, p.layout.batch, p.owners});
   }
   return out;
 }

@@ -36,7 +36,8 @@ struct ParamState {
   std::optional<AutoKey> auto_key;                 // auto: the key it was resolved on
   // Muon, replicated: orthogonalised on one home of its replicas (decided with its mode).
   std::optional<bool> home;
-  int owner = -1;  // owner mode or home: its owner index in the last step
+  int owner = -1;           // owner mode or home: its owner index in the last step
+  std::vector<int> owners;  // each slice's owner index in the last step (-1: run locally)
   bool sharded() const { return layout.tp_dim != kNoPartition || layout.gtp_size > 1; }
 };
 

@@ -21,7 +21,8 @@ struct Scratch {
 };
 
 std::shared_ptr<Scratch> scratch_of(const ParamState& p, std::uint64_t seed, Compute& compute) {
-  const MatrixView w = p.spec.local;
+  // A batched parameter is measured on one slice (each slice is planned as its own weight).
+  const MatrixView w = p.spec.local.row_block(0, p.layout.shard_rows());
   Matrix host(w.rows, w.cols);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist;
@@ -79,7 +80,8 @@ class MuonTarget final : public MeasureTarget {
   double scratch_bytes(std::span<const std::size_t> weights) const override {
     double bytes = 0;
     for (const std::size_t w : weights) {
-      const MatrixView v = s_.params[params_[w]].spec.local;
+      const ParamState& p = s_.params[params_[w]];
+      const MatrixView v = p.spec.local.row_block(0, p.layout.shard_rows());
       bytes += 2.0 * static_cast<double>(v.rows) * static_cast<double>(v.cols) * sizeof(float);
     }
     return bytes;

@@ -100,8 +100,7 @@ void MuonOptions::validate() const {
   check(detail::find_enum<CostModel>(cost_model).has_value(), "cost_model", cost_model,
         detail::enum_name_list<CostModel>());
   // The reference model prices standard NS only: auto would run standard where gram was asked.
-  check(!(tp_mode == TpMode::kAuto && cost_model == "reference" &&
-          ns_algorithm == NsAlgorithm::kGram),
+  check(!(any_auto() && cost_model == "reference" && ns_algorithm == NsAlgorithm::kGram),
         "ns_algorithm", "gram with tp_mode auto and cost_model reference",
         "standard or auto (the reference model prices standard NS only), or cost_model refined");
   check(!profile.empty(), "profile", "''", "none, a built-in profile name or a JSON file");
@@ -154,6 +153,7 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"scale_mode", to_string(o.scale_mode)},
                      {"extra_scale_factor", o.extra_scale_factor},
                      {"tp_mode", to_string(o.tp_mode)},
+                     {"expert_tp_mode", o.expert_tp_mode ? to_string(*o.expert_tp_mode) : "same"},
                      {"replica_mode", to_string(o.replica_mode)},
                      {"replica_wire", to_string(o.replica_wire)},
                      {"cost_model", o.cost_model},
@@ -247,6 +247,18 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
   o.scale_mode = parse_scale_mode(option<std::string>(j, "scale_mode"));
   o.extra_scale_factor = option<double>(j, "extra_scale_factor");
   o.tp_mode = parse_tp_mode(option<std::string>(j, "tp_mode"));
+  // Absent in options written before the experts' own mode: the same as tp_mode.
+  o.expert_tp_mode.reset();
+  if (j.contains("expert_tp_mode")) {
+    const std::string m = option<std::string>(j, "expert_tp_mode");
+    if (m != "same") {
+      try {
+        o.expert_tp_mode = parse_tp_mode(m);
+      } catch (const Error& e) {
+        throw Error(fmt::format("Muon options: option 'expert_tp_mode': {} (or same)", e.what()));
+      }
+    }
+  }
   // Absent in options written before replicated weights: auto.
   if (j.contains("replica_mode"))
     o.replica_mode = parse_replica_mode(option<std::string>(j, "replica_mode"));

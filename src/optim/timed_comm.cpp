@@ -5,34 +5,33 @@
 
 #include <chrono>
 
+#include "comm/forwarding_comm.h"
+
 namespace distmuon::detail {
 namespace {
 
-class TimedComm final : public CommImpl {
+class TimedComm final : public ForwardingComm {
  public:
   TimedComm(std::shared_ptr<CommImpl> inner, std::shared_ptr<double> seconds, StreamTimer* device)
-      : inner_(std::move(inner)), seconds_(std::move(seconds)), device_(device) {}
-  std::string backend() const override { return inner_->backend(); }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingComm(std::move(inner)), seconds_(std::move(seconds)), device_(device) {}
   void all_gather(const void* send, void* recv, std::size_t count, DType t) override {
-    timed([&] { inner_->all_gather(send, recv, count, t); });
+    timed([&] { inner().all_gather(send, recv, count, t); });
   }
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override {
-    timed([&] { inner_->all_reduce(buf, count, t, op); });
+    timed([&] { inner().all_reduce(buf, count, t, op); });
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType t,
                       ReduceOp op) override {
-    timed([&] { inner_->reduce_scatter(send, recv, count, t, op); });
+    timed([&] { inner().reduce_scatter(send, recv, count, t, op); });
   }
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
-    timed([&] { inner_->broadcast(buf, count, t, root); });
+    timed([&] { inner().broadcast(buf, count, t, root); });
   }
   void all_to_all_v(const void* send, const std::size_t* send_counts,
                     const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
                     const std::size_t* recv_displs, DType t) override {
     timed([&] {
-      inner_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+      inner().all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
     });
   }
   std::unique_ptr<CommRequest> start_all_to_all_v(const void* send, const std::size_t* send_counts,
@@ -51,19 +50,17 @@ class TimedComm final : public CommImpl {
     auto out = std::make_unique<Timed>();
     out->comm = this;
     timed([&] {
-      out->inner = inner_->start_all_to_all_v(send, send_counts, send_displs, recv, recv_counts,
+      out->inner = inner().start_all_to_all_v(send, send_counts, send_displs, recv, recv_counts,
                                               recv_displs, t);
     });
     return out;
   }
   void barrier() override {
-    host_timed([&] { inner_->barrier(); });  // waits on the host, whatever the plane
+    host_timed([&] { inner().barrier(); });  // waits on the host, whatever the plane
   }
   std::shared_ptr<CommImpl> split(int color, int key) override {
-    return std::make_shared<TimedComm>(inner_->split(color, key), seconds_, device_);
+    return std::make_shared<TimedComm>(inner_split(color, key), seconds_, device_);
   }
-  GroupPlacement placement() const override { return inner_->placement(); }
-  void abort(int code) override { inner_->abort(code); }
 
  private:
   template <typename F>
@@ -82,7 +79,6 @@ class TimedComm final : public CommImpl {
     f();
     *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-  std::shared_ptr<CommImpl> inner_;
   std::shared_ptr<double> seconds_;
   StreamTimer* device_;  // the data plane of a device backend: intervals on its stream
 };

@@ -58,6 +58,9 @@ void ShardLayout::validate(const std::string& what) const {
                      shape_str(m, n), tp_pad, tp_size, tp_dim));
   }
   if (pad < 0) fail(fmt::format("pad_length {} is negative", pad));
+  if (batch < 1) {
+    fail(fmt::format("batch {} (the matrices stacked in the parameter) must be at least 1", batch));
+  }
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
     fail(fmt::format("replica {} of {} (a data-parallel group of at least one rank)", dp_rank,
                      dp_size));

@@ -321,16 +321,18 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
     return Started{};
   };
 
-  // The home's NS: the code duplicated mode runs on the same matrix.
-  NsOptions gram = ns;
-  gram.algorithm = NsAlgorithm::kGram;
+  // The home's NS: the code duplicated mode runs on the same matrix; a chunk's weights this rank
+  // runs, those of equal shape as one batch (orthogonalize_fulls).
+  std::vector<FullWork> homed;
   auto orthogonalize = [&](std::size_t c) {
+    homed.clear();
     for (const std::size_t i : chunk[c]) {
-      if (!runs(i)) continue;
-      orthogonalize_full(work(i), layout(i), items[i].algorithm == NsAlgorithm::kGram ? gram : ns,
-                         scale, compute, ws);
-      // A bf16 wire: the home keeps what the other replicas receive.
-      if (bf16_wire && grid.D > 1) compute.round(work(i), Precision::kBf16);
+      if (runs(i)) homed.push_back({work(i), &layout(i), items[i].algorithm});
+    }
+    orthogonalize_fulls(homed, ns, scale, compute, ws);
+    // A bf16 wire: the home keeps what the other replicas receive.
+    for (const FullWork& h : homed) {
+      if (bf16_wire && grid.D > 1) compute.round(h.full, Precision::kBf16);
     }
   };
 

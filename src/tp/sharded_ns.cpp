@@ -7,6 +7,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/tp.h"
+#include "ns/batched_newton_schulz.h"
 #include "ns/ns_steps.h"
 
 namespace distmuon {
@@ -38,6 +39,75 @@ std::vector<std::pair<Index, Index>> runs_of(const std::vector<Index>& rows) {
   return runs;
 }
 
+// Step 2 of the header for a batch of work matrices of one layout, all with P's row ids and
+// orthogonalised locally: per class, every P's rows of that class in one batched NS
+// (run_newton_schulz_batch), each scaled; padding rows zeroed. Per matrix the same operations
+// as orthogonalize_classes with no group.
+void orthogonalize_classes_local(std::span<const MatrixView> ps, const std::vector<Index>& ids,
+                                 const ShardLayout& layout, const Placement& where,
+                                 const NsOptions& ns, const ScaleFn& scale, Compute& compute,
+                                 NsWorkspaces& workspaces) {
+  if (ps.empty()) return;
+  const std::size_t count = ps.size();
+  std::vector<Index> rows;
+  std::vector<MatrixView> xs(count);
+  for (int c = 0; c < layout.classes(); ++c) {
+    rows.clear();
+    for (Index k = 0; k < ps[0].rows; ++k) {
+      if (ids[k] >= 0 && layout.row_class(ids[k]) == c) rows.push_back(k);
+    }
+    if (rows.empty()) continue;
+    const double f = !scale              ? 1.0
+                     : where.local_scale ? scale(static_cast<Index>(rows.size()), where.local_cols)
+                                         : scale(layout.class_rows(c), layout.n);
+    const auto runs = runs_of(rows);
+    const auto n_rows = static_cast<Index>(rows.size());
+    for (std::size_t i = 0; i < count; ++i) {
+      if (runs.size() == 1) {  // one run of rows: orthogonalised in place
+        xs[i] = ps[i].row_block(runs[0].first, runs[0].second);
+        continue;
+      }
+      xs[i] =
+          workspaces
+              .buffer(compute, BufferRole::kClassRows,
+                      static_cast<std::size_t>(c) + i * static_cast<std::size_t>(layout.classes()),
+                      n_rows, ps[i].cols)
+              .view();
+      Index at = 0;
+      for (const auto& [first, n] : runs) {
+        compute.copy(ps[i].row_block(first, n), xs[i].row_block(at, n));
+        at += n;
+      }
+    }
+    if (count == 1 || !compute.batches_newton_schulz()) {  // each matrix's NS in turn
+      NsWorkspace& w = workspaces.get(n_rows, xs[0].cols, ns.side);
+      for (const MatrixView& x : xs)
+        run_newton_schulz(x, ns, compute, nullptr, &w, NormCheck::kBackend);
+    } else {
+      run_newton_schulz_batch(xs, ns, compute,
+                              &workspaces.batch(count, n_rows, xs[0].cols, ns.side),
+                              NormCheck::kBackend);
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      if (scale) compute.scale(xs[i], static_cast<float>(f));
+      if (runs.size() == 1) continue;
+      Index at = 0;
+      for (const auto& [first, n] : runs) {
+        compute.copy(xs[i].row_block(at, n), ps[i].row_block(first, n));
+        at += n;
+      }
+    }
+  }
+  rows.clear();
+  for (Index k = 0; k < ps[0].rows; ++k) {
+    if (ids[k] < 0) rows.push_back(k);
+  }
+  for (const MatrixView& p : ps) {
+    for (const auto& [first, n] : runs_of(rows))
+      compute.fill(p.row_block(first, n), 0.0f);
+  }
+}
+
 // Step 2 of the header: per class, orthogonalise P's rows of that class; zero padding rows.
 // Rows are moved by runs of consecutive rows (one compute.copy or fill per run). On a device
 // backend a non-finite class matrix is not refused here: its rows come out NaN (the caller
@@ -48,6 +118,11 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
   DISTMUON_ASSERT(static_cast<Index>(ids.size()) == p.rows, "one id per work row");
   NsOptions o = ns;
   o.side = where.group != nullptr ? where.side : ns.side;
+  if (where.group == nullptr || where.group->size() <= 1) {
+    orthogonalize_classes_local(std::span<const MatrixView>(&p, 1), ids, layout, where, o, scale,
+                                compute, workspaces);
+    return;
+  }
   std::vector<Index> rows;
   for (int c = 0; c < layout.classes(); ++c) {
     rows.clear();
@@ -111,19 +186,103 @@ Index full_work_cols(const ShardLayout& layout) {
   return tp_cols ? layout.n_tp() * layout.tp_size : layout.n;  // tp_pad's columns included
 }
 
-void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
-                        const ScaleFn& scale, Compute& compute, NsWorkspaces& workspaces) {
-  DISTMUON_ASSERT(full.rows == full_work_rows(layout) && full.cols == full_work_cols(layout),
-                  "full work matrix shape");
+namespace {
+
+// The global row of each row of the full work matrix (-1: padding).
+std::vector<Index> full_work_ids(const ShardLayout& layout) {
   const int blocks = layout.tp_dim == 0 && layout.tp_size > 1 ? layout.tp_size : 1;
   std::vector<Index> ids;
-  ids.reserve(static_cast<std::size_t>(full.rows));
+  ids.reserve(static_cast<std::size_t>(full_work_rows(layout)));
   // Without a TP row split every TP rank's tensor holds the same global rows (TP rank 0's ids).
   for (int t = 0; t < blocks; ++t) {
     for (Index i = 0; i < layout.padded_rows(); ++i)
       ids.push_back(layout.global_row(t, i));
   }
-  orthogonalize_classes(full, ids, layout, {}, ns, scale, compute, workspaces);
+  return ids;
+}
+
+}  // namespace
+
+void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
+                        const ScaleFn& scale, Compute& compute, NsWorkspaces& workspaces) {
+  DISTMUON_ASSERT(full.rows == full_work_rows(layout) && full.cols == full_work_cols(layout),
+                  "full work matrix shape");
+  orthogonalize_classes(full, full_work_ids(layout), layout, {}, ns, scale, compute, workspaces);
+}
+
+void orthogonalize_fulls(std::span<const FullWork> works, const NsOptions& ns, const ScaleFn& scale,
+                         Compute& compute, NsWorkspaces& workspaces) {
+  NsOptions gram = ns;
+  gram.algorithm = NsAlgorithm::kGram;
+  std::vector<bool> done(works.size(), false);
+  std::vector<MatrixView> batch;
+  for (std::size_t i = 0; i < works.size(); ++i) {
+    if (done[i]) continue;
+    const FullWork& w = works[i];
+    batch.clear();
+    for (std::size_t j = i; j < works.size(); ++j) {
+      if (!done[j] && works[j].algorithm == w.algorithm && *works[j].layout == *w.layout) {
+        DISTMUON_ASSERT(works[j].full.rows == full_work_rows(*w.layout) &&
+                            works[j].full.cols == full_work_cols(*w.layout),
+                        "full work matrix shape");
+        batch.push_back(works[j].full);
+        done[j] = true;
+      }
+    }
+    orthogonalize_classes_local(batch, full_work_ids(*w.layout), *w.layout, {},
+                                w.algorithm == NsAlgorithm::kGram ? gram : ns, scale, compute,
+                                workspaces);
+  }
+}
+
+void orthogonalize_shards(std::span<const MatrixView> us, const ShardLayout& layout,
+                          const Communicator& tp, const Communicator& gtp, TpMode mode,
+                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
+                          NsWorkspaces& ws) {
+  const bool local = mode == TpMode::kBlockwise || (!layout.tp_on() && !layout.gtp_on());
+  if (us.size() <= 1 || (!local && mode != TpMode::kDuplicated)) {
+    for (const MatrixView& u : us)
+      orthogonalize_shard(u, layout, tp, gtp, mode, ns, scale, compute, &ws);
+    return;
+  }
+  for (const MatrixView& u : us)
+    DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
+  const Index r_l = layout.shard_rows(), r_tp = layout.padded_rows(), n_tp = layout.n_tp();
+  const int t_rank = layout.tp_rank, g_rank = layout.gtp_rank;
+  if (local) {  // blockwise's (or an unsharded weight's) ids and scale, as orthogonalize_shard
+    std::vector<Index> ids;
+    for (Index i = 0; i < r_l; ++i)
+      ids.push_back(layout.global_row(t_rank, g_rank * r_l + i));
+    const Index cols = std::max<Index>(1, layout.tp_cols(t_rank));
+    orthogonalize_classes_local(us, ids, layout,
+                                {.local_scale = mode == TpMode::kBlockwise, .local_cols = cols}, ns,
+                                scale, compute, ws);
+    return;
+  }
+  // Duplicated: each matrix gathered as orthogonalize_shard gathers it (its own buffers, slot
+  // i), the full matrices orthogonalised as one batch, each rank's block copied back.
+  std::vector<MatrixView> fulls;
+  for (std::size_t i = 0; i < us.size(); ++i) {
+    MatrixView tp_local = us[i];
+    if (layout.gtp_on()) {
+      tp_local = ws.buffer(compute, BufferRole::kTpLocal, i, r_tp, n_tp).view();
+      gather_shards_into(us[i], 0, gtp, compute, ws, tp_local);
+    }
+    MatrixView full = tp_local;
+    if (layout.tp_on()) {
+      full =
+          ws.buffer(compute, BufferRole::kFull, i, full_work_rows(layout), full_work_cols(layout))
+              .view();
+      gather_shards_into(tp_local, layout.tp_dim, tp, compute, ws, full);
+    }
+    fulls.push_back(full);
+  }
+  orthogonalize_classes_local(fulls, full_work_ids(layout), layout, {}, ns, scale, compute, ws);
+  const bool row_blocks = layout.tp_on() && layout.tp_dim == 0;
+  const Index row0 = (row_blocks ? t_rank * r_tp : 0) + g_rank * r_l;
+  const Index col0 = layout.tp_on() && layout.tp_dim == 1 ? t_rank * n_tp : 0;
+  for (std::size_t i = 0; i < us.size(); ++i)
+    compute.copy(fulls[i].block(row0, col0, r_l, n_tp), us[i]);
 }
 
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,

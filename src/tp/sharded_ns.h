@@ -2,6 +2,8 @@
 // The duplicated work matrix of a sharded weight and its orthogonalisation (internal: duplicated
 // mode and owner mode share it). The layout and the per-mode dispatcher are public (layout.h).
 
+#include <span>
+
 #include "distmuon/compute.h"
 #include "distmuon/layout.h"
 #include "distmuon/matrix.h"
@@ -24,6 +26,27 @@ Index full_work_cols(const ShardLayout& layout);
 // NS scratch and the class-row buffers come from workspaces (kept across steps).
 void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
                         const ScaleFn& scale, Compute& compute, NsWorkspaces& workspaces);
+
+// orthogonalize_full on several full work matrices: those of equal layouts and algorithm (the
+// slices of a batched parameter, equal-shaped weights) together, each NS product one batched
+// call (run_newton_schulz_batch); each matrix gets orthogonalize_full's bits. ns's algorithm is
+// replaced by each work's.
+struct FullWork {
+  MatrixView full;
+  const ShardLayout* layout = nullptr;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
+};
+void orthogonalize_fulls(std::span<const FullWork> works, const NsOptions& ns, const ScaleFn& scale,
+                         Compute& compute, NsWorkspaces& workspaces);
+
+// orthogonalize_shard on several shards of one layout (a batched parameter's slices), each with
+// its bits: blockwise (or unsharded) as one local batch; duplicated gathering each shard as
+// orthogonalize_shard does (the same collectives in the same order), then the full matrices as
+// one batch; distributed one shard after the other.
+void orthogonalize_shards(std::span<const MatrixView> us, const ShardLayout& layout,
+                          const Communicator& tp, const Communicator& gtp, TpMode mode,
+                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
+                          NsWorkspaces& workspaces);
 
 // orthogonalize_shard (layout.h) with the caller's NS scratch and gathered buffers, kept across
 // calls (the optimizer's, the model benchmark's): no allocation once every shape has been seen.

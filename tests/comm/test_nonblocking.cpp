@@ -6,9 +6,12 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "distmuon/agreement.h"
 #include "distmuon/comm.h"
 #include "distmuon/error.h"
 #include "test_util.h"
@@ -87,6 +90,34 @@ TEST(EmulatedLink, CollectivesLastTheirLatencyAndBandwidthAndStartedOnesOverlap)
   b.check(link, 1);
   EXPECT_GE(overlapped, 0.03);
   EXPECT_THROW(emulated_link_communicator(world(), {-1.0, 0}), Error);
+}
+
+// The decorators pass the side channels through: the step gate reaches every rank through a
+// counting and an emulated-link communicator (before, the timing decorator dropped the gate and
+// the notices, and each decorator forwarded them by hand).
+TEST(Decorators, TheStepGateAndTheNoticesReachTheCommunicatorUnderneath) {
+  auto stats = std::make_shared<CommStats>();
+  const Communicator counted = counting_communicator(world(), stats);
+  const Communicator link = emulated_link_communicator(counted, {0.0, 0.0});
+  EXPECT_EQ(link.impl().has_gate(), world().impl().has_gate());
+  if (!world().impl().has_gate()) GTEST_SKIP() << "this backend has no gate channel";
+  for (std::int64_t step = 1; step <= 3; ++step)
+    EXPECT_NO_THROW(pass_step_gate(link, step, 10.0, "decorated step"));
+  EXPECT_EQ(stats->all_reduce.calls + stats->all_gather.calls, 0U)
+      << "the gate uses its own channel, not the counted collectives";
+  // A notice posted by the last rank through the decorators arrives at every other rank.
+  const int last = world().size() - 1;
+  if (world().rank() == last) link.impl().post_notice("decorated notice");
+  if (world().rank() != last) {
+    std::optional<std::pair<int, std::string>> notice;
+    const auto t0 = Clock::now();
+    while (!notice && since(t0) < 10.0)
+      notice = link.impl().poll_notice();
+    ASSERT_TRUE(notice.has_value()) << "no notice within 10 s";
+    EXPECT_EQ(notice->first, last);
+    EXPECT_EQ(notice->second, "decorated notice");
+  }
+  world().barrier();
 }
 
 }  // namespace

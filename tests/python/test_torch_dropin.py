@@ -173,10 +173,41 @@ def test_3d_parameter_is_a_batch_of_matrices():
         os_.step()
     for e in range(3):
         assert torch.equal(batch[e], slices[e])  # each slice orthogonalised on its own
-    assert [(i["rows"], i["cols"]) for i in ob.plan()] == [(16, 24)] * 3
+    # One C++ parameter: a batch of 3 matrices of 16 x 24.
+    assert [(i["rows"], i["cols"], i["batch"]) for i in ob.plan()] == [(16, 24, 3)]
     st = ob.state_dict()["state"][0]["momentum_buffer"]
     assert st.shape == (3, 16, 24)
     assert torch.equal(st[2], os_.state_dict()["state"][2]["momentum_buffer"])
+    live = ob.state[batch]["momentum_buffer"]  # a view of the C++ state, shaped like the batch
+    assert live.shape == (3, 16, 24) and torch.equal(live, st)
+
+
+def test_expert_tp_mode_applies_to_expert_layouts():
+    experts = torch.nn.Parameter(_weights(6, [(4, 8, 12)])[0].detach())
+    dense = torch.nn.Parameter(_weights(7, [(8, 12)])[0].detach())
+    experts.distmuon_layout = dmt.Layout(rows=8, cols=12, expert=True)
+    opt = dmt.Muon([experts, dense], tp_mode="duplicated", expert_tp_mode="owner")
+    experts.grad, dense.grad = _grads(0, [experts, dense])
+    opt.step()
+    assert [(i["mode"], i["batch"]) for i in opt.plan()] == [("owner", 4), ("duplicated", 1)]
+
+
+def test_core_takes_a_3d_shard_as_one_batch():
+    """distmuon.Muon: a 3-D array is one parameter of a batch, bit-equal to its slices apart."""
+    rng = np.random.default_rng(3)
+    batch = rng.standard_normal((3, 6, 10)).astype(np.float32)
+    slices = [batch[e].copy() for e in range(3)]
+    ob, os_ = distmuon.Muon(tp_mode="duplicated"), distmuon.Muon(tp_mode="duplicated")
+    ob.add_parameter(batch, "experts")
+    for e, w in enumerate(slices):
+        os_.add_parameter(w, f"experts{e}")
+    for _ in range(2):
+        g = rng.standard_normal(batch.shape).astype(np.float32)
+        ob.step([g])
+        os_.step([g[e].copy() for e in range(3)])
+    for e in range(3):
+        assert np.array_equal(batch[e], slices[e])
+    assert [(i["rows"], i["cols"], i["batch"]) for i in ob.parameters()] == [(6, 10, 3)]
 
 
 def test_conv_weight_is_flattened():

@@ -90,6 +90,9 @@ def test_fsdp2_expert_batches_equal_the_unsharded_step(dtype):
     _train(sharded, opt, 3)
     _train(ref, ref_opt, 3)
     assert torch.equal(sharded.experts.full_tensor(), ref.experts)
+    # Each rank's experts are one C++ parameter, a batch of its local matrices.
+    batches = [i["batch"] for i in opt.plan() if (i["rows"], i["cols"]) == (7, 10)]
+    assert batches == [experts // dist.get_world_size()]
     buf = opt.state[sharded.experts]["momentum_buffer"]
     assert isinstance(buf, DTensor) and buf.shape == sharded.experts.shape
     assert torch.equal(buf.full_tensor(), ref_opt.state[ref.experts]["momentum_buffer"])

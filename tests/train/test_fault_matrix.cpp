@@ -10,8 +10,8 @@
 //    must be the clean run's.
 //  - throw, exit: the rank throws instead of entering the collective, or ends at once (no
 //    unwinding, no MPI_Finalize). Each is its own 4-rank job, at the first call of each distinct
-//    site (operation, type and group size), thrown on every rank and exited on one rank per
-//    site in turn: the job must end within 30 s, non-zero, the failing rank named, and leave the
+//    site (operation, type and group size), thrown on two ranks and exited on a third per site,
+//    in turn: the job must end within 30 s, non-zero, the failing rank named, and leave the
 //    checkpoint folder whole.
 // A case that runs past 30 s aborts the job, naming the case (a hang).
 #include <fmt/format.h>
@@ -369,10 +369,12 @@ TEST(FaultMatrixLaunch, ThrowAndExitAtEveryDistinctSiteEndTheJob) {
       for (int r = 0; r < kRanks; ++r) {
         const long n = distinct[d].second[static_cast<std::size_t>(r)];
         if (n == 0) continue;  // this rank never reaches the site
-        // throw on every rank; exit on one rank per site, in turn: mpirun ends the job alike
+        // Per site three ranks in turn: throw on ranks d and d + 1, exit on rank d + 2 (mod 4),
+        // so every rank throws and exits across a scenario's sites; mpirun ends the job alike
         // whichever rank exits (nan, in one job, covers every collective on every rank).
+        const int turn = (r - static_cast<int>(d % kRanks) + kRanks) % kRanks;
         for (const char* kind : {"throw", "exit"}) {
-          if (std::string(kind) == "exit" && static_cast<int>(d % kRanks) != r) continue;
+          if ((std::string(kind) == "throw") != (turn < 2) || turn == 3) continue;
           ++cases[kind];
           fs::remove_all(work);
           fs::create_directories(work);

@@ -214,6 +214,64 @@ class CudaCompute final : public Compute {
     check(cuda::mirror_upper(stream_, dev(c)), "mirror_upper kernel", context());
   }
 
+  // Batched products (compute.h): one cublasGemmStridedBatchedEx when the batch is equally
+  // strided (a stacked parameter's slices, the batched NS workspaces) at fp32 or tf32; otherwise
+  // (bf16 operand copies, scattered views) each product in turn. syrk's batch is a batch of full
+  // products (both triangles computed), cuBLAS having no batched syrk.
+  void do_gemm_batched(Trans ta, Trans tb, float alpha, std::span<const ConstMatrixView> a,
+                       std::span<const ConstMatrixView> b, float beta,
+                       std::span<const MatrixView> c, Precision requested) override {
+    const Precision precision = override_.value_or(requested);
+    std::vector<ConstMatrixView> cc(c.begin(), c.end());
+    const auto sa = detail::batch_stride(a), sb = detail::batch_stride(b),
+               sc = detail::batch_stride(cc);
+    if (c.size() < 2 || precision == Precision::kBf16 || !sa || !sb || !sc) {
+      Compute::do_gemm_batched(ta, tb, alpha, a, b, beta, c, precision);
+      return;
+    }
+    strided_gemm("gemm_batched", precision, ta, tb, alpha, a[0], *sa, b[0], *sb, beta, c[0], *sc,
+                 c.size());
+  }
+  void do_syrk_batched(Trans ta, float alpha, std::span<const ConstMatrixView> a, float beta,
+                       std::span<const MatrixView> c, Precision requested) override {
+    const Precision precision = override_.value_or(requested);
+    std::vector<ConstMatrixView> cc(c.begin(), c.end());
+    const auto sa = detail::batch_stride(a), sc = detail::batch_stride(cc);
+    if (c.size() < 2 || precision == Precision::kBf16 || !sa || !sc) {
+      Compute::do_syrk_batched(ta, alpha, a, beta, c, precision);
+      return;
+    }
+    strided_gemm("syrk_batched", precision, ta, ta == Trans::kNo ? Trans::kYes : Trans::kNo, alpha,
+                 a[0], *sa, a[0], *sa, beta, c[0], *sc, c.size());
+  }
+  // c_i = alpha op(a_i) op(b_i) + beta c_i for count matrices `stride` floats apart (fp32 data).
+  void strided_gemm(const char* op, Precision precision, Trans ta, Trans tb, float alpha,
+                    ConstMatrixView a, Index stride_a, ConstMatrixView b, Index stride_b,
+                    float beta, MatrixView c, Index stride_c, std::size_t count) {
+    const auto [m, n, k] = detail::check_gemm(ta, tb, a, b, c);
+    make_current(op);
+    if (m == 0 || n == 0 || k == 0) {
+      // Nothing to multiply (k = 0: c = beta c): the products in turn handle it.
+      for (std::size_t i = 0; i < count; ++i) {
+        const auto at = static_cast<Index>(i);
+        do_gemm(ta, tb, alpha, {a.data + at * stride_a, a.rows, a.cols, a.ld},
+                {b.data + at * stride_b, b.rows, b.cols, b.ld}, beta,
+                {c.data + at * stride_c, c.rows, c.cols, c.ld}, precision);
+      }
+      return;
+    }
+    check(
+        cuda::cublas().gemm_strided_batched_ex(
+            blas_, cublas_op(tb), cublas_op(ta), blas_int(op, n), blas_int(op, m), blas_int(op, k),
+            &alpha, b.data, CUDA_R_32F, blas_int(op, b.ld), stride_b, a.data, CUDA_R_32F,
+            blas_int(op, a.ld), stride_a, &beta, c.data, CUDA_R_32F, blas_int(op, c.ld), stride_c,
+            blas_int(op, static_cast<Index>(count)), compute_type(precision), CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx",
+        fmt::format("{} ({}): {} products of op(a) {} x op(b) {} into c {}", op,
+                    to_string(precision), count, shape_str(m, k), shape_str(k, n),
+                    shape_str(m, n)));
+  }
+
   double sum_squares(ConstMatrixView a, bool in_double) override {
     double out = 0.0;
     sum_squares(std::span<const ConstMatrixView>(&a, 1), in_double, std::span<double>(&out, 1));

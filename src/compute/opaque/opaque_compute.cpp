@@ -118,6 +118,18 @@ class OpaqueCompute final : public Compute {
                Precision precision) override {
     cpu().syrk(ta, alpha, mine("syrk", a), beta, mine("syrk", c), precision);
   }
+  // The batched entries: one call of the CPU backend's batched products on the translated views.
+  void do_gemm_batched(Trans ta, Trans tb, float alpha, std::span<const ConstMatrixView> a,
+                       std::span<const ConstMatrixView> b, float beta,
+                       std::span<const MatrixView> c, Precision precision) override {
+    cpu().gemm_batched(ta, tb, alpha, mine_all("gemm_batched", a), mine_all("gemm_batched", b),
+                       beta, mine_all("gemm_batched", c), precision);
+  }
+  void do_syrk_batched(Trans ta, float alpha, std::span<const ConstMatrixView> a, float beta,
+                       std::span<const MatrixView> c, Precision precision) override {
+    cpu().syrk_batched(ta, alpha, mine_all("syrk_batched", a), beta, mine_all("syrk_batched", c),
+                       precision);
+  }
   double sum_squares(ConstMatrixView a, bool in_double) override {
     return cpu().sum_squares(mine("sum_squares", a), in_double);
   }
@@ -248,6 +260,14 @@ class OpaqueCompute final : public Compute {
   MatrixView mine(const char* op, MatrixView v) const {
     const ConstMatrixView c = mine(op, ConstMatrixView(v));
     return {const_cast<float*>(c.data), c.rows, c.cols, c.ld};
+  }
+  template <class View>
+  std::vector<View> mine_all(const char* op, std::span<const View> views) const {
+    std::vector<View> out;
+    out.reserve(views.size());
+    for (const View& v : views)
+      out.push_back(mine(op, v));
+    return out;
   }
   // The storage of a packed bf16 buffer of n values (ceil(n / 2) floats).
   float* packed(const char* op, const float* p, Index n) const {
