@@ -6,6 +6,7 @@
 #include <array>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
@@ -110,13 +111,6 @@ void finish(Started& x, Compute& compute) {
   }
 }
 
-// The exchange, waited for.
-void exchange(const Communicator& group, const Exchange& x, Compute& compute,
-              NsWorkspaces& workspaces) {
-  Started started = start_exchange(group, x, compute, workspaces, 0);
-  finish(started, compute);
-}
-
 // The bucket's grid: T x G ranks, this rank at (t, g), repeated over D replicas (this one d).
 // An owner index is a home: position t + T g within replica d_of(home).
 struct Grid {
@@ -160,11 +154,46 @@ OwnerCostFn ns_flops_cost(const NsOptions& ns) {
   };
 }
 
-void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
+OwnerPlan plan_owners(std::span<const double> costs, int homes) {
+  OwnerPlan plan{lpt_assign(costs, homes), std::vector<std::size_t>(costs.size()),
+                 std::vector<double>(costs.begin(), costs.end())};
+  std::iota(plan.order.begin(), plan.order.end(), std::size_t{0});
+  std::stable_sort(plan.order.begin(), plan.order.end(),
+                   [&](std::size_t x, std::size_t y) { return costs[x] > costs[y]; });
+  return plan;
+}
+
+std::vector<std::size_t> chunk_starts(const OwnerPlan& plan, int chunks) {
+  const std::size_t n = plan.order.size();
+  if (n == 0) return {0};
+  const std::size_t n_chunks = std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1, n);
+  // The midpoint of each item's cost on the bucket's cumulative cost, in plan.order.
+  std::vector<double> mid(n);
+  double total = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    const double c = plan.costs[plan.order[k]];
+    mid[k] = total + c / 2;
+    total += c;
+  }
+  std::vector<std::size_t> starts(n_chunks + 1, 0);
+  starts[n_chunks] = n;
+  for (std::size_t j = 1; j < n_chunks; ++j) {
+    const double bound = total * (static_cast<double>(j) - 0.5) / static_cast<double>(n_chunks - 1);
+    const auto past =
+        static_cast<std::size_t>(std::lower_bound(mid.begin(), mid.end(), bound) - mid.begin());
+    starts[j] = std::clamp(past, starts[j - 1] + 1, n - (n_chunks - j));
+  }
+  return starts;
+}
+
+void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
                          NsWorkspaces* workspaces, int chunks, bool bf16_wire) {
-  DISTMUON_ASSERT(items.size() == owners.size(), "one owner per item");
+  const std::vector<int>& owners = plan.owners;
+  DISTMUON_ASSERT(items.size() == owners.size() && items.size() == plan.order.size() &&
+                      items.size() == plan.costs.size(),
+                  "one owner and one cost per item, every item in the order once");
   if (items.empty()) return;
   NsWorkspaces call_workspaces;  // only when the caller keeps none
   NsWorkspaces& ws = workspaces != nullptr ? *workspaces : call_workspaces;
@@ -206,28 +235,18 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   }
   auto work = [&](std::size_t i) { return grid.T > 1 ? full[i] : tp_local[i]; };
 
-  // The items in `chunks` chunks, largest matrices first (LPT's order, ties by index): LPT gives
-  // the first weights one to each owner, the next ones to the least loaded, so consecutive runs
-  // of that order keep the owners about as balanced in each chunk as over the bucket (chunks of
-  // consecutive indices would leave one owner waiting for another at every chunk).
-  const std::size_t n_chunks =
-      std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1, n_items);
-  const std::size_t per_chunk = (n_items + n_chunks - 1) / n_chunks;
-  std::vector<std::size_t> order(n_items);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return layout(a).m * layout(a).n > layout(b).m * layout(b).n;
-  });
+  // The items in chunks of consecutive items of the plan's order (chunk_starts).
+  const std::vector<std::size_t> starts = chunk_starts(plan, chunks);
+  const std::size_t n_chunks = starts.size() - 1;
   std::vector<std::vector<std::size_t>> chunk(n_chunks);
-  for (std::size_t k = 0; k < n_items; ++k)
-    chunk[k / per_chunk].push_back(order[k]);
-  std::vector<std::size_t> all(n_items);
-  std::iota(all.begin(), all.end(), std::size_t{0});
+  for (std::size_t j = 0; j < n_chunks; ++j)
+    chunk[j].assign(plan.order.begin() + static_cast<std::ptrdiff_t>(starts[j]),
+                    plan.order.begin() + static_cast<std::ptrdiff_t>(starts[j + 1]));
 
   // Stage 1 (GTP): GTP rank j sends the owner's row (g_o) its row block of the TP-local tensor.
   auto gtp_stage = [&](const std::vector<std::size_t>& ids) {
     Exchange x(G);
-    for (std::size_t j = 0; j < G && grid.G > 1; ++j) {
+    for (std::size_t j = 0; j < G; ++j) {
       for (const std::size_t i : ids) {
         if (static_cast<std::size_t>(grid.g_of(owners[i])) == j) x.to[j].push_back(items[i].shard);
         if (in_row(i)) {
@@ -241,7 +260,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
   // Stage 2 (TP): TP rank j sends the owner (t_o) its TP-local tensor, a TP block of the full one.
   auto tp_stage = [&](const std::vector<std::size_t>& ids) {
     Exchange x(T);
-    for (std::size_t j = 0; j < T && grid.T > 1; ++j) {
+    for (std::size_t j = 0; j < T; ++j) {
       for (const std::size_t i : ids) {
         if (in_row(i) && static_cast<std::size_t>(grid.t_of(owners[i])) == j)
           x.to[j].push_back(tp_local[i]);
@@ -250,9 +269,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     }
     return x;
   };
-  // Replicas: the home sends its result to the same position of every other replica, one
-  // exchange per chunk, each started as soon as its items are orthogonalised (the next chunk's NS
-  // runs while it is in flight).
+  // Replicas: the home sends its result to the same position of every other replica.
   auto dp_stage = [&](const std::vector<std::size_t>& ids) {
     Exchange x(D);
     for (std::size_t j = 0; j < D; ++j) {
@@ -266,51 +283,48 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     return x;
   };
   // Without GTP the TP-local tensor is the shard itself, copied in and out of its buffer.
-  auto copy_in = [&](const std::vector<std::size_t>& ids) {
-    if (grid.G == 1 && !unsharded) {
-      for (const std::size_t i : ids)
-        compute.copy(items[i].shard, tp_local[i]);
+  const bool copies = grid.G == 1 && !unsharded;
+
+  // A chunk's stages in the order they run: the gather's (GTP, then TP), its NS, then the
+  // replicas' exchange and the scatter's (the gather's reversed: TP, then GTP). Each stage but NS
+  // is one all-to-all over its group, present when the group has more than one rank: the same
+  // stages on every rank of the grid.
+  enum class Stage { kGatherGtp, kGatherTp, kReplicas, kScatterTp, kScatterGtp };
+  constexpr std::size_t kStages = 5;
+  std::vector<Stage> pre, post;
+  if (grid.G > 1) pre.push_back(Stage::kGatherGtp);
+  if (grid.T > 1) pre.push_back(Stage::kGatherTp);
+  if (grid.D > 1) post.push_back(Stage::kReplicas);
+  if (grid.T > 1) post.push_back(Stage::kScatterTp);
+  if (grid.G > 1) post.push_back(Stage::kScatterGtp);
+  // Starts chunk c's stage s (its own staging slot: every exchange in flight has its own).
+  auto start = [&](Stage s, std::size_t c) {
+    const std::vector<std::size_t>& ids = chunk[c];
+    const std::size_t slot = 1 + c * kStages + static_cast<std::size_t>(s);
+    switch (s) {
+      case Stage::kGatherGtp:
+        return start_exchange(gtp, gtp_stage(ids), compute, ws, slot);
+      case Stage::kGatherTp:
+        if (copies) {
+          for (const std::size_t i : ids)
+            compute.copy(items[i].shard, tp_local[i]);
+        }
+        return start_exchange(tp, tp_stage(ids), compute, ws, slot);
+      case Stage::kReplicas:
+        return start_exchange(*dp, dp_stage(ids), compute, ws, slot, bf16_wire);
+      case Stage::kScatterTp:
+        return start_exchange(tp, tp_stage(ids).reversed(), compute, ws, slot);
+      case Stage::kScatterGtp:
+        return start_exchange(gtp, gtp_stage(ids).reversed(), compute, ws, slot);
     }
-  };
-  auto copy_out = [&](const std::vector<std::size_t>& ids) {
-    if (grid.G == 1 && !unsharded) {
-      for (const std::size_t i : ids)
-        compute.copy(tp_local[i], items[i].shard);
-    }
+    DISTMUON_ASSERT(false, "owner stage");
+    return Started{};
   };
 
-  // One gather stage (TP only or GTP only): chunk c + 1's gather is in flight while chunk c's NS
-  // runs, and without replicas chunk c's scatter too. Two stages (the second needs the first's
-  // result) and replicated buckets gather everything first and scatter at the end.
-  const bool one_stage = (grid.G > 1) != (grid.T > 1);
-  const bool pipelined = one_stage && n_chunks > 1;
-  const Communicator& stage_group = grid.T > 1 ? tp : gtp;
-  auto stage = [&](const std::vector<std::size_t>& ids) {
-    return grid.T > 1 ? tp_stage(ids) : gtp_stage(ids);
-  };
-  constexpr std::size_t kGatherSlot = 1000, kScatterSlot = 2000;  // staging slots per chunk
-  std::vector<Started> gathers, scatters;
-  auto start_gather = [&](std::size_t c) {
-    copy_in(chunk[c]);
-    gathers.push_back(start_exchange(stage_group, stage(chunk[c]), compute, ws, kGatherSlot + c));
-  };
-  if (pipelined) {
-    start_gather(0);
-  } else {
-    copy_in(all);
-    if (grid.G > 1) exchange(gtp, gtp_stage(all), compute, ws);
-    if (grid.T > 1) exchange(tp, tp_stage(all), compute, ws);
-  }
-
-  // The home's NS: the code duplicated mode runs on the same matrix.
+  // The home's NS: the code duplicated mode runs on the same matrix; a chunk's weights this rank
+  // runs, those of equal shape as one batch (orthogonalize_fulls).
   std::vector<FullWork> homed;
-  std::vector<Started> in_flight;
-  for (std::size_t c = 0; c < n_chunks; ++c) {
-    if (pipelined) {
-      finish(gathers[c], compute);
-      if (c + 1 < n_chunks) start_gather(c + 1);
-    }
-    // The chunk's weights this rank runs, those of equal shape as one batch (orthogonalize_fulls).
+  auto orthogonalize = [&](std::size_t c) {
     homed.clear();
     for (const std::size_t i : chunk[c]) {
       if (runs(i)) homed.push_back({work(i), &layout(i), items[i].algorithm});
@@ -320,36 +334,49 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
     for (const FullWork& h : homed) {
       if (bf16_wire && grid.D > 1) compute.round(h.full, Precision::kBf16);
     }
-    if (grid.D > 1) {
-      in_flight.push_back(start_exchange(*dp, dp_stage(chunk[c]), compute, ws, 1 + c, bf16_wire));
-    } else if (pipelined) {
-      scatters.push_back(
-          start_exchange(stage_group, stage(chunk[c]).reversed(), compute, ws, kScatterSlot + c));
-    }
-  }
-  for (Started& x : in_flight)
-    finish(x, compute);
+  };
 
-  // The scatter: the gather's stages reversed (TP, then GTP).
-  if (pipelined && grid.D == 1) {
-    for (std::size_t c = 0; c < n_chunks; ++c) {
-      finish(scatters[c], compute);
-      copy_out(chunk[c]);
+  // The schedule, in ticks, the same on every rank (which collective is entered next never
+  // depends on this rank's data): tick t runs chunk t's NS; chunk c's gather stage j (of a) is
+  // started at tick c - a + j, before that tick's NS, its scatter-side stage j (of b) at tick
+  // c + j, after it, and each is waited for at the next tick, before its chunk's next stage (or
+  // NS) starts. So while chunk t's NS runs, the next chunks' gather stages and the earlier
+  // chunks' replica and scatter stages are in flight, at most one gather and one scatter per
+  // group; a chunk's second stage starts once its first has arrived. One chunk is the serial
+  // schedule: every stage after the one before.
+  const auto a = static_cast<std::ptrdiff_t>(pre.size());
+  const auto b = static_cast<std::ptrdiff_t>(post.size());
+  const auto n = static_cast<std::ptrdiff_t>(n_chunks);
+  std::vector<std::optional<Started>> in_flight(n_chunks);  // each chunk's current exchange
+  auto wait = [&](std::ptrdiff_t c) {
+    const auto k = static_cast<std::size_t>(c);
+    if (!in_flight[k]) return;
+    finish(*in_flight[k], compute);
+    in_flight[k].reset();
+  };
+  auto begin = [&](Stage s, std::ptrdiff_t c) {
+    in_flight[static_cast<std::size_t>(c)] = start(s, static_cast<std::size_t>(c));
+  };
+  for (std::ptrdiff_t t = -a; t < n + b; ++t) {
+    // Before the NS: chunk t's last gather stage arrives; chunk c > t starts gather stage
+    // t + a - c once its previous one has arrived.
+    for (std::ptrdiff_t c = std::max<std::ptrdiff_t>(t, 0); c <= std::min(t + a, n - 1); ++c) {
+      wait(c);
+      if (c > t) begin(pre[static_cast<std::size_t>(t + a - c)], c);
     }
-    return;
+    if (t >= 0 && t < n) orthogonalize(static_cast<std::size_t>(t));
+    // After it: chunk c <= t starts its stage t - c once its previous one has arrived; chunk
+    // t - b's last stage arrives (and, without GTP, its shards are copied out).
+    for (std::ptrdiff_t c = std::max<std::ptrdiff_t>(t - b, 0); c <= std::min(t, n - 1); ++c) {
+      wait(c);
+      if (c > t - b) {
+        begin(post[static_cast<std::size_t>(t - c)], c);
+      } else if (copies) {
+        for (const std::size_t i : chunk[static_cast<std::size_t>(c)])
+          compute.copy(tp_local[i], items[i].shard);
+      }
+    }
   }
-  if (pipelined) {
-    for (std::size_t c = 0; c < n_chunks; ++c)
-      scatters.push_back(
-          start_exchange(stage_group, stage(chunk[c]).reversed(), compute, ws, kScatterSlot + c));
-    for (std::size_t c = 0; c < n_chunks; ++c)
-      finish(scatters[c], compute);
-    copy_out(all);
-    return;
-  }
-  if (grid.T > 1) exchange(tp, tp_stage(all).reversed(), compute, ws);
-  if (grid.G > 1) exchange(gtp, gtp_stage(all).reversed(), compute, ws);
-  copy_out(all);
 }
 
 bool OwnerOrthogonalizer::KeyLess::operator()(const Key& a, const Key& b) const {
@@ -364,10 +391,9 @@ bool OwnerOrthogonalizer::KeyLess::operator()(const Key& a, const Key& b) const 
   return a_s < b_s;
 }
 
-const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerItem> items,
-                                                        const Communicator& tp,
-                                                        const Communicator& gtp,
-                                                        const Communicator* dp) {
+const OwnerPlan& OwnerOrthogonalizer::plan_for(std::span<const OwnerItem> items,
+                                               const Communicator& tp, const Communicator& gtp,
+                                               const Communicator* dp) {
   const ShardLayout& first = *items.front().layout;
   const Grid grid = grid_of(first, dp != nullptr);
   std::string composition = fmt::format("grid {}x{}x{}", grid.T, grid.G, grid.D);
@@ -376,7 +402,7 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
   Key key{first.tp_on() ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
           grid.D > 1 ? dp->impl_ptr() : nullptr, composition};
   // Every call: every rank of the grid must see the same composition and sit where its layout
-  // says (agree_on_tp_grid: all throw or none does). Only the assignment is cached: skipping the
+  // says (agree_on_tp_grid: all throw or none does). Only the plan is cached: skipping the
   // check on a rank that saw its composition before would leave a rank holding a different, new
   // composition waiting in it.
   std::string reason;
@@ -402,7 +428,7 @@ const std::vector<int>& OwnerOrthogonalizer::owners_for(std::span<const OwnerIte
   costs.reserve(items.size());
   for (const OwnerItem& it : items)
     costs.push_back(cost_(*it.layout, it.algorithm));
-  return cache_.emplace(std::move(key), lpt_assign(costs, grid.homes())).first->second;
+  return cache_.emplace(std::move(key), plan_owners(costs, grid.homes())).first->second;
 }
 
 void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& ns,
@@ -447,10 +473,10 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     items.clear();
     for (const std::size_t i : b.index)
       items.push_back({weights[i].shard, weights[i].layout, weights[i].algorithm});
-    const std::vector<int>& owners = owners_for(items, *b.tp, *b.gtp, b.dp);
+    const OwnerPlan& plan = plan_for(items, *b.tp, *b.gtp, b.dp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
-      last_owners_[b.index[k]] = owners[k];
-    orthogonalize_owned(items, owners, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces, chunks_,
+      last_owners_[b.index[k]] = plan.owners[k];
+    orthogonalize_owned(items, plan, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces, chunks_,
                         bf16_replicas_);
   }
 }

@@ -11,9 +11,16 @@
 //               rank (t, g_o) then holds TP rank t's TP-local (padded) tensor of w.
 //            2. all-to-all-v over TP: the ranks (t, g_o) send it to TP rank t_o(w), the owner.
 //   scatter  the same two exchanges in reverse (TP, then GTP).
-// One collective per stage per bucket (stages over a group of one are skipped), or with one stage
-// one per chunk of a pipelined bucket (orthogonalize_owned's chunks); a weight's full
-// matrix crosses the network twice (in, out) instead of being all-gathered by every rank.
+// One collective per stage per chunk of the bucket (stages over a group of one are skipped); a
+// weight's full matrix crosses the network twice (in, out) instead of being all-gathered by every
+// rank.
+//
+// Pipelined (orthogonalize_owned's chunks): the bucket's weights go in chunks, and every stage of
+// a chunk is a non-blocking all-to-all (Communicator::start_all_to_all_v) in flight while another
+// chunk's NS runs: the next chunks' gather stages (a chunk's TP stage starts once its GTP stage
+// has arrived) and the earlier chunks' replica and scatter stages. The schedule is a function of
+// the number of chunks and stages alone, the same on every rank. The chunks only copy: the same
+// bits as the serial schedule (one chunk).
 //
 // Replicas (data parallelism): when a bucket's weights are replicated over a group of D ranks
 // (ShardLayout::dp_size, the same shard on each) and the caller passes that group, the homes
@@ -27,7 +34,7 @@
 //
 // Owners are assigned by LPT (longest processing time first) on a per-weight cost estimate, ties
 // broken by weight index then by owner index, so every rank computes the same assignment; it is
-// decided once per bucket composition and cached.
+// decided, with the chunks' order, once per bucket composition and cached (OwnerPlan).
 
 #include <functional>
 #include <map>
@@ -60,20 +67,41 @@ struct OwnerItem {
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // the owner's NS (ns's other settings)
 };
 
-// Orthogonalises and scales a bucket in place: owners[i] (t + T g) runs NS for items[i]. Every
-// item shares tp (used when the layouts are TP-sharded) and gtp (when GTP-sharded), and every
-// rank of the T x G grid calls this with the same items in the same order. No agreement check:
-// see OwnerOrthogonalizer. The shards move over tp.data() and gtp.data(); the gathered buffers
-// and the all-to-all staging come from workspaces when given (kept across steps).
+// A bucket's plan: owners[i] (t + T g + T G d) runs NS for item i, and order holds the items in
+// LPT's order (largest cost first, ties by index), the order the pipelined chunks take them in:
+// LPT gives the first weights one to each owner, the next ones to the least loaded, so
+// consecutive runs of that order keep the owners about as balanced in each chunk as over the
+// bucket. costs: each item's cost estimate (OwnerCostFn).
+struct OwnerPlan {
+  std::vector<int> owners;
+  std::vector<std::size_t> order;
+  std::vector<double> costs;
+};
+// lpt_assign(costs, homes) and the order of its items.
+OwnerPlan plan_owners(std::span<const double> costs, int homes);
+
+// Where the chunks of a pipelined bucket start in plan.order: min(chunks, items) chunks, each of
+// at least one item, with chunk j + 1 starting at the first item whose cost midpoint lies past
+// (j + 1/2) / (chunks - 1) of the bucket's cost: the first and last chunks hold about half the
+// share of the others, since the first one's gather and the last one's scatter have no NS to
+// hide behind. Returns chunks + 1 indices: chunk j is order[starts[j], starts[j + 1]).
+std::vector<std::size_t> chunk_starts(const OwnerPlan& plan, int chunks);
+
+// Orthogonalises and scales a bucket in place as plan says. Every item shares tp (used when the
+// layouts are TP-sharded) and gtp (when GTP-sharded), and every rank of the T x G grid calls this
+// with the same items in the same order. No agreement check: see OwnerOrthogonalizer. The shards
+// move over tp.data() and gtp.data(); the gathered buffers and the all-to-all staging come from
+// workspaces when given (kept across steps).
 // dp: the items' replica group when the homes span it (owners then range over T G D), else
-// nullptr (each replica, if any, runs its own). chunks: the results go to the other replicas in
-// up to this many all-to-alls of consecutive items, each started (non-blocking,
-// Communicator::start_all_to_all_v) once its items are orthogonalised, so that it is in flight
-// while the next chunk's NS runs; 1 is the serial schedule (every NS, then one exchange). The
-// same bits either way: the chunks only copy. bf16_wire: the results go to the other replicas in
-// bf16 (half the bytes), the home rounding its own copy to bf16 as well, so that every replica
-// holds the same bits (each element within bf16's rounding of the fp32 result).
-void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> owners,
+// nullptr (each replica, if any, runs its own). chunks: the items go in up to this many chunks of
+// consecutive items of plan.order (chunk_starts), each stage of a chunk (gather over GTP, over TP,
+// the replicas' exchange, scatter over TP, over GTP: those whose group has more than one rank) one
+// non-blocking all-to-all in flight while another chunk's NS runs (see the top of this file); 1 is
+// the serial schedule (every stage after the one before). The same bits either way: the chunks only
+// copy. bf16_wire: the results go to the other replicas in bf16 (half the bytes), the home rounding
+// its own copy to bf16 as well, so that every replica holds the same bits (each element within
+// bf16's rounding of the fp32 result).
+void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
                          NsWorkspaces* workspaces = nullptr, int chunks = 1,
@@ -85,13 +113,13 @@ void orthogonalize_owned(std::span<const OwnerItem> items, std::span<const int> 
 // replicas run the local NS.
 class OwnerOrthogonalizer {
  public:
-  // pipeline: orthogonalize_owned's chunks for replicated buckets (1: serial).
+  // pipeline: orthogonalize_owned's chunks for every bucket (1: serial).
   // bf16_replicas: orthogonalize_owned's bf16_wire for replicated buckets.
   explicit OwnerOrthogonalizer(OwnerCostFn cost, int pipeline = kDefaultPipeline,
                                bool bf16_replicas = false)
       : cost_(std::move(cost)), chunks_(pipeline), bf16_replicas_(bf16_replicas) {}
-  // Replicated buckets are sent in 4 chunks by default: most of the exchange hides behind the
-  // NS of the later chunks, at 3 more all-to-all latencies.
+  // Buckets go in 4 chunks by default: most of the exchanges hide behind the NS of the other
+  // chunks, at 3 more all-to-all latencies per stage.
   static constexpr int kDefaultPipeline = 4;
 
   struct Weight {
@@ -112,8 +140,8 @@ class OwnerOrthogonalizer {
   const std::vector<int>& last_owners() const { return last_owners_; }
 
  private:
-  const std::vector<int>& owners_for(std::span<const OwnerItem> items, const Communicator& tp,
-                                     const Communicator& gtp, const Communicator* dp);
+  const OwnerPlan& plan_for(std::span<const OwnerItem> items, const Communicator& tp,
+                            const Communicator& gtp, const Communicator* dp);
 
   OwnerCostFn cost_;
   int chunks_ = 1;
@@ -123,7 +151,7 @@ class OwnerOrthogonalizer {
   struct KeyLess {
     bool operator()(const Key& a, const Key& b) const;
   };
-  std::map<Key, std::vector<int>, KeyLess> cache_;
+  std::map<Key, OwnerPlan, KeyLess> cache_;
   std::vector<int> last_owners_;
 };
 

@@ -396,12 +396,11 @@ TEST(MuonOwner, BitEqualToDuplicated) {
   }
 }
 
-// Per step (after the first): one all-to-all per stage per bucket and direction with two stages
-// (TP x GTP); with one stage, one per pipelined chunk (min(weights, kDefaultPipeline) chunks:
-// chunk k + 1's gather and chunk k - 1's scatter in flight while chunk k's NS runs), whatever
-// the number of weights beyond that; no all-gather, and the bucket's composition check (one
-// small all-reduce per group); the bytes are each weight's matrix in and out. Duplicated
-// all-gathers per weight.
+// Per step (after the first): one all-to-all per stage (GTP, TP) per pipelined chunk and
+// direction (min(weights, kDefaultPipeline) chunks: the next chunks' gather stages and the
+// earlier ones' scatter stages in flight while a chunk's NS runs), whatever the number of
+// weights beyond that; no all-gather, and the bucket's composition check (one small all-reduce
+// per group); the bytes are each weight's matrix in and out. Duplicated all-gathers per weight.
 TEST(MuonOwner, OneAllToAllPerStagePerChunk) {
   const Communicator& world = test::world();
   const int w = world.size();
@@ -420,9 +419,7 @@ TEST(MuonOwner, OneAllToAllPerStagePerChunk) {
       for (const Case& c : cases)
         weights += c.l.tp == T && c.l.gtp == G ? 1 : 0;
       const std::size_t per_direction =
-          (T > 1) != (G > 1)
-              ? std::min<std::size_t>(weights, detail::OwnerOrthogonalizer::kDefaultPipeline)
-              : 1;
+          std::min<std::size_t>(weights, detail::OwnerOrthogonalizer::kDefaultPipeline);
       EXPECT_EQ(e.tp_stats->all_to_all.calls, T > 1 ? 2 * per_direction : 0u) << label;
       EXPECT_EQ(e.gtp_stats->all_to_all.calls, G > 1 ? 2 * per_direction : 0u) << label;
       EXPECT_EQ(e.tp_stats->all_gather.calls + e.gtp_stats->all_gather.calls, 0u) << label;
