@@ -103,10 +103,11 @@ CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profi
 CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile);
 CostEstimate estimate(const AutoKey& key, const HardwareProfile* profile, CostModel model);
 
-// How a bucket's exchanges are scheduled (tp/owner_ns.h, orthogonalize_owned): its weights,
-// largest first, in `chunks` chunks, each chunk's exchange in flight while the next chunk's NS
-// runs (1: the serial schedule: every NS, then one exchange; a bucket split over two groups at
-// once is always serial, as the executor runs it). link: an emulated link under the bucket's
+// How a bucket's exchanges are scheduled (tp/owner_ns.h, orthogonalize_owned): its weights in
+// the executor's LPT order, cut into `chunks` chunks where it cuts them (chunk_starts), each
+// chunk's exchange in flight while the next chunk's NS runs (1: the serial schedule: every NS,
+// then one exchange; a bucket split over two groups at once: its two stages priced as one
+// exchange over all its ranks). link: an emulated link under the bucket's
 // exchanges (emulated_link_communicator, as `bench --model --link-gbps` sets it; zeros: none):
 // an exchange then lasts at least latency + the bytes the rank sends / bandwidth from the rank's
 // start, whatever else is in flight.

@@ -10,6 +10,7 @@
 #include "distmuon/error.h"
 #include "plan/cost_rates.h"
 #include "plan/exchange_schedule.h"
+#include "tp/owner_ns.h"
 
 namespace distmuon {
 namespace {
@@ -41,22 +42,16 @@ double all_to_all_s(const std::vector<double>& send, const std::vector<double>& 
   return busiest / (gbps * 1e9) + (ranks - 1) * alpha_us * 1e-6;
 }
 
-// The executor's chunks (orthogonalize_owned): the weights by size (m n), largest first, ties by
-// index, in clamp(chunks, 1, n) chunks of ceil(n / chunks) consecutive ones (the last ones may
-// be empty: their exchanges still run).
-std::vector<std::vector<std::size_t>> chunk_weights(std::span<const AutoKey> keys, int chunks) {
-  const std::size_t n = keys.size();
-  const std::size_t count = std::clamp<std::size_t>(static_cast<std::size_t>(std::max(chunks, 1)),
-                                                    1, std::max<std::size_t>(n, 1));
-  const std::size_t per_chunk = (n + count - 1) / count;
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return keys[a].m * keys[a].n > keys[b].m * keys[b].n;
-  });
-  std::vector<std::vector<std::size_t>> out(count);
-  for (std::size_t k = 0; k < n; ++k)
-    out[k / per_chunk].push_back(order[k]);
+// The executor's chunks (orthogonalize_owned): its LPT order of the weights on their FLOPs
+// (the costs it assigns on) cut where it cuts them (detail::chunk_starts).
+std::vector<std::vector<std::size_t>> chunk_weights(std::span<const double> flops, int homes,
+                                                    int chunks) {
+  const detail::OwnerPlan plan = detail::plan_owners(flops, homes);
+  const std::vector<std::size_t> starts = detail::chunk_starts(plan, std::max(chunks, 1));
+  std::vector<std::vector<std::size_t>> out(starts.size() - 1);
+  for (std::size_t j = 0; j + 1 < starts.size(); ++j)
+    out[j].assign(plan.order.begin() + static_cast<std::ptrdiff_t>(starts[j]),
+                  plan.order.begin() + static_cast<std::ptrdiff_t>(starts[j + 1]));
   return out;
 }
 
@@ -136,15 +131,13 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
   if (profile == nullptr) return out;
   // The schedule: per chunk, the gather (every rank sends the owner row its shard of each
   // weight, its own included, and the owner copies the full matrix out of its staging), the
-  // owners' NS, and the scatter (the reverse). A bucket split over two groups at once runs
-  // serially (its second stage needs the first's result) and is priced as one exchange each way
-  // over all its ranks.
+  // owners' NS, and the scatter (the reverse). A bucket split over two groups at once chains its
+  // two stages per chunk; it is priced as one exchange each way over all its ranks.
   const detail::Rates rates(profile, first.elem_size, first.crosses_domain);
   const ExchangeTerms terms{rates, schedule.link};
-  const bool one_stage = first.second_group_size == 1;
   const auto price = [&](int chunks) {
     std::vector<detail::ChunkTimes> times;
-    for (const std::vector<std::size_t>& ids : chunk_weights(keys, one_stage ? chunks : 1)) {
+    for (const std::vector<std::size_t>& ids : chunk_weights(flops, ranks, chunks)) {
       std::vector<double> ns(r_count, 0.0), c_send(r_count, 0.0), c_recv(r_count, 0.0);
       std::vector<double> shards(r_count, 0.0), owned(r_count, 0.0);
       std::vector<double> shard_elems(r_count, 0.0), owned_elems(r_count, 0.0);
@@ -227,7 +220,7 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
   const double passes = bf16 ? 2 : 1;
   const auto price = [&](int chunks) {
     std::vector<detail::ChunkTimes> times;
-    for (const std::vector<std::size_t>& ids : chunk_weights(keys, chunks)) {
+    for (const std::vector<std::size_t>& ids : chunk_weights(flops, replicas, chunks)) {
       std::vector<double> ns(r_count, 0.0), c_send(r_count, 0.0), c_recv(r_count, 0.0);
       std::vector<double> pack(r_count, 0.0), unpack(r_count, 0.0);
       for (const std::size_t i : ids) {
