@@ -31,5 +31,12 @@ SyrkShape check_syrk(Trans ta, ConstMatrixView a, ConstMatrixView c);
 // at least ns_bf16_scratch_floats floats (defined in ns_bf16.cpp).
 void check_ns_bf16_args(const char* op, std::span<const MatrixView> xs, bool rows,
                         MatrixView scratch);
+// Compute::muon_directions's arguments: each direction's w, buf and u of its g's shape, its
+// checked rows within them, one result per check (3 per direction and one per other) and two
+// sums per direction that asks.
+void check_muon_directions(std::span<const MuonDirection> dirs,
+                           std::span<const ConstMatrixView> others,
+                           std::span<const std::optional<MatrixIndex>> found,
+                           std::span<const double> sums);
 
 }  // namespace distmuon::detail
