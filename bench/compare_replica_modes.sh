@@ -24,7 +24,7 @@ median() {  # the median opt_ms of steps 2.. of a log
   python3 -c '
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print(f"{statistics.median(r[\"opt_ms\"] for r in rows if r[\"step\"] >= 2):.1f}")' "$1"
+print("%.1f" % statistics.median(r["opt_ms"] for r in rows if r["step"] >= 2))' "$1"
 }
 losses() { python3 -c '
 import json, sys
