@@ -37,6 +37,15 @@ struct MomentumStep {
   bool nesterov = true;
 };
 
+// One stepping Muon parameter of Compute::muon_directions: its gradient, weight and momentum
+// (read only) and the direction written from them.
+struct MuonDirection {
+  ConstMatrixView g, w, buf;
+  MatrixView u;            // muon_momentum's u from g, w and a copy of buf
+  Index checked_rows = 0;  // g's, w's and buf's first checked_rows rows are checked finite
+  bool sums = false;       // also w's and u's sums of squares (in double, every row)
+};
+
 // The per-element constants of one AdamW step at step t (adamw.h).
 struct AdamWStep {
   float beta1 = 0.0f, beta2 = 0.0f;
@@ -227,8 +236,29 @@ class Compute {
                                std::span<std::optional<MatrixIndex>> out);
   // Muon's momentum step, per element with mu = k.momentum:
   //   g' = g + k.l2 w;  buf = mu buf + (1 - mu) g';  u = nesterov ? (1 - mu) g' + mu buf : buf.
+  // u may be buf itself (each element is read before it is written): buf then ends as u.
   virtual void muon_momentum(const MomentumStep& k, ConstMatrixView g, ConstMatrixView w,
                              MatrixView buf, MatrixView u) = 0;
+  // Muon's compute phase up to its checks (Muon::step), in one call:
+  //   found: find_non_finite of, in order, each direction's g, w and buf (their first
+  //     checked_rows rows), then of each of `others` (3 dirs.size() + others.size() results);
+  //   each direction's u = muon_momentum's u from g, w and a copy of buf (buf is not written);
+  //   sums: for each direction that asks, in order, sum_squares(w, true) then sum_squares(u, true)
+  //     of the u just written (2 per such direction).
+  // The default runs exactly that: one batched find_non_finite, per direction copy(buf, u) and
+  // muon_momentum(k, g, w, u, u), then one batched sum_squares when a direction asks. The CPU
+  // backend reads each direction's g, w and buf once for its checks, its u and its sums, with
+  // the same results bit for bit.
+  virtual void muon_directions(const MomentumStep& k, std::span<const MuonDirection> dirs,
+                               std::span<const ConstMatrixView> others,
+                               std::span<std::optional<MatrixIndex>> found, std::span<double> sums);
+  // Muon's apply phase for one parameter, per element: buf advanced as muon_momentum advances it
+  // (from g and w, both before the step), then w = -lr u + decay w (decay = 1: no decay), with
+  // each operation rounded as below. The default runs muon_momentum(k without Nesterov, g, w,
+  // buf, buf), scale(w, decay) unless decay is 1, axpby(-lr, u, 1, w); the CPU backend reads
+  // and writes each element once, with the same results bit for bit.
+  virtual void muon_apply(const MomentumStep& k, ConstMatrixView g, MatrixView w, MatrixView buf,
+                          ConstMatrixView u, float decay, float lr);
   // AdamW's step, per element:
   //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
   //   p = p decay - lr (m / bias1) / (sqrt(v) / bias2_sqrt + eps).

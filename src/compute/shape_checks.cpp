@@ -52,4 +52,26 @@ SyrkShape check_syrk(Trans ta, ConstMatrixView a, ConstMatrixView c) {
   return s;
 }
 
+void check_muon_directions(std::span<const MuonDirection> dirs,
+                           std::span<const ConstMatrixView> others,
+                           std::span<const std::optional<MatrixIndex>> found,
+                           std::span<const double> sums) {
+  std::size_t summed = 0;
+  for (const MuonDirection& d : dirs) {
+    check_same("muon_directions", "weight", d.w, d.g);
+    check_same("muon_directions", "momentum", d.buf, d.g);
+    check_same("muon_directions", "update", d.u, d.g);
+    if (d.checked_rows < 0 || d.checked_rows > d.g.rows) {
+      throw Error(fmt::format("muon_directions: {} checked rows of a {} matrix", d.checked_rows,
+                              shape_str(d.g)));
+    }
+    if (d.sums) summed += 2;
+  }
+  if (found.size() != 3 * dirs.size() + others.size() || sums.size() != summed) {
+    throw Error(fmt::format(
+        "muon_directions: {} results and {} sums for {} directions ({} with sums) and {} others",
+        found.size(), sums.size(), dirs.size(), summed / 2, others.size()));
+  }
+}
+
 }  // namespace distmuon::detail

@@ -42,5 +42,12 @@ void check_syrk_batched(Trans ta, std::span<const ConstMatrixView> a,
 // leading dimension and starts that many floats after the one before (a batch cut from one
 // buffer, e.g. a stacked parameter's slices); nullopt otherwise. 0 for a batch of one.
 std::optional<Index> batch_stride(std::span<const ConstMatrixView> views);
+// Compute::muon_directions's arguments: each direction's w, buf and u of its g's shape, its
+// checked rows within them, one result per check (3 per direction and one per other) and two
+// sums per direction that asks.
+void check_muon_directions(std::span<const MuonDirection> dirs,
+                           std::span<const ConstMatrixView> others,
+                           std::span<const std::optional<MatrixIndex>> found,
+                           std::span<const double> sums);
 
 }  // namespace distmuon::detail

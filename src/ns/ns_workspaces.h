@@ -26,7 +26,6 @@ enum class BufferRole {
   kRecv,       // owner: all-to-all receive staging
   kSendBf16,   // owner: the send staging packed for a bf16 wire (two values per float)
   kRecvBf16,   // owner: the receive staging as it arrives on a bf16 wire
-  kUpdate,     // Muon: a parameter's update (momentum direction, then its orthogonalisation)
 };
 
 class NsWorkspaces {

@@ -23,32 +23,20 @@ MomentumStep momentum_step(const MuonOptions& o) {
           o.nesterov};
 }
 
-// The compute phase's momentum step: the update direction u (before NS) from the gradient, the
-// weight and a copy of the momentum in `scratch`; neither the weight nor the momentum is written.
-void muon_direction(Muon::Impl& s, ParamState& p, ConstMatrixView g, MatrixView u) {
-  const MatrixView w = p.spec.local;
-  const MatrixView scratch =
-      s.workspaces.buffer(*s.compute, detail::BufferRole::kUpdate, 0, w.rows, w.cols).view();
-  s.compute->copy(p.momentum.view(), scratch);
-  s.compute->muon_momentum(momentum_step(s.options), g, w, scratch, u);
-}
-
 // The apply phase, once the step's updates are agreed finite over the world: the momentum step
 // again, on the momentum itself (elementwise and deterministic: the same values as in the compute
-// phase, recomputed instead of kept), the weight decay, then w -= lr u.
+// phase, recomputed instead of kept), the weight decay, then w -= lr u, in one pass where the
+// backend fuses them (Compute::muon_apply).
 void muon_apply(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
   const MuonOptions& o = s.options;
-  const MatrixView w = p.spec.local;
-  const MatrixView scratch =
-      s.workspaces.buffer(*s.compute, detail::BufferRole::kUpdate, 0, w.rows, w.cols).view();
-  s.compute->muon_momentum(momentum_step(o), g, w, p.momentum.view(), scratch);
+  float decay = 1.0f;
   if (o.weight_decay != 0.0 && o.weight_decay_method != WeightDecayMethod::kL2) {
-    const double f = o.weight_decay_method == WeightDecayMethod::kDecoupled
-                         ? 1.0 - o.lr * o.weight_decay
-                         : 1.0 - o.weight_decay;
-    s.compute->scale(w, static_cast<float>(f));
+    decay = static_cast<float>(o.weight_decay_method == WeightDecayMethod::kDecoupled
+                                   ? 1.0 - o.lr * o.weight_decay
+                                   : 1.0 - o.weight_decay);
   }
-  s.compute->axpby(static_cast<float>(-o.lr), p.update.view(), 1.0f, w);
+  s.compute->muon_apply(momentum_step(o), g, p.spec.local, p.momentum.view(), p.update.view(),
+                        decay, static_cast<float>(o.lr));
 }
 
 detail::ScaleFn muon_scale_fn(const MuonOptions& o) {
@@ -260,8 +248,8 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
 
 void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
                                     std::string_view failure,
-                                    std::span<const std::uint8_t> active) const {
-  const Impl& s = *this;
+                                    std::span<const std::uint8_t> active) {
+  Impl& s = *this;
   std::string reason(failure);
   if (reason.empty() && grads.size() != s.params.size()) {
     reason = fmt::format("{} gradients for {} parameters", grads.size(), s.params.size());
@@ -282,53 +270,131 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
   // Padding rows (the shard's trailing local_pad rows) are ignored. One batched check of every
   // gradient, weight and optimizer state (one result transfer on a device backend): with these
   // finite and a checked coefficient schedule (NsOptions::validate), no update is non-finite, so
-  // a refused step leaves every weight at its last good value.
+  // a refused step leaves every weight at its last good value. The same call writes every
+  // stepping Muon parameter's momentum direction into p.update (its gradient, weight and
+  // momentum read once: Compute::muon_directions) and takes the replicated ones' fingerprints.
   if (reason.empty()) {
-    s.check_views.clear();
-    std::vector<std::string> what;
-    auto add = [&](ConstMatrixView v, std::size_t i, const char* kind) {
-      const detail::ShardLayout& l = s.params[i].layout;
-      if (l.local_pad() == 0 || l.batch == 1) {
-        s.check_views.push_back(v.row_block(0, v.rows - l.local_pad()));
-        what.push_back(fmt::format("{} '{}'", kind, s.params[i].spec.name));
-        return;
-      }
-      for (Index b = 0; b < l.batch; ++b) {  // each slice's padding rows ignored
-        s.check_views.push_back(v.row_block(b * l.shard_rows(), l.shard_rows())
-                                    .row_block(0, l.shard_rows() - l.local_pad()));
-        what.push_back(
-            fmt::format("{} '{}' (matrix {} of its batch)", kind, s.params[i].spec.name, b));
-      }
+    struct Check {
+      std::size_t at, param;  // its result in check_results, its parameter
+      const char* kind;
+      bool gradient;
+      Index matrix = -1;  // a batched parameter's matrix (its own padding rows): which one
     };
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      if (is_active(i)) {
-        add(grads[i], i, "gradient of");
-      } else {  // a parameter without a gradient this step: nothing to check
-        s.check_views.push_back(ConstMatrixView{});
-        what.push_back(fmt::format("gradient of '{}'", s.params[i].spec.name));
-      }
-    }
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      const ParamState& p = s.params[i];
-      add(p.spec.local, i, "weight");
-      if (p.muon) {
-        add(p.momentum.view(), i, "momentum state of");
-      } else {
-        add(p.exp_avg.view(), i, "AdamW first moment of");
-        add(p.exp_avg_sq.view(), i, "AdamW second moment of");
-      }
-    }
-    s.check_results.assign(s.check_views.size(), std::nullopt);
+    std::vector<Check> order;  // every gradient, then every weight and its states
+    constexpr std::size_t kNone = ~std::size_t{0};
+    // Per stepping Muon parameter its first direction and their count: one, or one per matrix of
+    // a batched parameter with padding rows (each matrix's own padding rows are not checked).
+    std::vector<std::size_t> direction_of(s.params.size(), kNone), directions_of(s.params.size());
+    s.directions.clear();
+    s.check_views.clear();
+    s.weight_sums.assign(s.params.size(), std::nullopt);
+    std::vector<double> sums;  // two per direction that asks (muon_directions)
     try {
-      s.compute->find_non_finite(s.check_views, s.check_results);
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        ParamState& p = s.params[i];
+        if (!p.muon || !is_active(i)) continue;
+        const MatrixView w = p.spec.local;
+        p.update.ensure(*s.compute, w.rows, w.cols);
+        direction_of[i] = s.directions.size();
+        const detail::ShardLayout& l = p.layout;
+        const bool per_matrix = l.batch > 1 && l.local_pad() > 0;
+        directions_of[i] = per_matrix ? static_cast<std::size_t>(l.batch) : 1;
+        for (Index b = 0; b < static_cast<Index>(directions_of[i]); ++b) {
+          const Index rows = per_matrix ? l.shard_rows() : w.rows;
+          const Index at = b * rows;
+          s.directions.push_back({grads[i].row_block(at, rows), w.row_block(at, rows),
+                                  p.momentum.view().row_block(at, rows),
+                                  p.update.view().row_block(at, rows), rows - l.local_pad(),
+                                  l.dp_on()});
+        }
+      }
+      const std::size_t first_other = 3 * s.directions.size();
+      auto other = [&](ConstMatrixView v, std::size_t i, const char* kind, bool gradient) {
+        const detail::ShardLayout& l = s.params[i].layout;
+        if (l.local_pad() == 0 || l.batch == 1) {
+          order.push_back({first_other + s.check_views.size(), i, kind, gradient});
+          s.check_views.push_back(v.row_block(0, v.rows - l.local_pad()));
+          return;
+        }
+        for (Index b = 0; b < l.batch; ++b) {  // each matrix's padding rows ignored
+          order.push_back({first_other + s.check_views.size(), i, kind, gradient, b});
+          s.check_views.push_back(v.row_block(b * l.shard_rows(), l.shard_rows() - l.local_pad()));
+        }
+      };
+      // Each direction's three checks (gradient, weight, momentum) of parameter i.
+      auto direction_checks = [&](std::size_t i, std::size_t k, const char* kind, bool gradient) {
+        const bool per_matrix = directions_of[i] > 1;
+        for (std::size_t b = 0; b < directions_of[i]; ++b)
+          order.push_back({3 * (direction_of[i] + b) + k, i, kind, gradient,
+                           per_matrix ? static_cast<Index>(b) : Index{-1}});
+      };
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        if (direction_of[i] != kNone) {
+          direction_checks(i, 0, "gradient of", true);
+        } else if (is_active(i)) {  // a parameter without a gradient this step: nothing to check
+          other(grads[i], i, "gradient of", true);
+        }
+      }
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        const ParamState& p = s.params[i];
+        if (direction_of[i] != kNone) {
+          direction_checks(i, 1, "weight", false);
+          direction_checks(i, 2, "momentum state of", false);
+        } else if (p.muon) {
+          other(p.spec.local, i, "weight", false);
+          other(p.momentum.view(), i, "momentum state of", false);
+        } else {
+          other(p.spec.local, i, "weight", false);
+          other(p.exp_avg.view(), i, "AdamW first moment of", false);
+          other(p.exp_avg_sq.view(), i, "AdamW second moment of", false);
+        }
+      }
+      std::size_t summed = 0;
+      for (const MuonDirection& d : s.directions)
+        summed += d.sums ? 1 : 0;
+      s.check_results.assign(first_other + s.check_views.size(), std::nullopt);
+      sums.assign(2 * summed, 0.0);
+      s.compute->muon_directions(momentum_step(s.options), s.directions, s.check_views,
+                                 s.check_results, sums);
     } catch (const Error& e) {  // e.g. host memory passed to a device backend
       reason = e.what();
     }
-    for (std::size_t k = 0; reason.empty() && k < s.check_views.size(); ++k) {
-      if (const auto& bad = s.check_results[k]) {
-        reason =
-            fmt::format("{} has a non-finite value at ({}, {}) of its shard{}", what[k], bad->row,
-                        bad->col, k < grads.size() ? "" : " before the step (nothing is updated)");
+    for (const Check& c : order) {
+      if (!reason.empty()) break;
+      if (const auto& bad = s.check_results[c.at]) {
+        // A batched parameter's matrix and the row within it.
+        const Index per_matrix = s.params[c.param].layout.shard_rows();
+        const bool batched = s.params[c.param].layout.batch > 1;
+        const Index matrix = c.matrix >= 0 ? c.matrix : batched ? bad->row / per_matrix : -1;
+        const Index row = c.matrix < 0 && batched ? bad->row % per_matrix : bad->row;
+        reason = fmt::format(
+            "{} '{}'{} has a non-finite value at ({}, {}) of its shard{}", c.kind,
+            s.params[c.param].spec.name,
+            matrix < 0 ? std::string() : fmt::format(" (matrix {} of its batch)", matrix), row,
+            bad->col, c.gradient ? "" : " before the step (nothing is updated)");
+      }
+    }
+    // The replicas' fingerprints (check_replicas): per replicated parameter its weight's and its
+    // NS input's sums of squares, a batched one's summed over its matrices in order (the same
+    // order on every replica, so equal replicas give equal bits).
+    s.fingerprints.clear();
+    std::size_t at = 0;
+    for (std::size_t i = 0; reason.empty() && i < grads.size(); ++i) {
+      if (direction_of[i] == kNone || !s.directions[direction_of[i]].sums) continue;
+      double w = 0, u = 0;
+      for (std::size_t b = 0; b < directions_of[i]; ++b, at += 2) {
+        w += sums[at];
+        u += sums[at + 1];
+      }
+      s.fingerprints.push_back(w);
+      s.fingerprints.push_back(u);
+    }
+    // The weights' sums of squares (every row) for check_updates.
+    std::size_t f = 0;
+    for (std::size_t i = 0; reason.empty() && i < grads.size(); ++i) {
+      if (direction_of[i] != kNone && s.directions[direction_of[i]].sums) {
+        s.weight_sums[i] = s.fingerprints[2 * f];
+        ++f;
       }
     }
   }
@@ -347,17 +413,16 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
 
 std::string Muon::Impl::check_replicas(std::span<const std::uint8_t> active) {
   std::vector<std::size_t> which;  // replicated stepping Muon parameters
-  check_views.clear();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamState& p = params[i];
     if (!p.muon || !p.layout.dp_on() || (!active.empty() && active[i] == 0)) continue;
     which.push_back(i);
-    check_views.push_back(p.spec.local);     // the weight
-    check_views.push_back(p.update.view());  // the NS input (momentum and gradient)
   }
   if (which.empty()) return {};
-  fingerprints.assign(check_views.size(), 0.0);
-  compute->sum_squares(check_views, true, fingerprints);
+  // Taken by validate_gradients' pass over them: per weight, its weight's sum of squares and its
+  // NS input's (p.update: gradient and momentum), in the order of `which`.
+  DISTMUON_ASSERT(fingerprints.size() == 2 * which.size(),
+                  "two fingerprints per replicated weight");
   std::string reason;
   std::vector<bool> done(which.size(), false);
   for (std::size_t k = 0; k < which.size(); ++k) {
@@ -418,18 +483,15 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   // The compute phase: every Muon update, nothing written but the updates. Code running over
   // the parameters' groups (a subset of the world) never throws for data: a non-finite NS input
   // leaves that update NaN, and one agreement over the world (check_updates) ends the phase.
-  // Per stepping Muon parameter its momentum direction into p.update, then every update
-  // orthogonalised in place by one call (its mode and algorithm: weight_orthogonalizer.h). A
-  // non-finite NS input leaves the update NaN (no throw: the ranks of the parameter's groups are
-  // only part of the world); check_updates finds it.
+  // Per stepping Muon parameter its momentum direction is in p.update (validate_gradients), then
+  // every update orthogonalised in place by one call (its mode and algorithm:
+  // weight_orthogonalizer.h). A non-finite NS input leaves the update NaN (no throw: the ranks of
+  // the parameter's groups are only part of the world); check_updates finds it.
   s.step_weights.clear();
   s.step_params.clear();
   for (std::size_t i = 0; i < grads.size(); ++i) {
     ParamState& p = s.params[i];
     if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world above
-    const MatrixView w = p.spec.local;
-    p.update.ensure(*s.compute, w.rows, w.cols);
-    muon_direction(s, p, grads[i], p.update.view());
     const bool home = p.home.value_or(false);
     const Index rows = p.layout.shard_rows();
     for (Index b = 0; b < p.layout.batch; ++b) {  // a batched parameter: one weight per slice

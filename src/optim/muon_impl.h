@@ -66,13 +66,17 @@ struct Muon::Impl {
   // results, kept across steps.
   mutable std::vector<ConstMatrixView> check_views;
   mutable std::vector<std::optional<MatrixIndex>> check_results;
+  std::vector<MuonDirection> directions;  // validate_gradients: the stepping Muon parameters
+  // Per parameter: its weight's sum of squares (every row) when validate_gradients' pass took it
+  // (replicated stepping Muon weights, for their fingerprints); check_updates reuses it.
+  std::vector<std::optional<double>> weight_sums;
   std::unique_ptr<AutoState, void (*)(AutoState*)> auto_state{nullptr, nullptr};
   // The compute phase's orthogonalisation of every mode; holds owner mode's assignments.
   detail::WeightOrthogonalizer orthogonalizer;
   std::vector<detail::ShardedWeight> step_weights;  // the step's weights, kept across steps
   std::vector<std::size_t> step_params;             // the parameter of each step weight
   NsOptions ns_gram;                                // ns with the Gram algorithm
-  std::vector<double> fingerprints;                 // replicated NS inputs' sums of squares
+  std::vector<double> fingerprints;                 // replicated weights' and NS inputs' sums
   std::size_t plan_timed_runs = 0;                  // plan measure: candidate runs timed
 
   Impl(MuonOptions o, Communicator w, Compute& c);
@@ -89,13 +93,16 @@ struct Muon::Impl {
   NsAlgorithm fixed_algorithm() const;
   // Collective over the world: every gradient matches its shard and is finite, and so are every
   // weight and optimizer state (padding rows aside), else CollectiveError on every rank naming
-  // the parameter. Nothing is updated.
+  // the parameter. Nothing is updated. In the same pass over their memory (Compute::
+  // muon_directions): every stepping Muon parameter's momentum direction into p.update (the
+  // compute phase's input to NS; the momentum is not written), and the replicated ones'
+  // fingerprints (check_replicas) and weight sums (weight_sums).
   // failure: this rank's caller already failed (grads unread); agreed in the same collective.
   // The options and `active` (empty: every parameter) are agreed in the same collective
   // (CollectiveError on every rank naming the first difference); grads of inactive parameters
   // are not read.
   void validate_gradients(std::span<const ConstMatrixView> grads, std::string_view failure,
-                          std::span<const std::uint8_t> active) const;
+                          std::span<const std::uint8_t> active);
   // Replaces the options (validated by the caller) and what is derived from them.
   void use_options(MuonOptions o);
   std::string options_text;  // the options' JSON, agreed at every step
@@ -110,8 +117,9 @@ struct Muon::Impl {
   void check_updates(std::span<const ConstMatrixView> grads, std::span<const std::uint8_t> active,
                      std::string_view replicas) const;
   // Replicated stepping weights: the fingerprints of every replica's weight and NS input
-  // (p.update: gradient and momentum), one batched sum_squares, all-gathered over each replica
-  // group (control plane; one collective per group, in the order of the groups' first weights).
+  // (p.update: gradient and momentum), their sums of squares taken by validate_gradients,
+  // all-gathered over each replica group (control plane; one collective per group, in the order
+  // of the groups' first weights).
   // Returns this rank's failure text (empty: every replica of every weight agrees), for
   // check_updates to agree over the world.
   std::string check_replicas(std::span<const std::uint8_t> active);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "distmuon/adamw.h"
@@ -12,18 +13,23 @@
 namespace distmuon {
 namespace {
 
-// One parameter's place in the batch: its sums start at `first` (Muon: weight, update; AdamW:
-// weight, m, g, v), and the factors of its step.
+// One parameter's place in the batch: its sums (Muon: weight, update; AdamW: weight, m, g, v)
+// start at `first`, except a Muon weight's sum that the compute phase took already (`weight`:
+// then its update's sum is at `first`), and the factors of its step.
 struct Bound {
   std::size_t param;
   bool muon;
   double decay, lr, adam_scale;  // adam_scale: lr / ((1 - beta1^t) eps) for AdamW
   std::size_t first;
+  std::optional<double> weight;
+  // Where sum k of the list above is in the batch's views and sums.
+  std::size_t at(std::size_t k) const { return first + k - (weight ? 1 : 0); }
 };
 
 }  // namespace
 
-// One batched sum of squares (in double) of what every stepping parameter's step reads, then:
+// One batched sum of squares (in double) of what every stepping parameter's step reads (a
+// replicated Muon weight's, unpadded, is its fingerprint's, taken by validate_gradients), then:
 //  0. Muon: each update finite (a finite float's square cannot overflow a double's sum, so a
 //     non-finite sum means a non-finite element, then found by find_non_finite for the message);
 //  1. AdamW: a finite gradient that would take the second moment past float32's range
@@ -56,12 +62,15 @@ void Muon::Impl::check_updates(std::span<const ConstMatrixView> grads,
                            ? 1.0 - options.weight_decay
                            : 1.0;
       const Index rows = w.rows - p.layout.local_pad();  // padding ignored
-      bounds.push_back({i, true, f, options.lr, 0, views.size()});
-      views.push_back(w.row_block(0, rows));
+      // The weight's sum over every row, when validate_gradients took it, is this one.
+      const std::optional<double> taken =
+          p.layout.local_pad() == 0 ? weight_sums[i] : std::optional<double>();
+      bounds.push_back({i, true, f, options.lr, 0, views.size(), taken});
+      if (!taken) views.push_back(w.row_block(0, rows));
       views.push_back(p.update.view().row_block(0, rows));
     } else {
       bounds.push_back({i, false, 1.0 - a.lr * a.weight_decay, a.lr,
-                        a.lr / ((1.0 - std::pow(a.beta1, t)) * a.eps), views.size()});
+                        a.lr / ((1.0 - std::pow(a.beta1, t)) * a.eps), views.size(), std::nullopt});
       views.insert(views.end(), {w, p.exp_avg.view(), grads[i], p.exp_avg_sq.view()});
       adam_g.push_back(grads[i]);
       adam_v.push_back(p.exp_avg_sq.view());
@@ -73,8 +82,8 @@ void Muon::Impl::check_updates(std::span<const ConstMatrixView> grads,
   auto checks = [&]() -> std::string {
     compute->sum_squares(views, true, sums);
     for (const Bound& b : bounds) {
-      if (!b.muon || std::isfinite(sums[b.first + 1])) continue;
-      const auto bad = compute->find_non_finite(views[b.first + 1]);
+      if (!b.muon || std::isfinite(sums[b.at(1)])) continue;
+      const auto bad = compute->find_non_finite(views[b.at(1)]);
       return fmt::format(
           "the update of weight '{}' is not finite at ({}, {}) of its shard: its Newton-Schulz "
           "input was not finite (a momentum step or a norm that overflows); nothing is updated",
@@ -95,9 +104,9 @@ void Muon::Impl::check_updates(std::span<const ConstMatrixView> grads,
     }
     const double limit = kMaxFloat32 * (1.0 - 1e-5);  // a margin for float32's roundings
     for (const Bound& b : bounds) {
-      const double w = std::sqrt(sums[b.first]);
+      const double w = std::sqrt(b.weight ? *b.weight : sums[b.first]);
       const double step_size =
-          b.muon ? b.lr * std::sqrt(sums[b.first + 1])
+          b.muon ? b.lr * std::sqrt(sums[b.at(1)])
                  : b.adam_scale * (a.beta1 * std::sqrt(sums[b.first + 1]) +
                                    (1.0 - a.beta1) * std::sqrt(sums[b.first + 2]));
       const double bound = std::abs(b.decay) * w + step_size;

@@ -391,6 +391,47 @@ TEST(BatchedExperts, CheckpointRoundTrip) {
   if (w.rank() == 0) fs::remove_all(dir);
 }
 
+// A batched parameter's matrices each end in their own padding rows (the GTP split's): a
+// non-finite value there is ignored, as it is for a parameter of one matrix, and one in a
+// matrix's own rows is refused on every rank, naming the matrix.
+TEST(BatchedExperts, EachMatrixsPaddingRowsAreIgnoredAndItsOwnRowsChecked) {
+  const Communicator& w = test::world();
+  const ProcessGroups groups = groups_of_world();
+  const Experts padded = experts_for(groups)[1];  // 8 matrices, GTP padding
+  const TestLayout& l = padded.layout;
+  const int t = l.tp > 1 ? groups.tp.rank() : 0, g = l.gtp > 1 ? groups.gtp.rank() : 0;
+  const Index r = l.shard_rows();
+  Index pad_row = -1, real_row = -1;  // within a matrix of this rank's shard
+  for (Index i = 0; i < r; ++i)
+    (l.global_row(t, g, i) < 0 ? pad_row : real_row) = i;
+  Matrix weights = test::random_matrix(padded.count * r, l.n_tp(), 5);
+  Muon muon(options(TpMode::kDuplicated), w, cpu_compute());
+  ParamSpec s = test::layout_spec(l, groups, weights.view(), "experts");
+  s.batch = padded.count;
+  muon.add_parameter(s);
+  Matrix grad = test::random_matrix(padded.count * r, l.n_tp(), 6);
+  for (Index k = 0; k < padded.count; ++k) {  // the padding rows zero, as the caller holds them
+    for (Index i = 0; i < r; ++i)
+      if (l.global_row(t, g, i) < 0)
+        std::memset(grad.view().row_block(k * r + i, 1).data, 0,
+                    sizeof(float) * static_cast<std::size_t>(l.n_tp()));
+  }
+  const std::vector<ConstMatrixView> grads = {grad.view()};
+  const float nan = std::nanf("");
+  if (pad_row >= 0) grad.view()(3 * r + pad_row, 0) = nan;  // matrix 3's padding
+  EXPECT_NO_THROW(muon.step(grads));
+  if (pad_row >= 0) grad.view()(3 * r + pad_row, 0) = 0;
+  if (w.rank() == 0) grad.view()(5 * r + real_row, 1) = nan;  // matrix 5's own rows, rank 0 only
+  try {
+    muon.step(grads);
+    ADD_FAILURE() << "a non-finite gradient in matrix 5 stepped";
+  } catch (const Error& e) {
+    if (w.rank() == 0)
+      EXPECT_NE(std::string(e.what()).find("'experts' (matrix 5 of its batch)"), std::string::npos)
+          << e.what();
+  }
+}
+
 TEST(BatchedExperts, BadSpecsRefused) {
   const Communicator& w = test::world();
   const ProcessGroups groups = make_process_groups(w, 1, 1);

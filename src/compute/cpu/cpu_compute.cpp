@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 
 #include "compute/cpu/bf16_gemm.h"
 #include "compute/shape_checks.h"
@@ -70,24 +71,109 @@ void mirror_upper(MatrixView c) {
   }
 }
 
-// The sum of squares of a's elements in T, in kLanes running sums (element j of a row goes to
-// lane j mod kLanes), added pairwise at the end: a fixed order (the same bits on every machine
-// and every call) that the compiler vectorises, where one running sum waits on each addition.
+// The sum of squares of a matrix's elements in T, in kLanes running sums (element j of a row goes
+// to lane j mod kLanes), added pairwise at the end: a fixed order (the same bits on every machine
+// and every call) that the compiler vectorises, where one running sum waits on each addition. Rows
+// are added one at a time, so that a pass that reads them for more than the sum adds them as it
+// goes (muon_directions).
 template <typename T>
-T lane_sum_squares(ConstMatrixView a) {
-  constexpr Index kLanes = 8;
+struct LaneSquares {
+  static constexpr Index kLanes = 8;
   T lane[kLanes] = {};
-  for (Index i = 0; i < a.rows; ++i) {
-    const float* row = a.data + i * a.ld;
+  void add(const float* row, Index cols) {
     Index j = 0;
-    for (; j + kLanes <= a.cols; j += kLanes) {
-      for (Index k = 0; k < kLanes; ++k)
-        lane[k] += static_cast<T>(row[j + k]) * static_cast<T>(row[j + k]);
+    if constexpr (std::is_same_v<T, double>) {
+      // The lanes as four pairs of doubles (GCC's and Clang's vector extensions): the same
+      // operations on each lane in the same order, which the compiler otherwise leaves scalar.
+      using Pair = double __attribute__((vector_size(16)));
+      using FloatPair = float __attribute__((vector_size(8)));
+      Pair acc[kLanes / 2];
+      std::memcpy(acc, lane, sizeof(acc));
+      for (; j + kLanes <= cols; j += kLanes) {
+        for (Index k = 0; k < kLanes / 2; ++k) {
+          FloatPair f;
+          std::memcpy(&f, row + j + 2 * k, sizeof(f));
+          const Pair d = __builtin_convertvector(f, Pair);
+          acc[k] += d * d;
+        }
+      }
+      std::memcpy(lane, acc, sizeof(acc));
+    } else {
+      for (; j + kLanes <= cols; j += kLanes) {
+        for (Index k = 0; k < kLanes; ++k)
+          lane[k] += static_cast<T>(row[j + k]) * static_cast<T>(row[j + k]);
+      }
     }
-    for (; j < a.cols; ++j)
+    for (; j < cols; ++j)
       lane[j % kLanes] += static_cast<T>(row[j]) * static_cast<T>(row[j]);
   }
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  T total() const {
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+           ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  }
+};
+
+template <typename T>
+T lane_sum_squares(ConstMatrixView a) {
+  LaneSquares<T> sum;
+  for (Index i = 0; i < a.rows; ++i)
+    sum.add(a.data + i * a.ld, a.cols);
+  return sum.total();
+}
+
+// Whether a row has a non-finite element: a branch-free scan (the compiler vectorises it).
+bool has_non_finite(const float* row, Index cols) {
+  std::uint32_t special = 0;
+  for (Index j = 0; j < cols; ++j)
+    special |= (std::bit_cast<std::uint32_t>(row[j]) & 0x7f800000u) == 0x7f800000u;
+  return special != 0;
+}
+
+// The first non-finite element of a row: the scan first (every step checks its inputs), then the
+// element's place only in a row that has one.
+std::optional<Index> first_non_finite(const float* row, Index cols) {
+  if (!has_non_finite(row, cols)) return std::nullopt;
+  for (Index j = 0; j < cols; ++j) {
+    if (!std::isfinite(row[j])) return j;
+  }
+  return std::nullopt;
+}
+
+// Muon's momentum step on one row (muon_momentum's formula, each operation in its order): the new
+// momentum into buf_out (may be buf) and the direction into u (may be buf_out).
+void momentum_row(const MomentumStep& k, const float* g, const float* w, const float* buf,
+                  float* buf_out, float* u, Index cols) {
+  const float mu = k.momentum, wd = k.l2;
+  for (Index j = 0; j < cols; ++j) {
+    const float gij = g[j] + wd * w[j];
+    const float b = mu * buf[j] + (1.0f - mu) * gij;
+    buf_out[j] = b;
+    u[j] = k.nesterov ? (1.0f - mu) * gij + mu * b : b;
+  }
+}
+
+// The direction only (buf read, not written).
+void direction_row(const MomentumStep& k, const float* __restrict g, const float* __restrict w,
+                   const float* __restrict buf, float* __restrict u, Index cols) {
+  const float mu = k.momentum, wd = k.l2;
+  if (k.nesterov) {
+    for (Index j = 0; j < cols; ++j) {
+      const float gij = g[j] + wd * w[j];
+      const float b = mu * buf[j] + (1.0f - mu) * gij;
+      u[j] = (1.0f - mu) * gij + mu * b;
+    }
+  } else {
+    for (Index j = 0; j < cols; ++j)
+      u[j] = mu * buf[j] + (1.0f - mu) * (g[j] + wd * w[j]);
+  }
+}
+
+// The new momentum only, in place.
+void advance_row(const MomentumStep& k, const float* __restrict g, const float* __restrict w,
+                 float* __restrict buf, Index cols) {
+  const float mu = k.momentum, wd = k.l2;
+  for (Index j = 0; j < cols; ++j)
+    buf[j] = mu * buf[j] + (1.0f - mu) * (g[j] + wd * w[j]);
 }
 
 class CpuCompute final : public Compute {
@@ -257,16 +343,7 @@ class CpuCompute final : public Compute {
 
   std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) override {
     for (Index i = 0; i < a.rows; ++i) {
-      const float* row = a.data + i * a.ld;
-      // A branch-free scan of the row first (the compiler vectorises it; every step checks its
-      // updates), then the element's place only in a row that has one.
-      std::uint32_t special = 0;
-      for (Index j = 0; j < a.cols; ++j)
-        special |= (std::bit_cast<std::uint32_t>(row[j]) & 0x7f800000u) == 0x7f800000u;
-      if (special == 0) continue;
-      for (Index j = 0; j < a.cols; ++j) {
-        if (!std::isfinite(row[j])) return MatrixIndex{i, j};
-      }
+      if (const auto j = first_non_finite(a.data + i * a.ld, a.cols)) return MatrixIndex{i, *j};
     }
     return std::nullopt;
   }
@@ -276,17 +353,79 @@ class CpuCompute final : public Compute {
     check_same("muon_momentum", "weight", w, g);
     check_same("muon_momentum", "momentum", buf, g);
     check_same("muon_momentum", "update", u, g);
-    const float mu = k.momentum, wd = k.l2;
     for (Index i = 0; i < g.rows; ++i) {
-      const float* gr = g.data + i * g.ld;
-      const float* wr = w.data + i * w.ld;
       float* br = buf.data + i * buf.ld;
-      float* ur = u.data + i * u.ld;
-      for (Index j = 0; j < g.cols; ++j) {
-        const float gij = gr[j] + wd * wr[j];
-        const float b = mu * br[j] + (1.0f - mu) * gij;
-        br[j] = b;
-        ur[j] = k.nesterov ? (1.0f - mu) * gij + mu * b : b;
+      momentum_row(k, g.data + i * g.ld, w.data + i * w.ld, br, br, u.data + i * u.ld, g.cols);
+    }
+  }
+
+  // One pass over each direction's rows: u from g, w and buf, then (the row in the cache) the sums
+  // of w and u, or a scan of u. g, w and buf are checked through u: a non-finite element of any
+  // of them makes u's element non-finite (each enters u through + and * with finite factors,
+  // and IEEE arithmetic keeps infinities and NaN non-finite, 0 x inf included), so u all finite
+  // (its sum of squares finite) means they are; otherwise, rarely, they are scanned for the
+  // first non-finite element of each (u may also overflow from finite inputs: then none is).
+  void muon_directions(const MomentumStep& k, std::span<const MuonDirection> dirs,
+                       std::span<const ConstMatrixView> others,
+                       std::span<std::optional<MatrixIndex>> found,
+                       std::span<double> sums) override {
+    detail::check_muon_directions(dirs, others, found, sums);
+    std::size_t summed = 0;
+    for (std::size_t n = 0; n < dirs.size(); ++n) {
+      const MuonDirection& d = dirs[n];
+      LaneSquares<double> w_sum, u_sum;
+      bool u_finite = true;
+      for (Index i = 0; i < d.g.rows; ++i) {
+        const float* wr = d.w.data + i * d.w.ld;
+        float* ur = d.u.data + i * d.u.ld;
+        direction_row(k, d.g.data + i * d.g.ld, wr, d.buf.data + i * d.buf.ld, ur, d.g.cols);
+        if (d.sums) {
+          w_sum.add(wr, d.g.cols);
+          u_sum.add(ur, d.g.cols);
+        } else if (u_finite) {
+          u_finite = !has_non_finite(ur, d.g.cols);
+        }
+      }
+      if (d.sums) {
+        sums[summed++] = w_sum.total();
+        sums[summed++] = u_sum.total();
+        u_finite = std::isfinite(sums[summed - 1]);
+      }
+      std::optional<MatrixIndex>* f = &found[3 * n];
+      f[0] = f[1] = f[2] = std::nullopt;
+      if (!u_finite) {
+        f[0] = find_non_finite(d.g.row_block(0, d.checked_rows));
+        f[1] = find_non_finite(d.w.row_block(0, d.checked_rows));
+        f[2] = find_non_finite(d.buf.row_block(0, d.checked_rows));
+      }
+    }
+    for (std::size_t n = 0; n < others.size(); ++n)
+      found[3 * dirs.size() + n] = find_non_finite(others[n]);
+  }
+
+  // muon_momentum, scale and axpby of the default (compute.h) per element: each element of g, w,
+  // buf and u read once, w and buf written once.
+  void muon_apply(const MomentumStep& k, ConstMatrixView g, MatrixView w, MatrixView buf,
+                  ConstMatrixView u, float decay, float lr) override {
+    check_same("muon_apply", "weight", w, g);
+    check_same("muon_apply", "momentum", buf, g);
+    check_same("muon_apply", "update", u, g);
+    const float alpha = -lr;
+    for (Index i = 0; i < g.rows; ++i) {
+      float* br = buf.data + i * buf.ld;
+      float* wr = w.data + i * w.ld;
+      const float* ur = u.data + i * u.ld;
+      advance_row(k, g.data + i * g.ld, wr, br, g.cols);
+      // scale's w decay (0 clears, as scale does), then axpby's alpha u + 1 w.
+      if (decay == 1.0f) {
+        for (Index j = 0; j < g.cols; ++j)
+          wr[j] = alpha * ur[j] + wr[j];
+      } else if (decay == 0.0f) {
+        for (Index j = 0; j < g.cols; ++j)
+          wr[j] = alpha * ur[j] + 0.0f;
+      } else {
+        for (Index j = 0; j < g.cols; ++j)
+          wr[j] = alpha * ur[j] + wr[j] * decay;
       }
     }
   }

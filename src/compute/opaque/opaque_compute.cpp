@@ -188,6 +188,30 @@ class OpaqueCompute final : public Compute {
     cpu().muon_momentum(k, mine("muon_momentum", g), mine("muon_momentum", w),
                         mine("muon_momentum", buf), mine("muon_momentum", u));
   }
+  // The CPU backend's fused passes on the translated views.
+  void muon_directions(const MomentumStep& k, std::span<const MuonDirection> dirs,
+                       std::span<const ConstMatrixView> others,
+                       std::span<std::optional<MatrixIndex>> found,
+                       std::span<double> sums) override {
+    const char* op = "muon_directions";
+    std::vector<MuonDirection> own(dirs.begin(), dirs.end());
+    for (MuonDirection& d : own) {
+      d.g = mine(op, d.g);
+      d.w = mine(op, d.w);
+      d.buf = mine(op, d.buf);
+      d.u = mine(op, d.u);
+    }
+    std::vector<ConstMatrixView> own_others;
+    own_others.reserve(others.size());
+    for (const ConstMatrixView& o : others)
+      own_others.push_back(mine(op, o));
+    cpu().muon_directions(k, own, own_others, found, sums);
+  }
+  void muon_apply(const MomentumStep& k, ConstMatrixView g, MatrixView w, MatrixView buf,
+                  ConstMatrixView u, float decay, float lr) override {
+    const char* op = "muon_apply";
+    cpu().muon_apply(k, mine(op, g), mine(op, w), mine(op, buf), mine(op, u), decay, lr);
+  }
   void adamw(const AdamWStep& k, ConstMatrixView g, MatrixView m, MatrixView v,
              MatrixView p) override {
     cpu().adamw(k, mine("adamw", g), mine("adamw", m), mine("adamw", v), mine("adamw", p));
