@@ -28,14 +28,20 @@ void expect_close(double got, double want, const std::string& what) {
 
 // A calibrated 2-rank profile (a CPU's figures): the products, the copies and the exchanges at
 // measured rates, so that every term of the schedule counts.
-HardwareProfile calibrated() {
+// A profile of one 2-rank domain at these rates.
+HardwareProfile profile(const char* name, double tflops, double gbps, double latency_us) {
   HardwareProfile p;
-  p.name = "calibrated";
-  p.peak_tflops_bf16 = p.peak_tflops_fp32 = 0.2;
-  p.intra_domain_gbps = p.inter_domain_gbps = 10;
-  p.intra_domain_latency_us = p.inter_domain_latency_us = 1;
+  p.name = name;
+  p.peak_tflops_bf16 = p.peak_tflops_fp32 = tflops;
+  p.intra_domain_gbps = p.inter_domain_gbps = gbps;
+  p.intra_domain_latency_us = p.inter_domain_latency_us = latency_us;
   p.domain_size = 2;
   p.source = "test";
+  return p;
+}
+
+HardwareProfile calibrated() {
+  HardwareProfile p = profile("calibrated", 0.2, 10, 1);
   Calibration c;
   c.elem_size = 4;
   c.group_size = 2;
@@ -126,13 +132,7 @@ TEST(BenchPrediction, OwnerRunsAreTheSimulation) {
 // 0 (x), then chunk 0's NS while gather 1 is in flight, chunk 1's NS once it is in, then its
 // scatter: max(x + c, 2 x) + c + x.
 TEST(BenchPrediction, TheScheduleByHand) {
-  HardwareProfile p;
-  p.name = "fast";
-  p.peak_tflops_bf16 = p.peak_tflops_fp32 = 0.1;
-  p.intra_domain_gbps = p.inter_domain_gbps = 1e5;
-  p.intra_domain_latency_us = p.inter_domain_latency_us = 0;
-  p.domain_size = 2;
-  p.source = "test";
+  const HardwareProfile p = profile("fast", 0.1, 1e5, 0);
   const AutoKey k = auto_key(ShardLayout{.m = 512, .n = 512, .gtp_size = 2}, NsOptions{},
                              NsAlgorithm::kStandard, false);
   const std::vector<AutoKey> keys(4, k);
