@@ -43,6 +43,9 @@ struct ParamState {
 
 struct AutoState;  // muon_auto.cpp
 
+// The per-element constants of Muon's momentum step from the options (muon.cpp).
+MomentumStep momentum_step(const MuonOptions& o);
+
 struct Muon::Impl {
   MuonOptions options;
   NsOptions ns;
