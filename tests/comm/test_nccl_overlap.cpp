@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -236,6 +237,10 @@ TEST(NcclOverlap, OwnerPipelineBitEqualToMpiWithExchangesInFlight) {
     // At least one exchange per rank still in flight when its start returned (with a 5 ms delay
     // per operation nearly all are; a rank descheduled for 5 ms right after a start misses one).
     EXPECT_GT(nccl_starts->in_flight, 0) << nccl_starts->started << " starts";
+    if (test::world().rank() == 0) {
+      std::printf("grid %dx%dx%d: %d starts, %d in flight when they returned\n", g.T, g.G, g.D,
+                  nccl_starts->started, nccl_starts->in_flight);
+    }
   }
   ASSERT_EQ(unsetenv("DISTMUON_STANDIN_DELAY_US"), 0);
 }

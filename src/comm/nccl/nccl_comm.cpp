@@ -244,7 +244,7 @@ class NcclComm final : public CommImpl, public std::enable_shared_from_this<Nccl
   ncclResult_t exchange(const void* send, const std::size_t* send_counts,
                         const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
                         const std::size_t* recv_displs, DType t, ncclComm_t c,
-                        cudaStream_t stream) {
+                        cudaStream_t stream) const {
     const std::size_t elem = dtype_size(t);
     const auto* s = static_cast<const char*>(send);
     auto* r = static_cast<char*>(recv);
@@ -291,8 +291,14 @@ class NcclComm final : public CommImpl, public std::enable_shared_from_this<Nccl
       fail(op, kOwnError, describe(rc, fmt::format("{} {}", op, detail)));
     }
     if (rc == ncclInProgress) wait(op, true);
-    if (started) return device_->end_started_operation(op);
-    device_->end_operation(op);
+    // The operation is queued: a device error from here on leaves the peers in it, so it ends
+    // in the failure protocol.
+    try {
+      if (started) return device_->end_started_operation(op);
+      device_->end_operation(op);
+    } catch (const Error& e) {
+      fail(op, kOwnError, fmt::format("rank {}: {}", rank_, e.what()));
+    }
     return nullptr;
   }
 
