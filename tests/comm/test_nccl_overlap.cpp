@@ -216,6 +216,9 @@ TEST(NcclOverlap, OwnerPipelineBitEqualToMpiWithExchangesInFlight) {
     grids.push_back({1, 1, 4});  // replicated weights: the homes' results to every replica
   }
   ASSERT_EQ(setenv("DISTMUON_STANDIN_DELAY_US", "5000", 1), 0);
+  struct Unset {
+    ~Unset() { unsetenv("DISTMUON_STANDIN_DELAY_US"); }
+  } unset_delay;  // also when an assertion returns early
   ASSERT_EQ(setenv("DISTMUON_OPAQUE_DATA_PLANE", "nccl", 1), 0);
   const std::unique_ptr<Compute> over_nccl = make_opaque_compute();
   ASSERT_EQ(unsetenv("DISTMUON_OPAQUE_DATA_PLANE"), 0);
@@ -242,7 +245,6 @@ TEST(NcclOverlap, OwnerPipelineBitEqualToMpiWithExchangesInFlight) {
                   nccl_starts->started, nccl_starts->in_flight);
     }
   }
-  ASSERT_EQ(unsetenv("DISTMUON_STANDIN_DELAY_US"), 0);
 }
 
 }  // namespace
