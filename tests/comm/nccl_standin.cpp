@@ -19,7 +19,11 @@
 // Test hooks: DISTMUON_STANDIN_ASYNC_ERROR=RANK:N makes the N-th operation queued on this process
 // (counted over its communicators) fail with ncclRemoteError when it runs on communicator rank
 // RANK of a communicator spanning every rank of the first one made, without telling the peers
-// (they wait, as on a GPU whose peer's kernel never ran).
+// (they wait, as on a GPU whose peer's kernel never ran). DISTMUON_STANDIN_DELAY_US=N (read when a
+// communicator is made) makes its worker wait N microseconds before each operation, as a slow
+// link would, so that an operation is still in flight for that long after its call returned.
+// distmuon_standin_pending() (not an NCCL function: the tests find it with dlsym) is the number of
+// operations queued or running on this process's communicators.
 #include <fcntl.h>
 #include <nccl.h>
 #include <signal.h>
@@ -62,8 +66,9 @@ struct P2pTable {
   std::uint64_t bytes[kMaxRanks];
 };
 
-std::atomic<long> g_ops{0};   // operations queued by this process (the async-error hook)
-std::atomic<int> g_world{0};  // ranks of the first communicator made
+std::atomic<long> g_ops{0};     // operations queued by this process (the async-error hook)
+std::atomic<int> g_pending{0};  // operations queued or running (distmuon_standin_pending)
+std::atomic<int> g_world{0};    // ranks of the first communicator made
 
 std::string segment_name(const ncclUniqueId& id) {
   return std::string(id.internal);
@@ -241,7 +246,8 @@ struct ncclComm {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::function<ncclResult_t()>> queue;
-  int running = 0;  // queued or running operations
+  int running = 0;    // queued or running operations
+  long delay_us = 0;  // DISTMUON_STANDIN_DELAY_US
   std::atomic<bool> aborting{false};
   std::atomic<int> error{ncclSuccess};
   std::string last_error;
@@ -335,6 +341,8 @@ struct ncclComm {
         op = std::move(queue.front());
         queue.pop_front();
       }
+      if (delay_us > 0 && !aborting.load())
+        std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
       // After an error, queued operations are dropped (their outputs are undefined).
       if (error.load() == ncclSuccess && !aborting.load()) {
         const ncclResult_t rc = op();
@@ -342,6 +350,7 @@ struct ncclComm {
       }
       std::lock_guard lock(mu);
       --running;
+      --g_pending;
     }
   }
 
@@ -364,6 +373,7 @@ struct ncclComm {
     std::lock_guard lock(mu);
     queue.push_back(std::move(op));
     ++running;
+    ++g_pending;
     cv.notify_one();
     return ncclSuccess;
   }
@@ -427,6 +437,7 @@ ncclResult_t make_comm(ncclComm_t* out, int nranks, const std::string& name, int
   c->name = name;
   c->rank = rank;
   c->nranks = nranks;
+  if (const char* delay = std::getenv("DISTMUON_STANDIN_DELAY_US")) c->delay_us = std::atol(delay);
   int expected = 0;
   g_world.compare_exchange_strong(expected, nranks);
   c->worker = std::thread([c] { c->run(); });
@@ -437,6 +448,7 @@ ncclResult_t make_comm(ncclComm_t* out, int nranks, const std::string& name, int
     std::lock_guard lock(c->mu);
     c->queue.push_back([c] { return open_comm(c); });
     ++c->running;
+    ++g_pending;
     c->cv.notify_one();
   }
   if (!blocking) return ncclInProgress;
@@ -453,6 +465,10 @@ ncclResult_t make_comm(ncclComm_t* out, int nranks, const std::string& name, int
 }  // namespace
 
 extern "C" {
+
+int distmuon_standin_pending() {
+  return g_pending.load();
+}
 
 ncclResult_t ncclGetVersion(int* version) {
   if (version == nullptr) return ncclInvalidArgument;

@@ -1,6 +1,7 @@
-// The NCCL communicator (nccl_comm.h): collectives, grouped send/recv for all_to_all_v, the unique
-// id bootstrapped over the host communicator, non-blocking init and split, and every host wait
-// bounded by a deadline that ends in the failure protocol (fail()).
+// The NCCL communicator (nccl_comm.h): collectives, grouped send/recv for all_to_all_v (also
+// started without waiting: start_all_to_all_v's requests), the unique id bootstrapped over the
+// host communicator, non-blocking init and split, and every host wait bounded by a deadline that
+// ends in the failure protocol (fail()).
 #include "comm/nccl/nccl_comm.h"
 
 #include <fmt/format.h>
@@ -8,7 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -75,7 +78,7 @@ Registry& registry() {
   return *r;
 }
 
-class NcclComm final : public CommImpl {
+class NcclComm final : public CommImpl, public std::enable_shared_from_this<NcclComm> {
  public:
   NcclComm(std::shared_ptr<CommImpl> host, std::shared_ptr<NcclDevice> device)
       : host_(std::move(host)), device_(std::move(device)), timeout_(nccl_timeout_seconds()) {
@@ -134,25 +137,23 @@ class NcclComm final : public CommImpl {
   void all_to_all_v(const void* send, const std::size_t* send_counts,
                     const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
                     const std::size_t* recv_displs, DType t) override {
-    const std::size_t elem = dtype_size(t);
-    const auto* s = static_cast<const char*>(send);
-    auto* r = static_cast<char*>(recv);
     run("all_to_all_v", dtype_name(t), [&](ncclComm_t c, cudaStream_t stream) {
-      ncclResult_t rc = nccl().group_start();
-      if (rc != ncclSuccess) return rc;
-      for (int peer = 0; peer < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++peer) {
-        if (send_counts[peer] > 0) {
-          rc = nccl().send(s + send_displs[peer] * elem, send_counts[peer], nccl_type(t), peer, c,
-                           stream);
-        }
-        if ((rc == ncclSuccess || rc == ncclInProgress) && recv_counts[peer] > 0) {
-          rc = nccl().recv(r + recv_displs[peer] * elem, recv_counts[peer], nccl_type(t), peer, c,
-                           stream);
-        }
-      }
-      const ncclResult_t end = nccl().group_end();  // always closes the group
-      return rc == ncclSuccess || rc == ncclInProgress ? end : rc;
+      return exchange(send, send_counts, send_displs, recv, recv_counts, recv_displs, t, c, stream);
     });
+  }
+  // The same exchange queued without waiting for it (nccl_comm.h): the request's wait() orders
+  // the compute stream after it (CUDA) or waits for it within the deadline (host memory).
+  std::unique_ptr<CommRequest> start_all_to_all_v(const void* send, const std::size_t* send_counts,
+                                                  const std::size_t* send_displs, void* recv,
+                                                  const std::size_t* recv_counts,
+                                                  const std::size_t* recv_displs,
+                                                  DType t) override {
+    auto done = enqueue("all_to_all_v", fmt::format("{} (started)", dtype_name(t)), true,
+                        [&](ncclComm_t c, cudaStream_t stream) {
+                          return exchange(send, send_counts, send_displs, recv, recv_counts,
+                                          recv_displs, t, c, stream);
+                        });
+    return std::make_unique<Request>(shared_from_this(), std::move(done));
   }
   // Everything queued so far has completed on this rank (within the deadline), then every rank
   // meets on the host.
@@ -214,10 +215,70 @@ class NcclComm final : public CommImpl {
   }
 
  private:
-  // One operation: the fault hook, the connection, the call queued on the device's stream, then
-  // (host memory, or an enqueue NCCL reports in progress) the bounded wait.
+  // A started exchange (start_all_to_all_v): waited once, by wait() or the destructor.
+  class Request final : public CommRequest {
+   public:
+    Request(std::shared_ptr<NcclComm> comm, std::unique_ptr<NcclDevice::Completion> done)
+        : comm_(std::move(comm)), done_(std::move(done)) {}
+    ~Request() override {
+      if (waited_) return;
+      try {
+        wait();
+      } catch (const std::exception&) {  // CommRequest: errors of an unwaited request are lost
+      }
+    }
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+    void wait() override {
+      if (std::exchange(waited_, true)) return;
+      comm_->finish("all_to_all_v", *done_);
+    }
+
+   private:
+    std::shared_ptr<NcclComm> comm_;  // declared first: outlives done_, whose device it holds
+    std::unique_ptr<NcclDevice::Completion> done_;
+    bool waited_ = false;
+  };
+
+  // all_to_all_v's group call: an ncclSend and an ncclRecv per peer with a non-empty chunk.
+  ncclResult_t exchange(const void* send, const std::size_t* send_counts,
+                        const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
+                        const std::size_t* recv_displs, DType t, ncclComm_t c,
+                        cudaStream_t stream) const {
+    const std::size_t elem = dtype_size(t);
+    const auto* s = static_cast<const char*>(send);
+    auto* r = static_cast<char*>(recv);
+    ncclResult_t rc = nccl().group_start();
+    if (rc != ncclSuccess) return rc;
+    for (int peer = 0; peer < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++peer) {
+      if (send_counts[peer] > 0) {
+        rc = nccl().send(s + send_displs[peer] * elem, send_counts[peer], nccl_type(t), peer, c,
+                         stream);
+      }
+      if ((rc == ncclSuccess || rc == ncclInProgress) && recv_counts[peer] > 0) {
+        rc = nccl().recv(r + recv_displs[peer] * elem, recv_counts[peer], nccl_type(t), peer, c,
+                         stream);
+      }
+    }
+    const ncclResult_t end = nccl().group_end();  // always closes the group
+    return rc == ncclSuccess || rc == ncclInProgress ? end : rc;
+  }
+
+  // One operation, waited for on host memory (the caller reads it on return).
   template <typename Call>
   void run(const char* op, std::string_view detail, Call&& call) {
+    enqueue(op, detail, false, std::forward<Call>(call));
+    if (device_->waits_each_operation()) wait(op, false);
+  }
+
+  // Queues one operation: the fault hook, the connection, the call on the device's stream
+  // (after the compute stream's work queued so far); when NCCL reports the enqueue in progress
+  // (a non-blocking communicator: the work reaches the stream only once it is done), the bounded
+  // wait for the enqueue; then the compute stream ordered after it, or, started, the completion
+  // that orders it later.
+  template <typename Call>
+  std::unique_ptr<NcclDevice::Completion> enqueue(const char* op, std::string_view detail,
+                                                  bool started, Call&& call) {
     throw_if_failed();
     if (detail::fault_watching()) {
       detail::fault_point("nccl", fmt::format("{} {} over {} ranks", op, detail, size_));
@@ -226,14 +287,36 @@ class NcclComm final : public CommImpl {
     device_->make_current(op);
     auto* stream = static_cast<cudaStream_t>(device_->begin_operation(op));
     const ncclResult_t rc = call(c, stream);
-    device_->end_operation(op);
     if (rc != ncclSuccess && rc != ncclInProgress) {
       fail(op, kOwnError, describe(rc, fmt::format("{} {}", op, detail)));
     }
+    if (rc == ncclInProgress) wait(op, true);
+    // The operation is queued: a device error from here on leaves the peers in it, so it ends
+    // in the failure protocol.
+    try {
+      if (started) return device_->end_started_operation(op);
+      device_->end_operation(op);
+    } catch (const Error& e) {
+      fail(op, kOwnError, fmt::format("rank {}: {}", rank_, e.what()));
+    }
+    return nullptr;
+  }
+
+  // A started operation's wait (Request::wait): on host memory the bounded wait until NCCL
+  // reports the communicator's queued work done; on a device a check of NCCL's asynchronous error
+  // and the peers' notices without waiting, then the compute stream ordered after the operation.
+  void finish(const char* op, NcclDevice::Completion& done) {
+    throw_if_failed();
+    device_->make_current(op);
     if (device_->waits_each_operation()) {
       wait(op, false);
-    } else if (rc == ncclInProgress) {
-      wait(op, true);  // a non-blocking communicator's enqueue still running
+    } else {
+      poll(op);
+    }
+    try {
+      done.join(op);
+    } catch (const Error& e) {
+      fail(op, kOwnError, fmt::format("rank {}: {}", rank_, e.what()));
     }
   }
 

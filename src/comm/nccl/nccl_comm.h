@@ -12,9 +12,20 @@ namespace distmuon {
 // How an NCCL communicator reaches its memory: the device it makes current and the streams it
 // queues on. The CUDA backend's (src/compute/cuda) queues every operation on a communication
 // stream ordered after the compute stream's work by an event, and the compute stream after it by
-// another; host_nccl_device() is host memory (the stand-in NCCL of the tests).
+// another (a started operation: only once its request is waited); host_nccl_device() is host
+// memory (the stand-in NCCL of the tests).
 class NcclDevice {
  public:
+  // Where a started operation (start_all_to_all_v) ends on the device: join() orders the work
+  // queued next (the compute stream) after it, without a host wait. Destroyed after join(), or
+  // unjoined when the communicator failed.
+  class Completion {
+   public:
+    virtual ~Completion() = default;
+    // Throws distmuon::Error naming op on a failed CUDA call.
+    virtual void join(const char* op) = 0;
+  };
+
   virtual ~NcclDevice() = default;
   // "device 0", "host memory": for messages.
   virtual std::string name() const = 0;
@@ -24,6 +35,9 @@ class NcclDevice {
   virtual void* begin_operation(const char* op) = 0;
   // After it was queued: the work queued next is ordered after it.
   virtual void end_operation(const char* op) = 0;
+  // After a started operation was queued, instead of end_operation: the work queued next is not
+  // ordered after it until the returned completion's join().
+  virtual std::unique_ptr<Completion> end_started_operation(const char* op) = 0;
   // Whether everything queued has completed; throws distmuon::Error on a failed stream.
   virtual bool idle() = 0;
   // True for host memory the caller reads as soon as a call returns: every operation is waited
@@ -48,6 +62,13 @@ std::shared_ptr<NcclDevice> host_nccl_device();
 // when every rank answered (the same failing rank named on each), else distmuon::Error naming the
 // ranks that did not answer (stalled or dead), so that the program ends the job. After a failure
 // every operation throws the same error.
+//
+// start_all_to_all_v queues the exchange (ordered after the compute stream's work queued so far)
+// and returns without waiting for it: on a device with streams, its request's wait() checks the
+// communicator (NCCL's asynchronous error, the peers' notices; no host wait) and orders the
+// compute stream after the exchange's event (NcclDevice::Completion::join), so a later host wait
+// (nccl_wait) is the one bounded by the deadline; on host memory (waits_each_operation) wait()
+// is the bounded host wait itself, until NCCL reports the communicator's queued work done.
 std::shared_ptr<CommImpl> make_nccl_comm(std::shared_ptr<CommImpl> host,
                                          std::shared_ptr<NcclDevice> device);
 

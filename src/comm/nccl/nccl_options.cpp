@@ -11,13 +11,20 @@
 namespace distmuon {
 namespace {
 
-// Host memory: NCCL's stream argument is unused, every operation is waited for.
+// Host memory: NCCL's stream argument is unused, every operation is waited for (a started one
+// when its request is waited: its completion is NCCL's, nothing to join on a stream).
 class HostNcclDevice final : public NcclDevice {
  public:
   std::string name() const override { return "host memory"; }
   void make_current(const char*) override {}
   void* begin_operation(const char*) override { return nullptr; }
   void end_operation(const char*) override {}
+  std::unique_ptr<Completion> end_started_operation(const char*) override {
+    struct Nothing final : Completion {
+      void join(const char*) override {}
+    };
+    return std::make_unique<Nothing>();
+  }
   bool idle() override { return true; }
   bool waits_each_operation() const override { return true; }
 };

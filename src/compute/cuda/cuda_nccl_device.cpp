@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <mutex>
+#include <vector>
 
 #include "compute/cuda/cuda_check.h"
 #include "distmuon/error.h"
@@ -21,6 +22,8 @@ class CudaNcclDevice final : public NcclDevice {
     cudaStreamSynchronize(comm_);
     cudaEventDestroy(before_);
     cudaEventDestroy(after_);
+    for (cudaEvent_t e : started_)
+      cudaEventDestroy(e);
     cudaStreamDestroy(comm_);
   }
   CudaNcclDevice(const CudaNcclDevice&) = delete;
@@ -42,6 +45,26 @@ class CudaNcclDevice final : public NcclDevice {
     check(cudaEventRecord(after_, comm_), "cudaEventRecord", op);
     check(cudaStreamWaitEvent(compute_, after_, 0), "cudaStreamWaitEvent", op);
   }
+  // A started operation: an event of its own recorded after it on the communication stream (the
+  // events are pooled: one per request in flight), which the compute stream waits for only at
+  // join(). cudaStreamWaitEvent takes the event's state at the call, so an event returned to the
+  // pool may be recorded again at once.
+  std::unique_ptr<Completion> end_started_operation(const char* op) override {
+    const std::lock_guard lock(mutex_);
+    cudaEvent_t event = nullptr;
+    if (!free_.empty()) {
+      event = free_.back();
+      free_.pop_back();
+    } else {
+      check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate", op);
+      started_.push_back(event);
+    }
+    if (const auto rc = cudaEventRecord(event, comm_); rc != cudaSuccess) {
+      free_.push_back(event);
+      check(rc, "cudaEventRecord", op);
+    }
+    return std::make_unique<Started>(this, event);
+  }
   bool idle() override {
     // The compute stream (possibly the legacy default stream 0), then the communication stream
     // once it exists.
@@ -52,6 +75,24 @@ class CudaNcclDevice final : public NcclDevice {
   bool waits_each_operation() const override { return false; }
 
  private:
+  class Started final : public Completion {
+   public:
+    Started(CudaNcclDevice* device, cudaEvent_t event) : device_(device), event_(event) {}
+    ~Started() override {
+      const std::lock_guard lock(device_->mutex_);
+      device_->free_.push_back(event_);
+    }
+    Started(const Started&) = delete;
+    Started& operator=(const Started&) = delete;
+    void join(const char* op) override {
+      check(cudaStreamWaitEvent(device_->compute_, event_, 0), "cudaStreamWaitEvent", op);
+    }
+
+   private:
+    CudaNcclDevice* device_;
+    cudaEvent_t event_;
+  };
+
   bool query(cudaStream_t s) const {
     const cudaError_t rc = cudaStreamQuery(s);
     if (rc == cudaErrorNotReady) return false;
@@ -79,6 +120,8 @@ class CudaNcclDevice final : public NcclDevice {
   std::mutex mutex_;
   cudaStream_t comm_ = nullptr;  // made by the first operation
   cudaEvent_t before_ = nullptr, after_ = nullptr;
+  std::vector<cudaEvent_t> started_;  // every started operation's event made so far
+  std::vector<cudaEvent_t> free_;     // ... of them, those no request holds
 };
 
 }  // namespace

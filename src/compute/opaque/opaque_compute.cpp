@@ -48,6 +48,12 @@ class OpaqueDataComm final : public CommImpl {
   void all_to_all_v(const void* send, const std::size_t* send_counts,
                     const std::size_t* send_displs, void* recv, const std::size_t* recv_counts,
                     const std::size_t* recv_displs, DType t) override;
+  // The inner communicator's start on the translated buffers (MPI_Ialltoallv, or the NCCL
+  // communicator's queued exchange): the storage stays the backend's until the request is waited.
+  std::unique_ptr<CommRequest> start_all_to_all_v(const void* send, const std::size_t* send_counts,
+                                                  const std::size_t* send_displs, void* recv,
+                                                  const std::size_t* recv_counts,
+                                                  const std::size_t* recv_displs, DType t) override;
   void barrier() override { inner_->barrier(); }
   std::shared_ptr<CommImpl> split(int color, int key) override {
     return std::make_shared<OpaqueDataComm>(inner_->split(color, key), owner_);
@@ -364,6 +370,16 @@ void OpaqueDataComm::all_to_all_v(const void* send, const std::size_t* send_coun
                        send_counts, send_displs,
                        at(owner_, recv, extent(recv_counts, recv_displs, n), t, "all_to_all_v"),
                        recv_counts, recv_displs, t);
+}
+
+std::unique_ptr<CommRequest> OpaqueDataComm::start_all_to_all_v(
+    const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
+    const std::size_t* recv_counts, const std::size_t* recv_displs, DType t) {
+  const int n = size();
+  return inner_->start_all_to_all_v(
+      at(owner_, send, extent(send_counts, send_displs, n), t, "start_all_to_all_v"), send_counts,
+      send_displs, at(owner_, recv, extent(recv_counts, recv_displs, n), t, "start_all_to_all_v"),
+      recv_counts, recv_displs, t);
 }
 
 class OpaqueStreamTimer final : public StreamTimer {
