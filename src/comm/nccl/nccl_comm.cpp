@@ -404,11 +404,17 @@ class NcclComm final : public CommImpl, public std::enable_shared_from_this<Nccl
           "nccl: {} failed on rank{} {} of the {}: {}; the communicator was "
           "aborted on every rank",
           op, errors.size() > 1 ? "s" : "", fmt::join(errors, ", "), where, first_error);
-    } else {
+    } else if (!missing.empty()) {
       failed_ = fmt::format(
           "nccl: {} did not complete within {} s (DISTMUON_NCCL_TIMEOUT): rank{} {} of the {} "
           "did not answer (stalled or ended); the communicator was aborted",
           op, timeout_, missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), where);
+    } else {  // every rank answered, none with an error of its own: all of them waited
+      failed_ = fmt::format(
+          "nccl: {} did not complete within {} s (DISTMUON_NCCL_TIMEOUT) on any rank of the {}, "
+          "and no rank reported an error of its own (the operation stalled on every rank); the "
+          "communicator was aborted",
+          op, timeout_, where);
     }
     if (missing.empty()) throw CollectiveError(failed_, Communicator(host_).error_scope());
     if (errors.empty()) throw Error(failed_);
