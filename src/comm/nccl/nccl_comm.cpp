@@ -5,7 +5,6 @@
 #include "comm/nccl/nccl_comm.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "comm/nccl/nccl_api.h"
+#include "comm/nccl/nccl_verdict.h"
 #include "core/fault.h"
 #include "distmuon/agreement.h"
 #include "distmuon/error.h"
@@ -62,9 +62,8 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   throw Error("nccl: unknown reduction");
 }
 
-// A failure notice's kind (its first character): this rank's own error, its deadline, or its stop
-// after another rank's notice.
-constexpr char kOwnError = 'E', kTimedOut = 'T', kStopped = 'S';
+// A failure notice's kind (its first character; nccl_verdict.h).
+using nccl_detail::kOwnError, nccl_detail::kStopped, nccl_detail::kTimedOut;
 
 class NcclComm;
 
@@ -387,39 +386,11 @@ class NcclComm final : public CommImpl, public std::enable_shared_from_this<Nccl
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
-    std::vector<int> errors, missing;
-    std::string first_error;
-    for (int q = 0; q < size_; ++q) {
-      const auto it = answers.find(q);
-      if (it == answers.end()) {
-        missing.push_back(q);
-      } else if (!it->second.empty() && it->second[0] == kOwnError) {
-        if (errors.empty()) first_error = it->second.substr(1);
-        errors.push_back(q);
-      }
-    }
-    const std::string where = fmt::format("NCCL communicator of {} ranks", size_);
-    if (!errors.empty()) {
-      failed_ = fmt::format(
-          "nccl: {} failed on rank{} {} of the {}: {}; the communicator was "
-          "aborted on every rank",
-          op, errors.size() > 1 ? "s" : "", fmt::join(errors, ", "), where, first_error);
-    } else if (!missing.empty()) {
-      failed_ = fmt::format(
-          "nccl: {} did not complete within {} s (DISTMUON_NCCL_TIMEOUT): rank{} {} of the {} "
-          "did not answer (stalled or ended); the communicator was aborted",
-          op, timeout_, missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), where);
-    } else {  // every rank answered, none with an error of its own: all of them waited
-      failed_ = fmt::format(
-          "nccl: {} did not complete within {} s (DISTMUON_NCCL_TIMEOUT) on any rank of the {}, "
-          "and no rank reported an error of its own (the operation stalled on every rank); the "
-          "communicator was aborted",
-          op, timeout_, where);
-    }
-    if (missing.empty()) throw CollectiveError(failed_, Communicator(host_).error_scope());
-    if (errors.empty()) throw Error(failed_);
-    throw Error(fmt::format("{} (rank{} {} did not answer)", failed_, missing.size() > 1 ? "s" : "",
-                            fmt::join(missing, ", ")));
+    const nccl_detail::FailureVerdict verdict =
+        nccl_detail::failure_verdict(op, answers, size_, timeout_);
+    failed_ = verdict.message;
+    if (verdict.agreed) throw CollectiveError(failed_, Communicator(host_).error_scope());
+    throw Error(verdict.thrown);
   }
   void throw_if_failed() const {
     if (!failed_.empty()) throw Error(failed_);
