@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "compute/shape_checks.h"
 #include "distmuon/error.h"
 #include "ns/gram_newton_schulz.h"
 
@@ -209,11 +210,28 @@ void run_newton_schulz_batch(std::span<const MatrixView> xs, const NsOptions& op
   }
   NsWorkspace local_ws;
   NsWorkspace& w = ws != nullptr ? *ws : local_ws;
-  if (gram) {
-    gram_batch(xs, opts, compute, *start, w);
-  } else {
-    standard_batch(xs, opts, compute, *start, w);
+  // Scattered matrices (separate weights of one shape, not one stacked parameter's slices) are
+  // copied into one equally strided buffer and back, so that a backend that multiplies equally
+  // strided batches as one product (cuda's strided-batched GEMM; any other batch it runs product
+  // by product) gets every product of the batch as one; the copies are exact. bf16 storage
+  // stages the batch in its own scratch (Compute::newton_schulz_bf16).
+  const bool own_scratch = !gram && opts.precision == Precision::kBf16;
+  std::vector<MatrixView> staged;
+  if (!own_scratch && !batch_stride(std::vector<ConstMatrixView>(xs.begin(), xs.end()))) {
+    const Index rows = xs[0].rows;
+    ensure_shape(w.stage, compute, static_cast<Index>(xs.size()) * rows, xs[0].cols);
+    staged = blocks(w.stage, xs.size(), rows);
+    for (std::size_t i = 0; i < xs.size(); ++i)
+      compute.copy(xs[i], staged[i]);
   }
+  const std::span<const MatrixView> run = staged.empty() ? xs : std::span<const MatrixView>(staged);
+  if (gram) {
+    gram_batch(run, opts, compute, *start, w);
+  } else {
+    standard_batch(run, opts, compute, *start, w);
+  }
+  for (std::size_t i = 0; i < staged.size(); ++i)
+    compute.copy(staged[i], xs[i]);
 }
 
 }  // namespace distmuon::detail
