@@ -64,8 +64,10 @@ void apply_q_batch(Compute& compute, bool rows, Precision precision, const Views
   }
 }
 
-void standard_batch(std::span<const MatrixView> xs, const NsOptions& opts, Compute& compute,
-                    const NsStart& start, NsWorkspace& w) {
+// Each takes the batch xs and leaves the results in out (xs itself, or the matrices xs were
+// staged from: the last iterate copied there once).
+void standard_batch(std::span<const MatrixView> xs, std::span<const MatrixView> out,
+                    const NsOptions& opts, Compute& compute, const NsStart& start, NsWorkspace& w) {
   const std::size_t count = xs.size();
   const GramSide side = start.side;
   const Index s = start.s, rows = xs[0].rows, cols = xs[0].cols;
@@ -123,12 +125,12 @@ void standard_batch(std::span<const MatrixView> xs, const NsOptions& opts, Compu
     std::swap(cur, nxt);
   }
   for (std::size_t i = 0; i < count; ++i) {
-    if (cur[i].data != xs[i].data) compute.copy(cur[i], xs[i]);
+    if (cur[i].data != out[i].data) compute.copy(cur[i], out[i]);
   }
 }
 
-void gram_batch(std::span<const MatrixView> xs, const NsOptions& opts, Compute& compute,
-                const NsStart& start, NsWorkspace& w) {
+void gram_batch(std::span<const MatrixView> xs, std::span<const MatrixView> out,
+                const NsOptions& opts, Compute& compute, const NsStart& start, NsWorkspace& w) {
   const std::size_t count = xs.size();
   const auto n = static_cast<Index>(count);
   const GramSide side = start.side;
@@ -183,7 +185,7 @@ void gram_batch(std::span<const MatrixView> xs, const NsOptions& opts, Compute& 
   }
   apply_q_batch(compute, rows, precision, q, x0, spare);
   for (std::size_t i = 0; i < count; ++i) {
-    if (spare[i].data != xs[i].data) compute.copy(spare[i], xs[i]);
+    if (spare[i].data != out[i].data) compute.copy(spare[i], out[i]);
   }
 }
 
@@ -226,12 +228,10 @@ void run_newton_schulz_batch(std::span<const MatrixView> xs, const NsOptions& op
   }
   const std::span<const MatrixView> run = staged.empty() ? xs : std::span<const MatrixView>(staged);
   if (gram) {
-    gram_batch(run, opts, compute, *start, w);
+    gram_batch(run, xs, opts, compute, *start, w);
   } else {
-    standard_batch(run, opts, compute, *start, w);
+    standard_batch(run, xs, opts, compute, *start, w);
   }
-  for (std::size_t i = 0; i < staged.size(); ++i)
-    compute.copy(staged[i], xs[i]);
 }
 
 }  // namespace distmuon::detail
