@@ -114,8 +114,7 @@ void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsO
   for (std::size_t i = 0; i < weights.size();) {
     const ShardedWeight& w = weights[i];
     if (held[i]) {
-      held_batches.hold(i++, weights, w.algorithm == NsAlgorithm::kGram ? gram : ns, scale, compute,
-                        ws);
+      held_batches.hold(i++, weights, ns_of(w), scale, compute, ws);
       continue;
     }
     if (runs_locally(w)) {
