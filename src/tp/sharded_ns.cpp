@@ -181,9 +181,14 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
 }  // namespace
 
 bool same_work(const ShardLayout& a, const ShardLayout& b) {
-  return a.m == b.m && a.n == b.n && a.tp_dim == b.tp_dim && a.tp_size == b.tp_size &&
-         a.tp_rank == b.tp_rank && a.gtp_size == b.gtp_size && a.gtp_rank == b.gtp_rank &&
-         a.pad == b.pad && a.tp_pad == b.tp_pad && a.qkv == b.qkv;
+  // Every field compared but these (a field added to the layout counts unless named here).
+  auto work = [](ShardLayout l) {
+    l.batch = 1;
+    l.dp_size = 1;
+    l.dp_rank = 0;
+    return l;
+  };
+  return work(a) == work(b);
 }
 
 std::size_t batch_capacity(Index rows, Index cols) {

@@ -40,6 +40,7 @@ ProcessGroups groups_of_world() {
 struct Model {
   std::vector<TestLayout> layouts;
   std::vector<int> group;
+  std::vector<Index> batch;  // ParamSpec::batch of each weight (empty: 1 each)
 };
 
 Model model_for(int T, int G) {
@@ -67,17 +68,27 @@ struct Result {
 Result run(const Model& model, const MuonOptions& o, const ProcessGroups& groups, Compute& compute,
            const std::optional<Communicator>& dp = std::nullopt, bool count = true) {
   const int t = groups.tp.rank(), g = groups.gtp.rank();
-  auto shard = [&](const TestLayout& l, std::uint64_t seed) {
-    return test::shard_for(test::random_matrix(l.m, l.n, seed).view(), l, l.tp > 1 ? t : 0,
-                           l.gtp > 1 ? g : 0);
+  // Weight i's shards (its batch's stacked by rows), from seeds of `seed`.
+  auto shard = [&](std::size_t i, std::uint64_t seed) {
+    const TestLayout& l = model.layouts[i];
+    const Index batch = model.batch.empty() ? 1 : model.batch[i], r = l.shard_rows();
+    Matrix all(batch * r, l.n_tp());
+    for (Index k = 0; k < batch; ++k) {
+      const Matrix s = test::shard_for(test::random_matrix(l.m, l.n, 16 * seed + k).view(), l,
+                                       l.tp > 1 ? t : 0, l.gtp > 1 ? g : 0);
+      std::memcpy(all.view().row_block(k * r, r).data, s.data(),
+                  sizeof(float) * static_cast<std::size_t>(s.size()));
+    }
+    return all;
   };
   Muon muon(o, test::world(), compute);
   std::vector<DeviceMatrix> weights;
   for (std::size_t i = 0; i < model.layouts.size(); ++i) {
-    weights.push_back(to_device(compute, shard(model.layouts[i], 1 + i).view()));
+    weights.push_back(to_device(compute, shard(i, 1 + i).view()));
     ParamSpec s =
         test::layout_spec(model.layouts[i], groups, weights.back().view(), "w" + std::to_string(i));
     s.dp_group = dp;
+    s.batch = model.batch.empty() ? 1 : model.batch[i];
     muon.add_parameter(s);
   }
   Result out;
@@ -86,7 +97,7 @@ Result run(const Model& model, const MuonOptions& o, const ProcessGroups& groups
     std::vector<DeviceMatrix> grads;
     std::vector<ConstMatrixView> views;
     for (std::size_t i = 0; i < model.layouts.size(); ++i) {
-      grads.push_back(to_device(compute, shard(model.layouts[i], 1000 * (step + 1) + i).view()));
+      grads.push_back(to_device(compute, shard(i, 1000 * (step + 1) + i).view()));
       views.push_back(grads.back().view());
     }
     const Compute::ProductCalls before = compute.product_calls();
@@ -165,6 +176,21 @@ TEST(GroupedNs, DuplicatedRunsOneBatchPerShape) {
     EXPECT_EQ(grouped.ns_runs, 3u);
     EXPECT_EQ(grouped.batched, 7u);  // the groups of 4 and 3 batched, the single one alone
   }
+}
+
+// A batched parameter's slices (ParamSpec::batch) join the 2-D weights of their shape: one
+// group of 3 + 3 matrices, bit-equal to their own NS.
+TEST(GroupedNs, BatchedParameterJoinsItsShape) {
+  const ProcessGroups groups = groups_of_world();
+  Model model = model_for(groups.tp_size, groups.gtp_size);
+  model.batch.assign(model.layouts.size(), 1);
+  model.batch[2] = 3;  // weights 0, 4, 6 and the three slices of weight 2: 64 x 48
+  auto opaque = make_opaque_compute();
+  const MuonOptions o = options(TpMode::kDuplicated);
+  const Result grouped = run(model, o, groups, *opaque);
+  expect_same_bits(grouped, run(model, o, groups, cpu_compute()), "cpu");
+  EXPECT_EQ(grouped.ns_runs, 3u);
+  EXPECT_EQ(grouped.batched, 9u);
 }
 
 // Both algorithms at every precision (the scattered matrices staged equally strided, or at
