@@ -33,11 +33,13 @@ void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOpti
 // there are and who else holds them. Matrices of such layouts may share one batched NS.
 bool same_work(const ShardLayout& a, const ShardLayout& b);
 
-// A batch of equal shapes holds at most this many bytes of its matrices (a larger matrix runs
-// alone): one launch per product only pays for small matrices, and every matrix of a batch costs
-// its size again in the batch's NS scratch (and, gathered, in its own buffer until the batch
-// runs). batch_capacity: how many rows x cols matrices a batch takes (at least one).
-inline constexpr std::size_t kMaxBatchBytes = std::size_t{64} << 20;
+// A batch of equal shapes holds at most this many bytes of its matrices in fp32 (a larger matrix
+// runs alone): one launch per product only pays for small matrices (1024 x 1024 goes 4 to a
+// batch, 2048 x 2048 alone), a batch computes its symmetric products in full where one matrix
+// at bf16 on cuda computes a triangle, and every matrix of a batch costs its size again in the
+// batch's NS scratch (and, gathered, in its own buffer until the batch runs). batch_capacity:
+// how many rows x cols matrices a batch takes (at least one).
+inline constexpr std::size_t kMaxBatchBytes = std::size_t{16} << 20;
 std::size_t batch_capacity(Index rows, Index cols);
 
 // orthogonalize_full on several full work matrices: those of the same work (same_work) and
