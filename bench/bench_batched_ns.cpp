@@ -3,8 +3,10 @@
 // the CPU backend runs matrix by matrix: a loop per product) against the whole NS of one matrix
 // after the other (run_newton_schulz per matrix), in the same run. Both give the same bits.
 //
-// Arguments: matrices, rows, columns, batched (1) or per matrix (0). Counter: per_matrix (the time
-// per matrix). The CPU backend's optimizer runs the per-matrix form
+// Arguments: matrices, rows, columns, batched (1) or per matrix (0), scattered (1: each matrix its
+// own allocation, as separate weights of one shape are; the batch is staged into one equally
+// strided buffer and back) or stacked (0: a batched parameter's slices). Counter: per_matrix (the
+// time per matrix). The CPU backend's optimizer runs the per-matrix form
 // (Compute::batches_newton_schulz).
 //   build/bin/bench_batched_ns --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
@@ -24,6 +26,7 @@ void BM_experts(benchmark::State& state) {
   const auto count = static_cast<Index>(state.range(0));
   const Index m = state.range(1), n = state.range(2);
   const bool batched = state.range(3) != 0;
+  const bool scattered = state.range(4) != 0;
   Compute& cpu = cpu_compute();
   Matrix source(count * m, n);
   std::uint64_t x = 88172645463325252ull;
@@ -33,13 +36,22 @@ void BM_experts(benchmark::State& state) {
   }
   DeviceMatrix work(cpu, count * m, n);
   std::vector<MatrixView> xs;
-  for (Index i = 0; i < count; ++i)
-    xs.push_back(work.view().row_block(i * m, m));
+  std::vector<DeviceMatrix> apart;  // scattered: each matrix its own allocation
+  for (Index i = 0; i < count; ++i) {
+    if (scattered) {
+      apart.emplace_back(cpu, m, n);
+      xs.push_back(apart.back().view());
+    } else {
+      xs.push_back(work.view().row_block(i * m, m));
+    }
+  }
   NsOptions ns;
   NsWorkspace batch_ws;
   std::vector<NsWorkspace> one_ws(1);
   for (auto _ : state) {
-    cpu.copy(source.view(), work.view());  // the same input every iteration (both variants)
+    // The same input every iteration (every variant).
+    for (Index i = 0; i < count; ++i)
+      cpu.copy(source.view().row_block(i * m, m), xs[static_cast<std::size_t>(i)]);
     if (batched) {
       detail::run_newton_schulz_batch(xs, ns, cpu, &batch_ws, detail::NormCheck::kBackend);
     } else {
@@ -57,13 +69,16 @@ void BM_experts(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_experts)
-    ->ArgNames({"E", "m", "n", "batched"})
-    ->Args({64, 256, 512, 0})
-    ->Args({64, 256, 512, 1})
-    ->Args({64, 64, 128, 0})
-    ->Args({64, 64, 128, 1})
-    ->Args({8, 128, 64, 0})
-    ->Args({8, 128, 64, 1})
+    ->ArgNames({"E", "m", "n", "batched", "scattered"})
+    ->Args({64, 256, 512, 0, 0})
+    ->Args({64, 256, 512, 1, 0})
+    ->Args({64, 256, 512, 1, 1})
+    ->Args({64, 64, 128, 0, 0})
+    ->Args({64, 64, 128, 1, 0})
+    ->Args({64, 64, 128, 1, 1})
+    ->Args({8, 128, 64, 0, 0})
+    ->Args({8, 128, 64, 1, 0})
+    ->Args({8, 128, 64, 1, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_MAIN();

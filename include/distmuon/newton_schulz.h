@@ -186,7 +186,8 @@ struct NsOptions {
 struct NsWorkspace {
   DeviceMatrix gram, poly, next;
   DeviceMatrix gram_q, gram_t, gram_u;  // NsAlgorithm::kGram: Q and two s x s scratch matrices
-  DeviceMatrix bf16;  // standard NS at bf16 without a group: Compute::newton_schulz_bf16's scratch
+  DeviceMatrix bf16;   // standard NS at bf16 without a group: Compute::newton_schulz_bf16's scratch
+  DeviceMatrix stage;  // a batch of scattered matrices, copied equally strided (batched NS)
 };
 
 // Orthogonalises x (compute's memory) in place. With a group, x is this rank's piece of a matrix

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "compute/shape_checks.h"
 #include "distmuon/error.h"
 #include "ns/gram_newton_schulz.h"
 
@@ -63,8 +64,10 @@ void apply_q_batch(Compute& compute, bool rows, Precision precision, const Views
   }
 }
 
-void standard_batch(std::span<const MatrixView> xs, const NsOptions& opts, Compute& compute,
-                    const NsStart& start, NsWorkspace& w) {
+// Each takes the batch xs and leaves the results in out (xs itself, or the matrices xs were
+// staged from: the last iterate copied there once).
+void standard_batch(std::span<const MatrixView> xs, std::span<const MatrixView> out,
+                    const NsOptions& opts, Compute& compute, const NsStart& start, NsWorkspace& w) {
   const std::size_t count = xs.size();
   const GramSide side = start.side;
   const Index s = start.s, rows = xs[0].rows, cols = xs[0].cols;
@@ -122,12 +125,12 @@ void standard_batch(std::span<const MatrixView> xs, const NsOptions& opts, Compu
     std::swap(cur, nxt);
   }
   for (std::size_t i = 0; i < count; ++i) {
-    if (cur[i].data != xs[i].data) compute.copy(cur[i], xs[i]);
+    if (cur[i].data != out[i].data) compute.copy(cur[i], out[i]);
   }
 }
 
-void gram_batch(std::span<const MatrixView> xs, const NsOptions& opts, Compute& compute,
-                const NsStart& start, NsWorkspace& w) {
+void gram_batch(std::span<const MatrixView> xs, std::span<const MatrixView> out,
+                const NsOptions& opts, Compute& compute, const NsStart& start, NsWorkspace& w) {
   const std::size_t count = xs.size();
   const auto n = static_cast<Index>(count);
   const GramSide side = start.side;
@@ -182,7 +185,7 @@ void gram_batch(std::span<const MatrixView> xs, const NsOptions& opts, Compute& 
   }
   apply_q_batch(compute, rows, precision, q, x0, spare);
   for (std::size_t i = 0; i < count; ++i) {
-    if (spare[i].data != xs[i].data) compute.copy(spare[i], xs[i]);
+    if (spare[i].data != out[i].data) compute.copy(spare[i], out[i]);
   }
 }
 
@@ -209,10 +212,25 @@ void run_newton_schulz_batch(std::span<const MatrixView> xs, const NsOptions& op
   }
   NsWorkspace local_ws;
   NsWorkspace& w = ws != nullptr ? *ws : local_ws;
+  // Scattered matrices (separate weights of one shape, not one stacked parameter's slices) are
+  // copied into one equally strided buffer and back, so that a backend that multiplies equally
+  // strided batches as one product (cuda's strided-batched GEMM; any other batch it runs product
+  // by product) gets every product of the batch as one; the copies are exact. bf16 storage
+  // stages the batch in its own scratch (Compute::newton_schulz_bf16).
+  const bool own_scratch = !gram && opts.precision == Precision::kBf16;
+  std::vector<MatrixView> staged;
+  if (!own_scratch && !batch_stride(std::vector<ConstMatrixView>(xs.begin(), xs.end()))) {
+    const Index rows = xs[0].rows;
+    ensure_shape(w.stage, compute, static_cast<Index>(xs.size()) * rows, xs[0].cols);
+    staged = blocks(w.stage, xs.size(), rows);
+    for (std::size_t i = 0; i < xs.size(); ++i)
+      compute.copy(xs[i], staged[i]);
+  }
+  const std::span<const MatrixView> run = staged.empty() ? xs : std::span<const MatrixView>(staged);
   if (gram) {
-    gram_batch(xs, opts, compute, *start, w);
+    gram_batch(run, xs, opts, compute, *start, w);
   } else {
-    standard_batch(xs, opts, compute, *start, w);
+    standard_batch(run, xs, opts, compute, *start, w);
   }
 }
 

@@ -19,6 +19,7 @@ namespace distmuon::detail {
 enum class BufferRole {
   kTpLocal,    // duplicated / distributed: the GTP-gathered TP-local tensor
   kFull,       // duplicated: the TP-gathered full work matrix; owner: the owner's full matrix
+  kHeldFull,   // duplicated: a full work matrix held until its batch of equal shapes runs
   kGathered,   // distributed: the work matrix gathered over the smaller group
   kStaging,    // all_gather_shards: the column shards before their interleave; a contiguous send
   kClassRows,  // a row class's rows collected from the work matrix

@@ -83,10 +83,14 @@ void orthogonalize_classes_local(std::span<const MatrixView> ps, const std::vect
       NsWorkspace& w = workspaces.get(n_rows, xs[0].cols, ns.side);
       for (const MatrixView& x : xs)
         run_newton_schulz(x, ns, compute, nullptr, &w, NormCheck::kBackend);
-    } else {
-      run_newton_schulz_batch(xs, ns, compute,
-                              &workspaces.batch(count, n_rows, xs[0].cols, ns.side),
-                              NormCheck::kBackend);
+    } else {  // batches of at most batch_capacity matrices
+      const std::size_t cap = batch_capacity(n_rows, xs[0].cols);
+      for (std::size_t first = 0; first < count; first += cap) {
+        const std::size_t n = std::min(cap, count - first);
+        run_newton_schulz_batch(std::span<const MatrixView>(xs).subspan(first, n), ns, compute,
+                                &workspaces.batch(n, n_rows, xs[0].cols, ns.side),
+                                NormCheck::kBackend);
+      }
     }
     for (std::size_t i = 0; i < count; ++i) {
       if (scale) compute.scale(xs[i], static_cast<float>(f));
@@ -176,6 +180,22 @@ void orthogonalize_classes(MatrixView p, const std::vector<Index>& ids, const Sh
 
 }  // namespace
 
+bool same_work(const ShardLayout& a, const ShardLayout& b) {
+  // Every field compared but these (a field added to the layout counts unless named here).
+  auto work = [](ShardLayout l) {
+    l.batch = 1;
+    l.dp_size = 1;
+    l.dp_rank = 0;
+    return l;
+  };
+  return work(a) == work(b);
+}
+
+std::size_t batch_capacity(Index rows, Index cols) {
+  const auto bytes = static_cast<std::size_t>(std::max<Index>(1, rows * cols)) * sizeof(float);
+  return std::max<std::size_t>(1, kMaxBatchBytes / bytes);
+}
+
 Index full_work_rows(const ShardLayout& layout) {
   const bool tp_rows = layout.tp_dim == 0 && layout.tp_size > 1;
   return layout.padded_rows() * (tp_rows ? layout.tp_size : 1);
@@ -221,7 +241,7 @@ void orthogonalize_fulls(std::span<const FullWork> works, const NsOptions& ns, c
     const FullWork& w = works[i];
     batch.clear();
     for (std::size_t j = i; j < works.size(); ++j) {
-      if (!done[j] && works[j].algorithm == w.algorithm && *works[j].layout == *w.layout) {
+      if (!done[j] && works[j].algorithm == w.algorithm && same_work(*works[j].layout, *w.layout)) {
         DISTMUON_ASSERT(works[j].full.rows == full_work_rows(*w.layout) &&
                             works[j].full.cols == full_work_cols(*w.layout),
                         "full work matrix shape");
@@ -247,7 +267,7 @@ void orthogonalize_shards(std::span<const MatrixView> us, const ShardLayout& lay
   }
   for (const MatrixView& u : us)
     DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
-  const Index r_l = layout.shard_rows(), r_tp = layout.padded_rows(), n_tp = layout.n_tp();
+  const Index r_l = layout.shard_rows();
   const int t_rank = layout.tp_rank, g_rank = layout.gtp_rank;
   if (local) {  // blockwise's (or an unsharded weight's) ids and scale, as orthogonalize_shard
     std::vector<Index> ids;
@@ -259,30 +279,44 @@ void orthogonalize_shards(std::span<const MatrixView> us, const ShardLayout& lay
                                 scale, compute, ws);
     return;
   }
-  // Duplicated: each matrix gathered as orthogonalize_shard gathers it (its own buffers, slot
+  // Duplicated: each matrix gathered as orthogonalize_shard gathers it (its own buffer, slot
   // i), the full matrices orthogonalised as one batch, each rank's block copied back.
   std::vector<MatrixView> fulls;
-  for (std::size_t i = 0; i < us.size(); ++i) {
-    MatrixView tp_local = us[i];
-    if (layout.gtp_on()) {
-      tp_local = ws.buffer(compute, BufferRole::kTpLocal, i, r_tp, n_tp).view();
-      gather_shards_into(us[i], 0, gtp, compute, ws, tp_local);
-    }
-    MatrixView full = tp_local;
-    if (layout.tp_on()) {
-      full =
-          ws.buffer(compute, BufferRole::kFull, i, full_work_rows(layout), full_work_cols(layout))
-              .view();
-      gather_shards_into(tp_local, layout.tp_dim, tp, compute, ws, full);
-    }
-    fulls.push_back(full);
-  }
-  orthogonalize_classes_local(fulls, full_work_ids(layout), layout, {}, ns, scale, compute, ws);
-  const bool row_blocks = layout.tp_on() && layout.tp_dim == 0;
-  const Index row0 = (row_blocks ? t_rank * r_tp : 0) + g_rank * r_l;
-  const Index col0 = layout.tp_on() && layout.tp_dim == 1 ? t_rank * n_tp : 0;
   for (std::size_t i = 0; i < us.size(); ++i)
-    compute.copy(fulls[i].block(row0, col0, r_l, n_tp), us[i]);
+    fulls.push_back(gather_full(us[i], layout, tp, gtp, compute, ws, BufferRole::kFull, i));
+  orthogonalize_classes_local(fulls, full_work_ids(layout), layout, {}, ns, scale, compute, ws);
+  for (std::size_t i = 0; i < us.size(); ++i)
+    copy_from_full(fulls[i], layout, compute, us[i]);
+}
+
+MatrixView gather_full(MatrixView u, const ShardLayout& layout, const Communicator& tp,
+                       const Communicator& gtp, Compute& compute, NsWorkspaces& ws, BufferRole role,
+                       std::size_t slot) {
+  DISTMUON_ASSERT(layout.tp_on() || layout.gtp_on(), "a sharded weight");
+  DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
+  MatrixView tp_local = u;
+  if (layout.gtp_on()) {  // with TP, only until the TP gather has read it
+    tp_local =
+        layout.tp_on()
+            ? ws.buffer(compute, BufferRole::kTpLocal, 0, layout.padded_rows(), layout.n_tp())
+                  .view()
+            : ws.buffer(compute, role, slot, layout.padded_rows(), layout.n_tp()).view();
+    gather_shards_into(u, 0, gtp, compute, ws, tp_local);
+  }
+  if (!layout.tp_on()) return tp_local;
+  const MatrixView full =
+      ws.buffer(compute, role, slot, full_work_rows(layout), full_work_cols(layout)).view();
+  gather_shards_into(tp_local, layout.tp_dim, tp, compute, ws, full);
+  return full;
+}
+
+void copy_from_full(ConstMatrixView full, const ShardLayout& layout, Compute& compute,
+                    MatrixView u) {
+  const Index r_l = layout.shard_rows(), r_tp = layout.padded_rows(), n_tp = layout.n_tp();
+  const bool row_blocks = layout.tp_on() && layout.tp_dim == 0;
+  const Index row0 = (row_blocks ? layout.tp_rank * r_tp : 0) + layout.gtp_rank * r_l;
+  const Index col0 = layout.tp_on() && layout.tp_dim == 1 ? layout.tp_rank * n_tp : 0;
+  compute.copy(full.block(row0, col0, r_l, n_tp), u);
 }
 
 void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communicator& tp,

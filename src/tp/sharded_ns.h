@@ -2,6 +2,7 @@
 // The duplicated work matrix of a sharded weight and its orthogonalisation (internal: duplicated
 // mode and owner mode share it). The layout and the per-mode dispatcher are public (layout.h).
 
+#include <cstddef>
 #include <span>
 
 #include "distmuon/compute.h"
@@ -27,10 +28,24 @@ Index full_work_cols(const ShardLayout& layout);
 void orthogonalize_full(MatrixView full, const ShardLayout& layout, const NsOptions& ns,
                         const ScaleFn& scale, Compute& compute, NsWorkspaces& workspaces);
 
-// orthogonalize_full on several full work matrices: those of equal layouts and algorithm (the
-// slices of a batched parameter, equal-shaped weights) together, each NS product one batched
-// call (run_newton_schulz_batch); each matrix gets orthogonalize_full's bits. ns's algorithm is
-// replaced by each work's.
+// Whether two layouts give their matrices the same NS work (the same work matrices, row classes,
+// padding and scale): equal but for the batch and the replicas, which only say how many matrices
+// there are and who else holds them. Matrices of such layouts may share one batched NS.
+bool same_work(const ShardLayout& a, const ShardLayout& b);
+
+// A batch of equal shapes holds at most this many bytes of its matrices in fp32 (a larger matrix
+// runs alone): one launch per product only pays for small matrices (1024 x 1024 goes 4 to a
+// batch, 2048 x 2048 alone), a batch computes its symmetric products in full where one matrix
+// at bf16 on cuda computes a triangle, and every matrix of a batch costs its size again in the
+// batch's NS scratch (and, gathered, in its own buffer until the batch runs). batch_capacity:
+// how many rows x cols matrices a batch takes (at least one).
+inline constexpr std::size_t kMaxBatchBytes = std::size_t{16} << 20;
+std::size_t batch_capacity(Index rows, Index cols);
+
+// orthogonalize_full on several full work matrices: those of the same work (same_work) and
+// algorithm (the slices of a batched parameter, equal-shaped weights) together, up to
+// batch_capacity at a time, each NS product one batched call (run_newton_schulz_batch); each
+// matrix gets orthogonalize_full's bits. ns's algorithm is replaced by each work's.
 struct FullWork {
   MatrixView full;
   const ShardLayout* layout = nullptr;
@@ -47,6 +62,16 @@ void orthogonalize_shards(std::span<const MatrixView> us, const ShardLayout& lay
                           const Communicator& tp, const Communicator& gtp, TpMode mode,
                           const NsOptions& ns, const ScaleFn& scale, Compute& compute,
                           NsWorkspaces& workspaces);
+
+// Duplicated mode's gather of this rank's shard u into the weight's full work matrix (the
+// collectives of orthogonalize_shard), held in ws's buffer (`role`, `slot`) until the caller has
+// orthogonalised it (orthogonalize_fulls) and copies this rank's block back (copy_from_full).
+// A TP-split weight's GTP-gathered TP-local tensor passes through a buffer of the call.
+MatrixView gather_full(MatrixView u, const ShardLayout& layout, const Communicator& tp,
+                       const Communicator& gtp, Compute& compute, NsWorkspaces& workspaces,
+                       BufferRole role, std::size_t slot);
+void copy_from_full(ConstMatrixView full, const ShardLayout& layout, Compute& compute,
+                    MatrixView u);
 
 // orthogonalize_shard (layout.h) with the caller's NS scratch and gathered buffers, kept across
 // calls (the optimizer's, the model benchmark's): no allocation once every shape has been seen.

@@ -9,6 +9,15 @@
 // Order of the collectives (the same on every rank of a weight's groups): the weights not in
 // owner mode first, one after the other in the order given, then one owner run over all owner
 // weights (buckets in the order of their first weight).
+//
+// Equal shapes in one batched NS (run_newton_schulz_batch) on a backend that batches NS
+// (Compute::batches_newton_schulz; the cpu runs each matrix's NS in turn): the weights run
+// locally, of the same work (same_work: equal layouts but for the batch and the replicas), local
+// mode and algorithm, together; duplicated weights over groups gathered in the order given and
+// held (BufferRole::kHeldFull) until their group of the same work and algorithm has batch_capacity
+// of them or its last one, then orthogonalised together and copied back (only the local NS
+// moves: the collectives keep their order); owner mode's homes, each chunk's weights of the same
+// work together (orthogonalize_fulls). Every matrix gets the bits of its own NS.
 
 #include <optional>
 #include <span>
