@@ -259,23 +259,25 @@ void orthogonalize_shards(std::span<const MatrixView> us, const ShardLayout& lay
                                 scale, compute, ws);
     return;
   }
-  // Duplicated: each matrix gathered as orthogonalize_shard gathers it (its own buffers, slot
-  // i), the full matrices orthogonalised as one batch, each rank's block copied back.
-  std::vector<MatrixView> fulls;
-  for (std::size_t i = 0; i < us.size(); ++i) {
-    MatrixView tp_local = us[i];
-    if (layout.gtp_on()) {
-      tp_local = ws.buffer(compute, BufferRole::kTpLocal, i, r_tp, n_tp).view();
-      gather_shards_into(us[i], 0, gtp, compute, ws, tp_local);
-    }
-    MatrixView full = tp_local;
-    if (layout.tp_on()) {
-      full =
-          ws.buffer(compute, BufferRole::kFull, i, full_work_rows(layout), full_work_cols(layout))
-              .view();
-      gather_shards_into(tp_local, layout.tp_dim, tp, compute, ws, full);
-    }
-    fulls.push_back(full);
+  // Duplicated: the batch gathered over GTP in one collective, then over TP in one, each
+  // matrix's rows (columns) where its own gather puts them (the same values: copies only); the
+  // full matrices orthogonalised as one batch, each rank's block copied back.
+  const std::size_t b = us.size();
+  std::vector<MatrixView> fulls(us.begin(), us.end());
+  const auto stacked = [&](BufferRole role, Index rows, Index cols) {
+    const MatrixView all = ws.buffer(compute, role, 0, static_cast<Index>(b) * rows, cols).view();
+    for (std::size_t i = 0; i < b; ++i)
+      fulls[i] = all.row_block(static_cast<Index>(i) * rows, rows);
+  };
+  if (layout.gtp_on()) {
+    const std::vector<MatrixView> shards(us.begin(), us.end());
+    stacked(BufferRole::kTpLocal, r_tp, n_tp);
+    gather_batch_into(shards, 0, gtp, compute, ws, fulls);
+  }
+  if (layout.tp_on()) {
+    const std::vector<MatrixView> tp_locals = fulls;
+    stacked(BufferRole::kFull, full_work_rows(layout), full_work_cols(layout));
+    gather_batch_into(tp_locals, layout.tp_dim, tp, compute, ws, fulls);
   }
   orthogonalize_classes_local(fulls, full_work_ids(layout), layout, {}, ns, scale, compute, ws);
   const bool row_blocks = layout.tp_on() && layout.tp_dim == 0;
