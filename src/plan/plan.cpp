@@ -168,12 +168,13 @@ std::string format_plan(const Plan& plan) {
     out += fmt::format("  {:<17} {:>12}\n", to_string(e.best()),
                        format_cost(r.weights() * e.best_cost(), s));
   }
-  out += fmt::format("\ntotals per optimizer step ({} Muon weights):\n", [&] {
-    Index n = 0;
-    for (const auto& r : plan.rows)
-      n += r.count;
-    return n;
-  }());
+  Index matrices = 0, weights = 0;
+  for (const auto& r : plan.rows) {
+    matrices += r.count;
+    weights += r.count / r.batch;
+  }
+  out += fmt::format("\ntotals per optimizer step ({} Muon weights{}):\n", weights,
+                     matrices == weights ? std::string() : fmt::format(", {} matrices", matrices));
   const char* better = s ? "faster" : "fewer FLOPs";
   out += fmt::format("  always duplicated   {:>12}   auto: {:.2f}x {}\n",
                      format_cost(plan.total_duplicated, s),
