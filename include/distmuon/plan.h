@@ -31,7 +31,8 @@ struct PlanOptions {
   CostModel model = CostModel::kRefined;
   std::optional<HardwareProfile> profile;
   // Data parallelism: also price the weights unsharded and replicated over this many ranks,
-  // one home per weight against every rank's NS (estimate_replica_bucket); 1: not priced. The
+  // one home per weight against every rank's NS (estimate_replica_bucket, on the optimizer's
+  // pipelined schedule); 1: not priced. The
   // replicas cross a domain when crosses_domain says so.
   int replicas = 1;
 

@@ -11,6 +11,7 @@
 #include "distmuon/error.h"
 #include "distmuon/memory_check.h"
 #include "distmuon/newton_schulz.h"
+#include "tp/owner_ns.h"
 
 namespace distmuon {
 namespace {
@@ -131,8 +132,10 @@ Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts)
         k.algorithm = NsAlgorithm::kStandard;
       unsharded.insert(unsharded.end(), static_cast<std::size_t>(row.count / row.batch), k);
     }
+    // On the schedule the optimizer runs the homes on (pipelined, as owner buckets).
     plan.replicated =
-        estimate_replica_bucket(unsharded, opts.replicas, opts.crosses_domain, profile, opts.model);
+        estimate_replica_bucket(unsharded, opts.replicas, opts.crosses_domain, profile, opts.model,
+                                4.0, {detail::OwnerOrthogonalizer::kDefaultPipeline, {}});
   }
   return plan;
 }

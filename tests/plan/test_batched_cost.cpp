@@ -184,6 +184,15 @@ TEST(BatchedCost, AutoPricesOwnerOnThePipelinedSchedule) {
   EXPECT_EQ(plan.owner->seconds, pipelined.seconds);
   EXPECT_LT(pipelined.seconds, estimate_owner_bucket(keys, es, &p, {1, {}}).seconds);
   EXPECT_EQ(plan.choices.size(), keys.size());  // one choice per parameter
+  // plan --replicas prices the homes on the same schedule.
+  PlanOptions o;
+  o.group_size = 2;
+  o.elem_size = 4;
+  o.replicas = 2;
+  o.profile = p;
+  const Plan replicated = make_plan({{"w", 512, 256, 8, false}, {"v", 256, 256, 3, false}}, o);
+  ASSERT_TRUE(replicated.replicated.has_value());
+  EXPECT_EQ(replicated.replicated->chunks, 4);
 }
 
 TEST(BatchedCost, PlanCountsABatchedWeightOncePerParameter) {
