@@ -28,6 +28,13 @@ struct AutoKey {
   // Gram matrices of the iterate one Gram-algorithm run forms: 1 + restarts
   // (gram_ns_gram_count of the NS options; the model does not know the coefficients).
   int gram_formations = 1;
+  // A batched parameter (ParamSpec::batch, ShardLayout::batch: a layer's experts [E, m, n]):
+  // batch matrices of this shape and groups, priced together: batch x one matrix's FLOPs and
+  // bytes, each matrix one unit for owner mode's and the homes' LPT. batched_products: the
+  // backend runs one batched call per NS product for the batch (Compute::batches_newton_schulz:
+  // a GPU's strided-batched GEMM); false (the CPU) runs each matrix's NS in turn.
+  Index batch = 1;
+  bool batched_products = false;
   auto operator<=>(const AutoKey&) const = default;
 };
 // Whether key lets auto pick algorithm a (its algorithm is a, or kAuto).

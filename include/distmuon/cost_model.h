@@ -43,8 +43,10 @@ namespace distmuon {
 // former (0 when it is GTP), steps, syrk and the Gram formation count of ns. allowed: the
 // algorithms auto may pick; crosses: whether a group of the weight crosses an NVLink domain;
 // elem_size: bytes per element of NS (4 fp32, 2 bf16). An unsharded layout: group_size 1.
+// A batched layout (layout.batch > 1) gives a batched key; batched_products: the backend runs one
+// batched call per NS product (Compute::batches_newton_schulz).
 AutoKey auto_key(const ShardLayout& layout, const NsOptions& ns, NsAlgorithm allowed, bool crosses,
-                 int elem_size = 4);
+                 int elem_size = 4, bool batched_products = false);
 
 enum class CostModel { kReference, kRefined };
 CostModel parse_cost_model(std::string_view name);  // "reference", "refined"; throws listing them
@@ -123,9 +125,11 @@ struct ExchangeSchedule {
 // busiest rank's bytes sent or received (at the all-gather rates) plus ring latencies, with the
 // staging copies at the calibrated copy rate (a calibrated profile). seconds: the bucket on its
 // schedule, every rank's NS and exchanges on one timeline (src/plan/exchange_schedule.h).
+// A batched key (batch > 1) is batch units of LPT, each a batch-th of its owner share, as the
+// executor assigns a batched parameter's matrices one by one.
 struct OwnerBucketEstimate {
-  std::vector<int> owners;              // per weight
-  std::vector<NsAlgorithm> algorithms;  // per weight: the cheaper allowed on the owner
+  std::vector<int> owners;  // per matrix (a batched key's batch matrices in turn; else per key)
+  std::vector<NsAlgorithm> algorithms;  // per key: the cheaper allowed on the owner
   double compute = 0;        // the busiest owner's NS: seconds with a profile, FLOPs without
   double comm_s = 0;         // both all-to-alls on the serial schedule (0 without a profile)
   double seconds = 0;        // the bucket on the given schedule (0 without a profile)
@@ -140,9 +144,11 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
                                           const HardwareProfile* profile,
                                           const ExchangeSchedule& schedule = {});
 
-// auto over a bucket: owner (with each weight's cheaper algorithm) when its estimate beats the
-// sum of the per-weight best choices, else each weight's best. The reference model never picks
-// owner. Every key must describe the same groups.
+// auto over a bucket: owner (with each weight's cheaper algorithm) when its estimate on the
+// schedule beats the sum of the per-weight best choices, else each weight's best. The reference
+// model never picks owner. Every key must describe the same groups. Without a schedule: the
+// optimizer's (its default chunks, pipelined, no emulated link), the schedule owner mode runs.
+// A batched key is one weight of the plan (one choice), its matrices LPT units of the owners.
 struct BucketPlan {
   std::vector<AutoChoice> choices;           // per weight
   double per_weight_cost = 0;                // the sum of the per-weight best costs
@@ -151,6 +157,8 @@ struct BucketPlan {
 };
 BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,
                        CostModel model);
+BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,
+                       CostModel model, const ExchangeSchedule& schedule);
 
 // Replicated weights: a bucket of unsharded weights held whole by each of `replicas` ranks (their
 // data-parallel replicas; crosses: whether those ranks cross an NVLink domain), priced both ways.
@@ -162,9 +170,11 @@ BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* pro
 // and packing) at the calibrated copy rate. seconds: the homes on the schedule (chunks, emulated
 // link), every rank's NS and exchanges on one timeline. Without a profile both compare FLOPs
 // (the exchange is free); a tie stays with every rank (it moves nothing).
+// A batched key: batch units of the homes' LPT (a batch-th of the batch's NS each), as the
+// executor assigns them; every rank runs the whole batch.
 struct ReplicaBucketEstimate {
-  std::vector<int> homes;               // per weight: the replica that orthogonalises it
-  std::vector<NsAlgorithm> algorithms;  // per weight: the cheaper allowed
+  std::vector<int> homes;  // per matrix (a batched key's matrices in turn): the replica running it
+  std::vector<NsAlgorithm> algorithms;  // per key: the cheaper allowed
   double every_rank = 0;     // every replica's NS of the bucket: seconds with a profile, else FLOPs
   double compute = 0;        // the busiest home's NS, in the same unit
   double comm_s = 0;         // the results' all-to-all on the serial schedule (0 without a profile)
@@ -185,6 +195,8 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
 // owner estimate keeps per-rank loads, so an absurd group (-G 1000000000) would allocate gigabytes.
 // 2^20 is far beyond any job the cost model describes.
 inline constexpr int kMaxGroupSize = 1 << 20;
+// The most matrices a batched key may hold (the owner estimate keeps one entry per matrix).
+inline constexpr Index kMaxBatch = Index{1} << 20;
 
 // Throws distmuon::Error when a key cannot be estimated (non-positive sizes, steps, elem_size,
 // groups above kMaxGroupSize).

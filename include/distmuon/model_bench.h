@@ -79,12 +79,19 @@ struct ModelBenchMode {
   TimingSummary time;
 };
 
+// A batched shape (WeightShape::batch > 1: a layer's experts, one [batch, m, n] parameter) is
+// timed per parameter, its batch matrices together as the optimizer runs them
+// (orthogonalize_shards: duplicated gathers them and runs their NS as one batch, distributed one
+// after the other); count / batch parameters per step. Owner and the replicated runs take its
+// matrices one by one as LPT units, as the optimizer does.
 struct ModelBenchShape {
-  Index m = 0, n = 0, count = 0;
+  Index m = 0, n = 0, count = 0;  // count: matrices per step
+  Index batch = 1;                // matrices per parameter
+  Index parameters() const { return count / batch; }
   std::vector<std::string> names;
   Index shard_rows = 0, pad = 0;      // per rank, and zero rows appended to the weight
   std::vector<ModelBenchMode> modes;  // config modes x algorithms, in config order
-  AutoKey key;                        // what auto planned on
+  AutoKey key;                        // what auto planned on (batch: the parameter's)
   CostEstimate estimate;              // the cost model's estimate for the key
   AutoChoice auto_choice;             // auto's plan (owner: for the whole model)
   AutoChoice fastest;                 // the fastest exact per-weight candidate, by median

@@ -17,8 +17,8 @@
 //    kv_a [kv_lora + rope, hidden], kv_b [heads (nope + v), kv_lora], O [hidden, heads v].
 //  - MLP: gated (SwiGLU) gate and up fused [2 ffn, hidden] (Megatron's linear_fc1), down
 //    [hidden, ffn]; not gated: fc1 [ffn, hidden], fc2 [hidden, ffn].
-//  - MoE layers: per expert the same MLP with expert_ffn; shared experts likewise; the router
-//    [experts, hidden].
+//  - MoE layers: per expert the same MLP with expert_ffn, a layer's experts one batched parameter
+//    (batch = experts); shared experts likewise (not batched); the router [experts, hidden].
 // Embeddings and the output head go to AdamW (Muon is for hidden matrices) and are not listed.
 //
 // Planning knows models only through these shapes. The demo trainer's default model is one more
@@ -84,6 +84,9 @@ struct WeightShape {
   Index m = 0, n = 0;
   Index count = 0;
   bool expert = false;  // lives in the expert (MoE) groups
+  // Matrices stacked in one parameter (a layer's experts: one [E, m, n] parameter of batch E, as
+  // ParamSpec::batch); count / batch parameters. count is a multiple of batch.
+  Index batch = 1;
   friend bool operator==(const WeightShape&, const WeightShape&) = default;
 };
 std::vector<WeightShape> muon_weights(const ModelPreset& model);

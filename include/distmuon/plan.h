@@ -31,20 +31,24 @@ struct PlanOptions {
   CostModel model = CostModel::kRefined;
   std::optional<HardwareProfile> profile;
   // Data parallelism: also price the weights unsharded and replicated over this many ranks,
-  // one home per weight against every rank's NS (estimate_replica_bucket); 1: not priced. The
+  // one home per weight against every rank's NS (estimate_replica_bucket, on the optimizer's
+  // pipelined schedule); 1: not priced. The
   // replicas cross a domain when crosses_domain says so.
   int replicas = 1;
 
-  AutoKey key(Index m, Index n) const;
+  // batch > 1: a batched weight of batch matrices (a layer's experts), priced as the CPU runs it.
+  AutoKey key(Index m, Index n, Index batch = 1) const;
   std::string describe() const;  // one line: G, profile, model, steps, precision, domain
 };
 
 // One distinct shape of the plan: all weights of that shape, with the estimate for one of them.
 struct PlanRow {
   Index m = 0, n = 0;
-  Index count = 0;                 // weights of this shape in one optimizer step
+  Index count = 0;                 // matrices of this shape in one optimizer step
   std::vector<std::string> names;  // which weights ("attn.qkv", ...)
-  CostEstimate estimate;           // per weight
+  CostEstimate estimate;           // per weight (a batched weight: its batch matrices together)
+  Index batch = 1;                 // matrices per weight (WeightShape::batch)
+  double weights() const { return static_cast<double>(count) / static_cast<double>(batch); }
 };
 
 struct Plan {

@@ -36,8 +36,8 @@ std::string model_bench_inputs_text(const std::vector<ModelBenchShape>& shapes,
                                     const std::optional<HardwareProfile>& profile) {
   std::string text;
   for (const ModelBenchShape& s : shapes)
-    text +=
-        fmt::format("shape {} x{} ({})\n", shape_str(s.m, s.n), s.count, fmt::join(s.names, ","));
+    text += fmt::format("shape {} x{} batch {} ({})\n", shape_str(s.m, s.n), s.count, s.batch,
+                        fmt::join(s.names, ","));
   text += "profile " + (profile ? nlohmann::json(*profile).dump() : std::string("none"));
   return text;
 }
@@ -65,17 +65,20 @@ bool has_mode(const std::vector<TpMode>& modes, TpMode m) {
   return std::find(modes.begin(), modes.end(), m) != modes.end();
 }
 
-// The weights grouped by shape (counts summed, names collected), in order of first appearance.
+// The weights grouped by shape and batch (counts summed, names collected), in order of first
+// appearance.
 std::vector<ModelBenchShape> distinct_shapes(const std::vector<WeightShape>& weights) {
   std::vector<ModelBenchShape> out;
   for (const WeightShape& w : weights) {
-    auto it = std::find_if(out.begin(), out.end(),
-                           [&](const ModelBenchShape& s) { return s.m == w.m && s.n == w.n; });
+    auto it = std::find_if(out.begin(), out.end(), [&](const ModelBenchShape& s) {
+      return s.m == w.m && s.n == w.n && s.batch == w.batch;
+    });
     if (it == out.end()) {
       out.push_back({});
       it = out.end() - 1;
       it->m = w.m;
       it->n = w.n;
+      it->batch = w.batch;
     }
     it->count += w.count;
     it->names.push_back(w.name);
@@ -93,8 +96,9 @@ std::vector<ModelBenchShape> distinct_shapes(const std::vector<WeightShape>& wei
 double bench_memory_bytes(const std::vector<ModelBenchShape>& shapes, int g, bool measure) {
   double bytes = 0, largest = 0;
   for (const ModelBenchShape& s : shapes) {
-    const double full = static_cast<double>(s.m) * static_cast<double>(s.n);
-    const double shard = full / g + static_cast<double>(s.n);  // rows rounded up
+    const double b = static_cast<double>(s.batch);  // a parameter's matrices, all drawn at once
+    const double full = b * static_cast<double>(s.m) * static_cast<double>(s.n);
+    const double shard = full / g + b * static_cast<double>(s.n);  // rows rounded up
     const double count = static_cast<double>(s.count);
     bytes += sizeof(float) * (2 * full + 2 * shard) + ns_workspace_bytes(s.m, s.n);
     const double owner_runs = g > 1 ? 4 : 0;  // owner is measured on more than one rank only
@@ -131,6 +135,16 @@ std::string check_config(const ModelBenchConfig& c, const std::vector<ModelBench
   for (const ModelBenchShape& s : shapes) {
     if (s.m < 1 || s.n < 1 || s.count < 1)
       return fmt::format("invalid weight {} x {}", shape_str(s.m, s.n), s.count);
+    if (s.batch < 1 || s.count % s.batch != 0) {
+      return fmt::format("weight {}: {} matrices are not a multiple of its batch {}",
+                         shape_str(s.m, s.n), s.count, s.batch);
+    }
+    if (s.batch > 1 && c.plan == PlanMode::kMeasure) {
+      return fmt::format(
+          "plan measure does not time batched weights yet (weight {} of batch {}): use the "
+          "estimate",
+          shape_str(s.m, s.n), s.batch);
+    }
     if (s.m * s.n > c.max_elements || s.n * s.n > c.max_elements) {
       big.push_back(fmt::format("{} (matrix {}, distributed Gram {} elements)", shape_str(s.m, s.n),
                                 s.m * s.n, s.n * s.n));
@@ -161,32 +175,44 @@ NsOptions with_algorithm(NsOptions ns, NsAlgorithm a) {
   return ns;
 }
 
-// One shape's shard on this rank (in compute's memory) and its layout, rows sharded over the
-// group as training does.
+// One shape's parameter on this rank (in compute's memory: its batch matrices' shards stacked by
+// rows) and its layout, rows sharded over the group as training does.
 struct ShapeData {
   DeviceMatrix shard;
   detail::ShardLayout layout;
+  // The shard of matrix b of the parameter.
+  MatrixView matrix(Index b) {
+    return shard.view().block(b * layout.shard_rows(), 0, layout.shard_rows(), layout.n);
+  }
 };
 
-// The full matrix is drawn on the host (the same values on every backend) and this rank's shard
-// of it uploaded once.
+// The full matrices are drawn on the host (the same values on every backend) and this rank's
+// shards of them uploaded once.
 ShapeData make_shape(const Communicator& group, const ModelBenchConfig& config, std::size_t index,
                      ModelBenchShape& shape, Compute& compute) {
   const int g = group.size(), r = group.rank();
   const RowSharding sharding = RowSharding::make(shape.m, shape.n, g);
   shape.shard_rows = sharding.shard_rows;
   shape.pad = sharding.pad_length;
-  Matrix full(shape.m, shape.n);
+  Matrix stacked(shape.batch * sharding.shard_rows, shape.n);
   std::mt19937_64 rng(config.seed + index);
   std::normal_distribution<float> dist;
-  for (float& v : full.values())
-    v = dist(rng);
-  ShapeData d{to_device(compute, row_shard(full.view(), sharding, r).view()), {}};
+  for (Index b = 0; b < shape.batch; ++b) {
+    Matrix full(shape.m, shape.n);
+    for (float& v : full.values())
+      v = dist(rng);
+    const Matrix mine = row_shard(full.view(), sharding, r);
+    for (Index i = 0; i < sharding.shard_rows; ++i)
+      for (Index j = 0; j < shape.n; ++j)
+        stacked(b * sharding.shard_rows + i, j) = mine(i, j);
+  }
+  ShapeData d{to_device(compute, stacked.view()), {}};
   d.layout.m = shape.m;
   d.layout.n = shape.n;
   d.layout.gtp_size = g;
   d.layout.gtp_rank = r;
   d.layout.pad = sharding.pad_length;
+  d.layout.batch = shape.batch;
   return d;
 }
 
@@ -267,13 +293,15 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
   rep.algorithms = algorithms_of(config.algorithm);
   const HardwareProfile* profile = rep.has_profile ? &*resolver->profile() : nullptr;
 
-  // Keys and auto's plan: one bucket of every weight (count copies per shape).
+  // Keys and auto's plan: one bucket of every weight (a key per parameter: count / batch per
+  // shape), batched keys priced as this backend runs them.
   std::vector<AutoKey> keys;
   for (ModelBenchShape& s : shapes) {
-    s.key = auto_key(ShardLayout{.m = s.m, .n = s.n, .gtp_size = group.size()}, config.ns,
-                     config.algorithm, rep.crosses_domain);
+    s.key = auto_key(ShardLayout{.m = s.m, .n = s.n, .gtp_size = group.size(), .batch = s.batch},
+                     config.ns, config.algorithm, rep.crosses_domain, 4,
+                     compute.batches_newton_schulz());
     s.estimate = estimate(s.key, profile, resolver->cost_model());
-    keys.insert(keys.end(), static_cast<std::size_t>(s.count), s.key);
+    keys.insert(keys.end(), static_cast<std::size_t>(s.parameters()), s.key);
   }
   // The backend's data plane, attached once (as Muon::add_parameter does): the shards and Gram
   // matrices move over it; the group's control plane times and agrees.
@@ -312,12 +340,19 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     }
     samples[i].resize(candidates[i].size());
   }
+  // Per shape, its parameter's matrices as the optimizer passes them (one view each).
+  std::vector<std::vector<MatrixView>> slices(shapes.size());
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    for (Index b = 0; b < shapes[i].batch; ++b)
+      slices[i].push_back(work[i].view().block(b * data[i].layout.shard_rows(), 0,
+                                               data[i].layout.shard_rows(), data[i].layout.n));
+  }
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     for (std::size_t c = 0; c < candidates[i].size(); ++c) {
       const ModelBenchMode m = candidates[i][c];
       tasks.push_back({[&, i, m, ns = with_algorithm(config.ns, m.algorithm)] {
-                         detail::orthogonalize_shard(work[i].view(), data[i].layout, tp, gtp,
-                                                     m.mode, ns, kUnitScale, compute, &workspaces);
+                         detail::orthogonalize_shards(slices[i], data[i].layout, tp, gtp, m.mode,
+                                                      ns, kUnitScale, compute, workspaces);
                          compute.synchronize();
                        },
                        detail::copy_reset(compute, {{data[i].shard.view(), work[i].view()}})});
@@ -337,6 +372,7 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
     for (NsAlgorithm a : rep.algorithms)
       owner_runs.push_back({to_string(AutoChoice{TpMode::kOwner, a}),
                             std::vector<NsAlgorithm>(keys.size(), a), config.pipeline});
+    // (algorithms: per key, i.e. per parameter)
     if (rep.auto_owner && std::none_of(owner_runs.begin(), owner_runs.end(), [&](const auto& r) {
           return r.algorithms == auto_algorithms;
         }))
@@ -353,16 +389,21 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
   std::vector<OwnerRun> owners(owner_runs.size());
   for (std::size_t r = 0; r < owner_runs.size(); ++r) {
     OwnerRun& o = owners[r];
+    // One work copy per parameter; one owner weight per matrix of it (the optimizer's units).
+    std::vector<std::size_t> shape_of;  // per parameter
     for (std::size_t i = 0; i < shapes.size(); ++i) {
-      for (Index c = 0; c < shapes[i].count; ++c) {
+      for (Index c = 0; c < shapes[i].parameters(); ++c) {
         o.work.emplace_back(compute, data[i].shard.rows(), data[i].shard.cols());
         o.source.push_back(&data[i].shard);
+        shape_of.push_back(i);
       }
     }
-    for (std::size_t w = 0, i = 0; i < shapes.size(); ++i) {
-      for (Index c = 0; c < shapes[i].count; ++c, ++w) {
-        o.weights.push_back(
-            {o.work[w].view(), &data[i].layout, &tp, &owner_gtp, owner_runs[r].algorithms.at(w)});
+    for (std::size_t p = 0; p < o.work.size(); ++p) {
+      const ShapeData& d = data[shape_of[p]];
+      for (Index b = 0; b < d.layout.batch; ++b) {
+        o.weights.push_back({o.work[p].view().block(b * d.layout.shard_rows(), 0,
+                                                    d.layout.shard_rows(), d.layout.n),
+                             &d.layout, &tp, &owner_gtp, owner_runs[r].algorithms.at(p)});
       }
     }
     o.orth = std::make_unique<detail::OwnerOrthogonalizer>(detail::ns_flops_cost(config.ns),
@@ -394,7 +435,7 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
 
   ModelBenchTotals& t = rep.totals;
   for (std::size_t i = 0, w = 0; i < shapes.size();
-       w += static_cast<std::size_t>(shapes[i].count), ++i) {
+       w += static_cast<std::size_t>(shapes[i].parameters()), ++i) {
     ModelBenchShape& s = shapes[i];
     s.auto_choice = plan[w];
     for (std::size_t c = 0; c < candidates[i].size(); ++c) {
@@ -413,7 +454,7 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
         rep.auto_owner ? 0 : s.median_s(s.auto_choice.mode, s.auto_choice.algorithm);
     s.regret = rep.auto_owner ? 0 : chosen / best - 1;
 
-    const auto c = static_cast<double>(s.count);
+    const auto c = static_cast<double>(s.parameters());  // each median is one parameter's
     const NsAlgorithm base = rep.algorithms.front();
     t.duplicated_s += c * s.median_s(TpMode::kDuplicated, base);
     t.distributed_s += c * s.median_s(TpMode::kDistributed, base);

@@ -1,6 +1,8 @@
 // The model benchmark's predictions (model_bench_prediction.h).
 #include "bench/model_bench_prediction.h"
 
+#include <algorithm>
+
 #include "distmuon/layout.h"
 
 namespace distmuon::detail {
@@ -20,9 +22,12 @@ ReplicatedPrediction predict_replicated(const std::vector<WeightShape>& weights,
                                         const HardwareProfile* profile, CostModel model,
                                         int pipeline, LinkModel link) {
   std::vector<AutoKey> keys;
+  // A key per parameter (a batched one: count / batch keys of its batch), priced as the CPU runs
+  // it; the homes take its matrices one by one.
   for (const WeightShape& w : weights) {
-    keys.insert(keys.end(), static_cast<std::size_t>(w.count),
-                auto_key(ShardLayout{.m = w.m, .n = w.n}, ns, NsAlgorithm::kStandard, false));
+    keys.insert(keys.end(), static_cast<std::size_t>(w.count / std::max<Index>(w.batch, 1)),
+                auto_key(ShardLayout{.m = w.m, .n = w.n, .batch = w.batch}, ns,
+                         NsAlgorithm::kStandard, false));
   }
   const auto at = [&](int chunks, double wire) {
     return estimate_replica_bucket(keys, replicas, crosses, profile, model, wire, {chunks, link});

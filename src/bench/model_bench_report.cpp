@@ -1,6 +1,7 @@
 // The model benchmark's JSON and tables (the plot: plot/model_bench_plot.cpp).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -82,6 +83,7 @@ json to_json(const ModelBenchReport& r) {
     j["shapes"].push_back({{"m", s.m},
                            {"n", s.n},
                            {"count", s.count},
+                           {"batch", s.batch},
                            {"names", s.names},
                            {"shard_rows", s.shard_rows},
                            {"pad", s.pad},
@@ -164,9 +166,16 @@ std::string format_report(const ModelBenchReport& r) {
           ? fmt::format("measure ({} run(s) timed before the benchmark)", r.plan_timed_runs)
           : std::string("estimate"),
       r.crosses_domain ? "group crosses domains" : "group inside one domain");
-  out += "median ms per NS run of one weight";
+  out += "median ms per NS run of one weight (xB: a batched weight, its B matrices together)";
   out += r.has_profile ? " (the model's prediction in brackets)\n" : "\n";
-  out += fmt::format("  {:<18} {:>5} {:>10}", "weight", "count", "shard");
+  const auto label = [](const ModelBenchShape& s) {
+    return fmt::format("{}{} {}", s.batch > 1 ? fmt::format("x{} ", s.batch) : "",
+                       fmt::join(s.names, ","), shape_str(s.m, s.n));
+  };
+  std::size_t width = 18;
+  for (const ModelBenchShape& s : r.shapes)
+    width = std::max(width, label(s).size());
+  out += fmt::format("  {:<{}} {:>5} {:>10}", "weight", width, "count", "shard");
   const std::size_t k = r.shapes.empty() ? 0 : r.shapes.front().modes.size();
   for (std::size_t c = 0; c < k; ++c) {
     const ModelBenchMode& m = r.shapes.front().modes[c];
@@ -174,8 +183,7 @@ std::string format_report(const ModelBenchReport& r) {
   }
   out += fmt::format("  {:<17} {:<17} {:>7}\n", "auto", "fastest", "regret");
   for (const ModelBenchShape& s : r.shapes) {
-    out += fmt::format("  {:<18} {:>5} {:>10}",
-                       fmt::format("{} {}", fmt::join(s.names, ","), shape_str(s.m, s.n)), s.count,
+    out += fmt::format("  {:<{}} {:>5} {:>10}", label(s), width, s.parameters(),
                        shape_str(s.shard_rows, s.n));
     for (const ModelBenchMode& m : s.modes) {
       const bool priced = r.has_profile && m.mode != TpMode::kBlockwise &&

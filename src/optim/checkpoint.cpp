@@ -32,7 +32,9 @@ void to_json(nlohmann::json& j, const AutoKey& k) {
        {"use_syrk", k.use_syrk},
        {"elem_size", k.elem_size},
        {"algorithm", to_string(k.algorithm)},
-       {"gram_formations", k.gram_formations}};
+       {"gram_formations", k.gram_formations},
+       {"batch", k.batch},
+       {"batched_products", k.batched_products}};
 }
 
 void from_json(const nlohmann::json& j, AutoKey& k) {
@@ -49,6 +51,9 @@ void from_json(const nlohmann::json& j, AutoKey& k) {
   k.algorithm = j.contains("algorithm") ? parse_ns_algorithm(j.at("algorithm").get<std::string>())
                                         : NsAlgorithm::kStandard;
   k.gram_formations = j.value("gram_formations", 1);
+  // Absent before batched parameters were priced as batches: one matrix.
+  k.batch = j.value("batch", Index{1});
+  k.batched_products = j.value("batched_products", false);
 }
 
 namespace {
@@ -374,7 +379,8 @@ LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, Ran
     const auto saved_key =
         e.contains("auto_key") ? std::optional(e.at("auto_key").get<AutoKey>()) : std::nullopt;
     if (saved_key && e.contains("mode") &&
-        *saved_key == auto_key(l, s.ns, s.options.ns_algorithm, saved_key->crosses_domain)) {
+        *saved_key == auto_key(l, s.ns, s.options.ns_algorithm, saved_key->crosses_domain, 4,
+                               s.compute->batches_newton_schulz())) {
       out.key = saved_key;
       // "algorithm" is absent in checkpoints written before the Gram algorithm: standard.
       out.choice = AutoChoice{parse_tp_mode(e.at("mode").get<std::string>()),

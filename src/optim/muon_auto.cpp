@@ -40,7 +40,9 @@ AutoKey key_of(Muon::Impl& s, ParamState& p) {
   // Every piece of the weight lies on this rank's TP x GTP block; it crosses a domain when one
   // of this rank's groups does (the other ranks' groups: the world all-reduce below).
   const bool crosses = (gtp_on && topology.crosses(p.gtp)) || (tp_on && topology.crosses(p.tp));
-  return auto_key(l, s.ns, s.options.ns_algorithm, crosses);
+  // A batched parameter's key holds its batch, priced as the backend runs it (batched products
+  // or each matrix's NS in turn).
+  return auto_key(l, s.ns, s.options.ns_algorithm, crosses, 4, s.compute->batches_newton_schulz());
 }
 
 // A bucket: the auto parameters that share their groups, as owner mode runs them together.
@@ -112,7 +114,8 @@ void plan_replica_homes(Muon::Impl& s, std::span<const std::size_t> todo) {
             if (done[q] || &p.dp.impl() != &first.dp.impl() || crosses[q] != crosses[j]) continue;
             done[q] = true;
             at.push_back(q);
-            keys.push_back(auto_key(p.layout, s.ns, p.algorithm, false));
+            keys.push_back(auto_key(p.layout, s.ns, p.algorithm, false, 4,
+                                    s.compute->batches_newton_schulz()));
           }
           // Priced on the schedule the homes run (detail::WeightOrthogonalizer's pipeline).
           const ReplicaBucketEstimate e = estimate_replica_bucket(

@@ -18,7 +18,7 @@ namespace distmuon {
 namespace {
 
 // The key's fields, as the ranks of a group compare them.
-constexpr std::size_t kFields = 11;
+constexpr std::size_t kFields = 13;
 using Packed = std::array<std::int64_t, kFields>;
 Packed pack(const AutoKey& k) {
   return {k.m,
@@ -31,7 +31,9 @@ Packed pack(const AutoKey& k) {
           k.use_syrk ? 1 : 0,
           k.elem_size,
           static_cast<std::int64_t>(k.algorithm),
-          k.gram_formations};
+          k.gram_formations,
+          k.batch,
+          k.batched_products ? 1 : 0};
 }
 AutoKey unpack(const Packed& f) {
   return {.m = f[0],
@@ -44,7 +46,9 @@ AutoKey unpack(const Packed& f) {
           .use_syrk = f[7] != 0,
           .elem_size = static_cast<int>(f[8]),
           .algorithm = static_cast<NsAlgorithm>(f[9]),
-          .gram_formations = static_cast<int>(f[10])};
+          .gram_formations = static_cast<int>(f[10]),
+          .batch = f[11],
+          .batched_products = f[12] != 0};
 }
 
 // "m x n over ... (steps 5, syrk true, elem 2, algorithm auto)": the key in an error message.

@@ -60,17 +60,22 @@ std::pair<double, double> gram_and_long(Index rows, Index cols, GramSide side) {
 // Gram matrices of the s x L iterate (1 + restarts) and as many products Q X_0 (gemm s x s x l);
 // per step R^2 (syrk s^3); on every step but the last and those ending in a restart, P Q, P^2
 // and R P^2 (gemm, syrk, gemm of size s^3). FLOPs as ns_flops counts them.
+//
+// batch > 1: one batched call per product for batch matrices (a backend that batches NS): each
+// call does batch times the FLOPs at the calibrated rate of one product of the same Gram side and
+// batch times the other side (one launch for the work of batch products: on a GPU the small
+// products' launch and latency, which their calibrated rates include, are paid once per call).
 double calibrated_products_s(const Calibration& cal, Index rows, Index cols, GramSide side,
-                             const AutoKey& key, NsAlgorithm algorithm) {
+                             const AutoKey& key, NsAlgorithm algorithm, double batch = 1) {
   const auto [s, l] = gram_and_long(rows, cols, side);
   const bool syrk = key.use_syrk;
-  const double gram = syrk ? s * s * l / cal.gram_syrk.flops_per_s(s, l)
-                           : 2 * s * s * l / cal.update_gemm.flops_per_s(s, l);
-  const double square = syrk ? s * s * s / cal.gram_syrk.flops_per_s(s, s)
-                             : 2 * s * s * s / cal.update_gemm.flops_per_s(s, s);
-  const double update = 2 * s * s * l / cal.update_gemm.flops_per_s(s, l);
+  const double gram = batch * (syrk ? s * s * l / cal.gram_syrk.flops_per_s(s, batch * l)
+                                    : 2 * s * s * l / cal.update_gemm.flops_per_s(s, batch * l));
+  const double square = batch * (syrk ? s * s * s / cal.gram_syrk.flops_per_s(s, batch * s)
+                                      : 2 * s * s * s / cal.update_gemm.flops_per_s(s, batch * s));
+  const double update = batch * 2 * s * s * l / cal.update_gemm.flops_per_s(s, batch * l);
   if (algorithm != NsAlgorithm::kGram) return key.steps * (gram + square + update);
-  const double cube = 2 * s * s * s / cal.update_gemm.flops_per_s(s, s);
+  const double cube = batch * 2 * s * s * s / cal.update_gemm.flops_per_s(s, batch * s);
   const int grams = key.gram_formations;
   const int inner = key.steps - grams;  // steps followed by P Q, P^2 and R P^2
   return grams * (gram + update) + key.steps * square + inner * (square + 2 * cube);
@@ -131,6 +136,27 @@ void add_ns(ModeCost& c, Index rows, Index cols, GramSide side, const AutoKey& k
     c.compute_s += flops / (rates.profile->peak_tflops(key.elem_size) * 1e12);
   }
 }
+
+// Every term of every mode times batch (FLOPs, bytes, times, collective calls), the latencies
+// times `calls` (the collectives a batch issues per matrix's one).
+void scale_batch(CostEstimate& e, double batch, double calls) {
+  if (batch == 1 && calls == 1) return;
+  for (ModeCost* c : {&e.duplicated, &e.distributed, &e.duplicated_gram, &e.distributed_gram,
+                      &e.owner, &e.owner_gram}) {
+    c->flops *= batch;
+    c->payload_bytes *= batch;
+    c->wire_bytes *= batch;
+    c->elementwise_elements *= batch;
+    c->compute_s *= batch;
+    c->elementwise_s *= batch;
+    c->bandwidth_s *= batch;
+    c->latency_s *= calls;
+    c->all_gathers = static_cast<int>(c->all_gathers * calls);
+    c->all_reduces = static_cast<int>(c->all_reduces * calls);
+  }
+}
+
+CostEstimate estimate_refined_batch(const AutoKey& key, const HardwareProfile* profile);
 
 // Fewer seconds (profile) or fewer FLOPs (none; a crossing group gives duplicated) among the
 // candidates: duplicated and distributed, with the standard algorithm and, when the estimate
@@ -213,6 +239,8 @@ void validate_key(const AutoKey& key) {
   if (key.elem_size < 1) bad(fmt::format("elem_size must be >= 1, got {}", key.elem_size));
   if (key.gram_formations < 1 || key.gram_formations > key.steps)
     bad(fmt::format("gram_formations must be in [1, steps], got {}", key.gram_formations));
+  if (key.batch < 1 || key.batch > kMaxBatch)
+    bad(fmt::format("batch must be in [1, {}], got {}", kMaxBatch, key.batch));
 }
 
 CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profile) {
@@ -246,12 +274,14 @@ CostEstimate estimate_reference(const AutoKey& key, const HardwareProfile* profi
       c->bandwidth_s = c->wire_bytes / bw;
     }
   }
+  scale_batch(est, static_cast<double>(key.batch), static_cast<double>(key.batch));
   choose(est, key);
   return est;
 }
 
 CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile) {
   validate_key(key);
+  if (key.batch > 1) return estimate_refined_batch(key, profile);
   const int g = key.group_size, g2 = key.second_group_size, e = key.elem_size;
   const bool x = key.crosses_domain;
   const Rates rates(profile, e, x);
@@ -301,13 +331,56 @@ CostEstimate estimate_refined(const AutoKey& key, const HardwareProfile* profile
   return est;
 }
 
+namespace {
+
+// A batched key (docs/cost-model.md, "Batched parameters"): what the executor runs for its batch
+// matrices (tp/sharded_ns.h, orthogonalize_shards). Duplicated gathers the whole batch in one
+// collective per group (the latency once, the bytes of all, and what arrives copied into place:
+// gather_batch_into), then runs their NS as one batch (one batched call per product where the
+// backend batches); distributed runs one matrix after the other (batch x everything); owner: each
+// matrix one unit of the bucket's LPT (estimate_owner_bucket), its share the batch's NS.
+CostEstimate estimate_refined_batch(const AutoKey& key, const HardwareProfile* profile) {
+  AutoKey one = key;
+  one.batch = 1;
+  one.batched_products = false;
+  CostEstimate est = estimate_refined(one, profile);
+  const double b = static_cast<double>(key.batch);
+  scale_batch(est, b, b);
+  const Rates rates(profile, key.elem_size, key.crosses_domain);
+  const int g = key.group_size, g2 = key.second_group_size;
+  const bool rows_split = key.partition_dim == 0;
+  const Index k = ceil_div(rows_split ? key.m : key.n, g);
+  const double padded =
+      rows_split ? static_cast<double>(k * g) * key.n : static_cast<double>(key.m) * (k * g);
+  // Per group gathered over: the first (smaller) group's arrivals are the TP-local tensors, the
+  // second's the full matrices.
+  const double unstaged = (g2 > 1 ? padded / g : 0.0) + (g > 1 ? padded : 0.0);
+  for (ModeCost* c : {&est.duplicated, &est.duplicated_gram}) {
+    c->latency_s /= b;
+    c->all_gathers /= static_cast<int>(key.batch);
+    add_elementwise(*c, {.scale = b * unstaged}, rates);
+  }
+  if (key.batched_products && rates.compute != nullptr) {
+    // The duplicated batch's NS: one batched call per product for all b gathered matrices.
+    for (NsAlgorithm a : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+      ModeCost& dup = a == NsAlgorithm::kGram ? est.duplicated_gram : est.duplicated;
+      dup.compute_s =
+          calibrated_products_s(*rates.compute, key.m, key.n, GramSide::kAuto, key, a, b);
+    }
+  }
+  choose(est, key);
+  return est;
+}
+
+}  // namespace
+
 CostEstimate estimate(const AutoKey& key, const HardwareProfile* profile, CostModel model) {
   return model == CostModel::kReference ? estimate_reference(key, profile)
                                         : estimate_refined(key, profile);
 }
 
 AutoKey auto_key(const ShardLayout& layout, const NsOptions& ns, NsAlgorithm allowed, bool crosses,
-                 int elem_size) {
+                 int elem_size, bool batched_products) {
   AutoKey key{.m = layout.m,
               .n = layout.n,
               .crosses_domain = crosses,
@@ -315,7 +388,9 @@ AutoKey auto_key(const ShardLayout& layout, const NsOptions& ns, NsAlgorithm all
               .use_syrk = ns.use_syrk,
               .elem_size = elem_size,
               .algorithm = allowed,
-              .gram_formations = gram_ns_gram_count(ns)};
+              .gram_formations = gram_ns_gram_count(ns),
+              .batch = layout.batch,
+              .batched_products = batched_products};
   const bool tp_on = layout.tp_on(), gtp_on = layout.gtp_on();
   const bool over_gtp = distributes_over_gtp(layout);
   key.group_size = over_gtp ? layout.gtp_size : tp_on ? layout.tp_size : 1;
@@ -325,7 +400,8 @@ AutoKey auto_key(const ShardLayout& layout, const NsOptions& ns, NsAlgorithm all
 }
 
 std::string describe(const AutoKey& key) {
-  std::string out = fmt::format("{}x{} G={}", key.m, key.n, key.group_size);
+  std::string out = key.batch > 1 ? fmt::format("{} x ", key.batch) : std::string();
+  out += fmt::format("{}x{} G={}", key.m, key.n, key.group_size);
   if (key.partition_dim != 0) out += fmt::format(" dim={}", key.partition_dim);
   if (key.second_group_size > 1) out += fmt::format(" G2={}", key.second_group_size);
   out += key.crosses_domain ? " cross-domain" : " intra-domain";

@@ -46,10 +46,10 @@ std::string lower(std::string_view s) {
 
 // The MLP of one layer (or expert) as Muon weights.
 void add_mlp(std::vector<WeightShape>& out, const std::string& prefix, Index hidden, Index ffn,
-             bool gated, Index count, bool expert) {
+             bool gated, Index count, bool expert, Index batch = 1) {
   if (count <= 0) return;
-  out.push_back({prefix + ".fc1", gated ? 2 * ffn : ffn, hidden, count, expert});
-  out.push_back({prefix + ".fc2", hidden, ffn, count, expert});
+  out.push_back({prefix + ".fc1", gated ? 2 * ffn : ffn, hidden, count, expert, batch});
+  out.push_back({prefix + ".fc2", hidden, ffn, count, expert, batch});
 }
 
 }  // namespace
@@ -224,7 +224,8 @@ std::vector<WeightShape> muon_weights(const ModelPreset& model) {
   if (model.moe) {
     const MoeConfig& e = *model.moe;
     const Index moe_layers = layers - e.dense_layers;
-    add_mlp(out, "expert", h, e.expert_ffn, model.gated_ffn, moe_layers * e.experts, true);
+    add_mlp(out, "expert", h, e.expert_ffn, model.gated_ffn, moe_layers * e.experts, true,
+            e.experts);
     add_mlp(out, "shared_expert", h, e.shared_experts * e.expert_ffn, model.gated_ffn,
             e.shared_experts > 0 ? moe_layers : 0, false);
     if (moe_layers > 0) out.push_back({"router", e.experts, h, moe_layers, false});

@@ -95,10 +95,11 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
   }
   const AutoKey& first = keys.front();
   const int ranks = first.group_size * first.second_group_size;
-  const auto n = keys.size();
   OwnerBucketEstimate out;
-  std::vector<double> flops(n), cost(n), bytes(n);
-  for (std::size_t i = 0; i < n; ++i) {
+  // One unit per matrix (a batched key's matrices in turn, each a batch-th of its share): the
+  // executor assigns and chunks the matrices of a batched parameter one by one.
+  std::vector<double> flops, cost, bytes;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
     if (!same_groups(keys[i], first)) {
       throw Error(
           fmt::format("owner bucket estimate: weight {} ({}) and weight 0 ({}) do not share "
@@ -109,11 +110,16 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
       throw Error("owner bucket estimate: owner mode is priced by the refined model only");
     const NsAlgorithm a = owner_algorithm(keys[i], estimates[i]);
     out.algorithms.push_back(a);
-    flops[i] = estimates[i].of(TpMode::kOwner, a).flops;
-    cost[i] = estimates[i].cost(TpMode::kOwner, a);
-    bytes[i] = estimates[i].of(TpMode::kOwner, a).payload_bytes / 2;  // one direction
-    out.payload_bytes += 2 * bytes[i];
+    const double b = static_cast<double>(keys[i].batch);
+    const ModeCost& c = estimates[i].of(TpMode::kOwner, a);
+    flops.insert(flops.end(), static_cast<std::size_t>(keys[i].batch), c.flops / b);
+    cost.insert(cost.end(), static_cast<std::size_t>(keys[i].batch),
+                estimates[i].cost(TpMode::kOwner, a) / b);
+    bytes.insert(bytes.end(), static_cast<std::size_t>(keys[i].batch),
+                 c.payload_bytes / 2 / b);  // one direction
+    out.payload_bytes += c.payload_bytes;
   }
+  const auto n = flops.size();
   // The executor assigns on FLOPs (it has no profile); the estimate follows the same assignment.
   out.owners = lpt_assign(flops, ranks);
   const auto r_count = static_cast<std::size_t>(ranks);
@@ -182,9 +188,11 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
                     wire_bytes));
   }
   ReplicaBucketEstimate out;
-  const auto n = keys.size();
-  std::vector<double> flops(n), cost(n), bytes(n);
-  for (std::size_t i = 0; i < n; ++i) {
+  // One unit per matrix (a batched key's matrices in turn, each a batch-th of the batch's NS):
+  // the homes are assigned and chunked matrix by matrix, as the executor does; every rank runs
+  // the whole batch (as one batch).
+  std::vector<double> flops, cost, bytes, elements;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
     if (keys[i].group_size != 1 || keys[i].second_group_size != 1) {
       throw Error(
           fmt::format("replica bucket estimate: weight {} ({}) is sharded", i, describe(keys[i])));
@@ -192,11 +200,15 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
     const CostEstimate e = estimate(keys[i], profile, model);
     const NsAlgorithm a = e.prices_gram ? owner_algorithm(keys[i], e) : NsAlgorithm::kStandard;
     out.algorithms.push_back(a);
-    flops[i] = e.of(TpMode::kDuplicated, a).flops;
-    cost[i] = e.cost(TpMode::kDuplicated, a);
-    bytes[i] = wire_bytes * static_cast<double>(keys[i].m) * static_cast<double>(keys[i].n);
-    out.every_rank += cost[i];
+    const auto b = static_cast<std::size_t>(keys[i].batch);
+    const double elems = static_cast<double>(keys[i].m) * static_cast<double>(keys[i].n);
+    flops.insert(flops.end(), b, e.of(TpMode::kDuplicated, a).flops / static_cast<double>(b));
+    cost.insert(cost.end(), b, e.cost(TpMode::kDuplicated, a) / static_cast<double>(b));
+    bytes.insert(bytes.end(), b, wire_bytes * elems);
+    elements.insert(elements.end(), b, elems);
+    out.every_rank += e.cost(TpMode::kDuplicated, a);
   }
+  const auto n = flops.size();
   out.homes = lpt_assign(flops, replicas);
   const auto r_count = static_cast<std::size_t>(replicas);
   std::vector<double> load(r_count, 0.0), send(r_count, 0.0), recv(r_count, 0.0);
@@ -225,7 +237,7 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
       std::vector<double> pack(r_count, 0.0), unpack(r_count, 0.0);
       for (const std::size_t i : ids) {
         const auto h = static_cast<std::size_t>(out.homes[i]);
-        const double elems = static_cast<double>(keys[i].m) * static_cast<double>(keys[i].n);
+        const double elems = elements[i];
         ns[h] += cost[i] + (bf16 ? terms.copy_s(elems) : 0.0);
         c_send[h] += bytes[i] * (replicas - 1);
         pack[h] += passes * elems * (replicas - 1);
@@ -249,6 +261,11 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
 
 BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,
                        CostModel model) {
+  return plan_bucket(keys, profile, model, {detail::OwnerOrthogonalizer::kDefaultPipeline, {}});
+}
+
+BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,
+                       CostModel model, const ExchangeSchedule& schedule) {
   BucketPlan plan;
   if (keys.empty()) return plan;
   std::vector<CostEstimate> estimates;
@@ -260,7 +277,7 @@ BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* pro
   }
   const AutoKey& first = keys.front();
   if (model != CostModel::kRefined || first.group_size * first.second_group_size < 2) return plan;
-  plan.owner = estimate_owner_bucket(keys, estimates, profile);
+  plan.owner = estimate_owner_bucket(keys, estimates, profile, schedule);
   if (plan.owner->cost() < plan.per_weight_cost) {
     for (std::size_t i = 0; i < keys.size(); ++i)
       plan.choices[i] = {TpMode::kOwner, plan.owner->algorithms[i]};

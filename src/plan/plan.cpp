@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <utility>
 
 #include "distmuon/error.h"
 #include "distmuon/memory_check.h"
 #include "distmuon/newton_schulz.h"
+#include "tp/owner_ns.h"
 
 namespace distmuon {
 namespace {
@@ -35,11 +37,12 @@ double ratio(double a, double b) {
 
 }  // namespace
 
-AutoKey PlanOptions::key(Index m, Index n) const {
+AutoKey PlanOptions::key(Index m, Index n, Index batch) const {
   NsOptions ns;  // the default (quintic) coefficients
   ns.steps = steps;
   ns.use_syrk = use_syrk;
-  const ShardLayout layout{.m = m, .n = n, .tp_dim = partition_dim, .tp_size = group_size};
+  const ShardLayout layout{
+      .m = m, .n = n, .tp_dim = partition_dim, .tp_size = group_size, .batch = batch};
   return auto_key(layout, ns, algorithm, crosses_domain, elem_size);
 }
 
@@ -80,15 +83,20 @@ Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts)
         "--ns-algorithm gram");
   Plan plan;
   plan.options = opts;
-  std::map<std::pair<Index, Index>, std::size_t> row_of;
+  std::map<std::tuple<Index, Index, Index>, std::size_t> row_of;
   const HardwareProfile* profile = opts.profile ? &*opts.profile : nullptr;
   for (const auto& w : weights) {
     if (w.count < 1)
       throw Error(
           fmt::format("plan: weight '{}' {} has count {}", w.name, shape_str(w.m, w.n), w.count));
-    const auto [it, inserted] = row_of.try_emplace({w.m, w.n}, plan.rows.size());
-    if (inserted)
-      plan.rows.push_back({w.m, w.n, 0, {}, estimate(opts.key(w.m, w.n), profile, opts.model)});
+    if (w.batch < 1 || w.count % w.batch != 0)
+      throw Error(fmt::format("plan: weight '{}' {} has count {}, not a multiple of its batch {}",
+                              w.name, shape_str(w.m, w.n), w.count, w.batch));
+    const auto [it, inserted] = row_of.try_emplace({w.m, w.n, w.batch}, plan.rows.size());
+    if (inserted) {
+      plan.rows.push_back(
+          {w.m, w.n, 0, {}, estimate(opts.key(w.m, w.n, w.batch), profile, opts.model), w.batch});
+    }
     PlanRow& row = plan.rows[it->second];
     row.count += w.count;
     if (std::find(row.names.begin(), row.names.end(), w.name) == row.names.end())
@@ -96,11 +104,12 @@ Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts)
   }
   std::vector<AutoKey> keys;
   for (const auto& row : plan.rows) {
-    const double c = static_cast<double>(row.count);
+    const double c = row.weights();
     plan.total_duplicated += c * row.estimate.cost(TpMode::kDuplicated);
     plan.total_distributed += c * row.estimate.cost(TpMode::kDistributed);
     plan.total_per_weight += c * row.estimate.best_cost();
-    keys.insert(keys.end(), static_cast<std::size_t>(row.count), opts.key(row.m, row.n));
+    keys.insert(keys.end(), static_cast<std::size_t>(row.count / row.batch),
+                opts.key(row.m, row.n, row.batch));
   }
   plan.total_auto = plan.total_per_weight;
   const BucketPlan bucket = plan_bucket(keys, profile, opts.model);
@@ -114,17 +123,19 @@ Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts)
     }
     std::vector<AutoKey> unsharded;
     for (const auto& row : plan.rows) {
-      AutoKey k = opts.key(row.m, row.n);
+      AutoKey k = opts.key(row.m, row.n, row.batch);
       k.group_size = 1;
       k.second_group_size = 1;
       k.partition_dim = 0;
       k.crosses_domain = false;
       if (k.algorithm == NsAlgorithm::kAuto && opts.model == CostModel::kReference)
         k.algorithm = NsAlgorithm::kStandard;
-      unsharded.insert(unsharded.end(), static_cast<std::size_t>(row.count), k);
+      unsharded.insert(unsharded.end(), static_cast<std::size_t>(row.count / row.batch), k);
     }
+    // On the schedule the optimizer runs the homes on (pipelined, as owner buckets).
     plan.replicated =
-        estimate_replica_bucket(unsharded, opts.replicas, opts.crosses_domain, profile, opts.model);
+        estimate_replica_bucket(unsharded, opts.replicas, opts.crosses_domain, profile, opts.model,
+                                4.0, {detail::OwnerOrthogonalizer::kDefaultPipeline, {}});
   }
   return plan;
 }
@@ -135,7 +146,8 @@ std::string format_plan(const Plan& plan) {
   std::string out = fmt::format("plan: {}\n", plan.options.describe());
   out += fmt::format(
       "cost per weight ({}); +gram: Gram Newton-Schulz; owner NS: the weight's NS on its owner; "
-      "total = count x the chosen candidate's cost\n\n",
+      "a batched weight (xB: B matrices, a layer's experts) costs its B matrices together; "
+      "total = count / B x the chosen candidate's cost\n\n",
       s ? "predicted NS time on one rank" : "FLOPs per rank");
   out += fmt::format("{:>7} {:>7} {:>7}  {:<24} {:>12} {:>12}", "count", "m", "n", "weights",
                      "duplicated", "distributed");
@@ -143,6 +155,7 @@ std::string format_plan(const Plan& plan) {
   out += fmt::format("  {:<17} {:>12}\n", "choice", "total");
   for (const auto& r : plan.rows) {
     std::string names = fmt::format("{}", fmt::join(r.names, ","));
+    if (r.batch > 1) names = fmt::format("x{} {}", r.batch, names);
     if (names.size() > 24) names = names.substr(0, 21) + "...";
     const CostEstimate& e = r.estimate;
     out += fmt::format("{:>7} {:>7} {:>7}  {:<24} {:>12} {:>12}", r.count, r.m, r.n, names,
@@ -156,14 +169,15 @@ std::string format_plan(const Plan& plan) {
           format_cost(e.cost(TpMode::kDistributed, NsAlgorithm::kGram), s), format_cost(owner, s));
     }
     out += fmt::format("  {:<17} {:>12}\n", to_string(e.best()),
-                       format_cost(static_cast<double>(r.count) * e.best_cost(), s));
+                       format_cost(r.weights() * e.best_cost(), s));
   }
-  out += fmt::format("\ntotals per optimizer step ({} Muon weights):\n", [&] {
-    Index n = 0;
-    for (const auto& r : plan.rows)
-      n += r.count;
-    return n;
-  }());
+  Index matrices = 0, weights = 0;
+  for (const auto& r : plan.rows) {
+    matrices += r.count;
+    weights += r.count / r.batch;
+  }
+  out += fmt::format("\ntotals per optimizer step ({} Muon weights{}):\n", weights,
+                     matrices == weights ? std::string() : fmt::format(", {} matrices", matrices));
   const char* better = s ? "faster" : "fewer FLOPs";
   out += fmt::format("  always duplicated   {:>12}   auto: {:.2f}x {}\n",
                      format_cost(plan.total_duplicated, s),
@@ -212,6 +226,7 @@ void to_json(json& j, const Plan& plan) {
     weights.push_back({{"m", r.m},
                        {"n", r.n},
                        {"count", r.count},
+                       {"batch", r.batch},
                        {"group_size", o.group_size},
                        {"mode", to_string(r.estimate.choice)},
                        {"algorithm", to_string(r.estimate.algorithm)},

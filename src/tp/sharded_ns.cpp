@@ -267,7 +267,7 @@ void orthogonalize_shards(std::span<const MatrixView> us, const ShardLayout& lay
   }
   for (const MatrixView& u : us)
     DISTMUON_ASSERT(u.rows == layout.shard_rows() && u.cols == layout.n_tp(), "shard shape");
-  const Index r_l = layout.shard_rows();
+  const Index r_l = layout.shard_rows(), r_tp = layout.padded_rows(), n_tp = layout.n_tp();
   const int t_rank = layout.tp_rank, g_rank = layout.gtp_rank;
   if (local) {  // blockwise's (or an unsharded weight's) ids and scale, as orthogonalize_shard
     std::vector<Index> ids;
@@ -279,11 +279,26 @@ void orthogonalize_shards(std::span<const MatrixView> us, const ShardLayout& lay
                                 scale, compute, ws);
     return;
   }
-  // Duplicated: each matrix gathered as orthogonalize_shard gathers it (its own buffer, slot
-  // i), the full matrices orthogonalised as one batch, each rank's block copied back.
-  std::vector<MatrixView> fulls;
-  for (std::size_t i = 0; i < us.size(); ++i)
-    fulls.push_back(gather_full(us[i], layout, tp, gtp, compute, ws, BufferRole::kFull, i));
+  // Duplicated: the batch gathered over GTP in one collective, then over TP in one, each
+  // matrix's rows (columns) where its own gather puts them (the same values: copies only); the
+  // full matrices orthogonalised as one batch, each rank's block copied back.
+  const std::size_t b = us.size();
+  std::vector<MatrixView> fulls(us.begin(), us.end());
+  const auto stacked = [&](BufferRole role, Index rows, Index cols) {
+    const MatrixView all = ws.buffer(compute, role, 0, static_cast<Index>(b) * rows, cols).view();
+    for (std::size_t i = 0; i < b; ++i)
+      fulls[i] = all.row_block(static_cast<Index>(i) * rows, rows);
+  };
+  if (layout.gtp_on()) {
+    const std::vector<MatrixView> shards(us.begin(), us.end());
+    stacked(BufferRole::kTpLocal, r_tp, n_tp);
+    gather_batch_into(shards, 0, gtp, compute, ws, fulls);
+  }
+  if (layout.tp_on()) {
+    const std::vector<MatrixView> tp_locals = fulls;
+    stacked(BufferRole::kFull, full_work_rows(layout), full_work_cols(layout));
+    gather_batch_into(tp_locals, layout.tp_dim, tp, compute, ws, fulls);
+  }
   orthogonalize_classes_local(fulls, full_work_ids(layout), layout, {}, ns, scale, compute, ws);
   for (std::size_t i = 0; i < us.size(); ++i)
     copy_from_full(fulls[i], layout, compute, us[i]);

@@ -55,9 +55,9 @@ void orthogonalize_fulls(std::span<const FullWork> works, const NsOptions& ns, c
                          Compute& compute, NsWorkspaces& workspaces);
 
 // orthogonalize_shard on several shards of one layout (a batched parameter's slices), each with
-// its bits: blockwise (or unsharded) as one local batch; duplicated gathering each shard as
-// orthogonalize_shard does (the same collectives in the same order), then the full matrices as
-// one batch; distributed one shard after the other.
+// its bits: blockwise (or unsharded) as one local batch; duplicated gathering the whole batch in
+// one collective per group (gather_batch_into: GTP, then TP), then the full matrices as one
+// batch; distributed one shard after the other.
 void orthogonalize_shards(std::span<const MatrixView> us, const ShardLayout& layout,
                           const Communicator& tp, const Communicator& gtp, TpMode mode,
                           const NsOptions& ns, const ScaleFn& scale, Compute& compute,
@@ -85,5 +85,11 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
 // workspaces.
 void gather_shards_into(ConstMatrixView shard, int dim, const Communicator& group, Compute& compute,
                         NsWorkspaces& workspaces, MatrixView full);
+// gather_shards_into for a batch of equal shards (a batched parameter's matrices) in one
+// all-gather: fulls[i] gets exactly what gather_shards_into(shards[i], ...) gives it. The shards
+// are sent as they lie when back to back (else staged so); what arrives is copied into place.
+void gather_batch_into(std::span<const MatrixView> shards, int dim, const Communicator& group,
+                       Compute& compute, NsWorkspaces& workspaces,
+                       std::span<const MatrixView> fulls);
 
 }  // namespace distmuon::detail

@@ -77,6 +77,49 @@ void gather_shards_into(ConstMatrixView shard, int dim, const Communicator& grou
   }
 }
 
+void gather_batch_into(std::span<const MatrixView> shards, int dim, const Communicator& group,
+                       Compute& compute, NsWorkspaces& ws, std::span<const MatrixView> fulls) {
+  DISTMUON_ASSERT(shards.size() == fulls.size() && !shards.empty(), "one full matrix per shard");
+  if (shards.size() == 1) {
+    gather_shards_into(shards[0], dim, group, compute, ws, fulls[0]);
+    return;
+  }
+  const int g = group.size();
+  const auto b = static_cast<Index>(shards.size());
+  const Index rows = shards[0].rows, cols = shards[0].cols;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    DISTMUON_ASSERT(shards[i].rows == rows && shards[i].cols == cols, "equal shards");
+    DISTMUON_ASSERT(fulls[i].rows == (dim == 0 ? rows * g : rows) &&
+                        fulls[i].cols == (dim == 0 ? cols : cols * g),
+                    "gathered shape");
+  }
+  // The shards back to back (as a batched parameter's slices lie), else staged so.
+  const auto count = static_cast<std::size_t>(b * rows * cols);
+  const float* send = shards[0].data;
+  bool back_to_back = true;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    back_to_back = back_to_back && shards[i].contiguous() &&
+                   shards[i].data == shards[0].data + static_cast<Index>(i) * rows * cols;
+  }
+  if (!back_to_back) {
+    const MatrixView staged = ws.buffer(compute, BufferRole::kStaging, 3, b * rows, cols).view();
+    for (std::size_t i = 0; i < shards.size(); ++i)
+      compute.copy(shards[i], staged.row_block(static_cast<Index>(i) * rows, rows));
+    send = staged.data;
+  }
+  // Rank r's block holds its shard of every matrix in turn: shard i of rank r goes to matrix
+  // i's rows (dim 0) or columns (dim 1) of rank r.
+  const MatrixView recv = ws.buffer(compute, BufferRole::kStaging, 2, g * b * rows, cols).view();
+  group.data().all_gather<float>({send, count}, {recv.data, count * static_cast<std::size_t>(g)});
+  for (Index r = 0; r < g; ++r) {
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const ConstMatrixView from = recv.row_block((r * b + static_cast<Index>(i)) * rows, rows);
+      compute.copy(from, dim == 0 ? fulls[i].row_block(r * rows, rows)
+                                  : fulls[i].block(0, r * cols, rows, cols));
+    }
+  }
+}
+
 }  // namespace detail
 
 DeviceMatrix all_gather_shards(ConstMatrixView shard, int dim, const Communicator& group,

@@ -10,7 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "distmuon/cost_model.h"
 #include "distmuon/error.h"
+#include "distmuon/hardware_profile.h"
 #include "distmuon/model_bench.h"
 #include "distmuon/plots.h"
 #include "test_util.h"
@@ -141,6 +143,47 @@ TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
   EXPECT_EQ(j.at("owner").size(), r.owner.size());
   EXPECT_TRUE(j.at("totals").contains("predicted"));
   EXPECT_NE(format_report(r).find("oracle"), std::string::npos);
+}
+
+// A batched weight (two parameters of 2 matrices: a layer's experts) is one row of its own, timed
+// and priced per parameter (its key's batch), its totals count parameters; owner mode and the
+// replicated homes take its matrices one by one (one home per matrix).
+TEST(ModelBench, BatchedWeightsAreTimedAndPricedPerParameter) {
+  const Communicator& w = world();
+  ModelBenchConfig c;
+  c.model = "tiny-moe";
+  c.weights = {{"expert", 48, 32, 4, true, 2}, {"dense", 48, 32, 1, false}};
+  c.timing = {0, 1};
+  c.profile = "h100";
+  c.replicated = w.size() > 1;
+  const ModelBenchReport r = run_model_bench(w, c, cpu_compute());
+  ASSERT_EQ(r.shapes.size(), 2u);  // the same shape, batched and not: two rows
+  const ModelBenchShape& e = r.shapes[0];
+  EXPECT_EQ(e.batch, 2);
+  EXPECT_EQ(e.parameters(), 2);
+  EXPECT_EQ(e.key.batch, 2);
+  EXPECT_FALSE(e.key.batched_products);  // the CPU runs each matrix's NS in turn
+  const HardwareProfile h100 = resolve_profile("h100").value();
+  EXPECT_EQ(e.estimate.duplicated.flops,
+            estimate(e.key, &h100, CostModel::kRefined).duplicated.flops);
+  EXPECT_EQ(r.shapes[1].batch, 1);
+  double dup = 0, predicted = 0;
+  for (const ModelBenchShape& s : r.shapes) {
+    dup += static_cast<double>(s.parameters()) * s.median_s(TpMode::kDuplicated);
+    predicted += static_cast<double>(s.parameters()) * s.estimate.duplicated.seconds();
+  }
+  expect_sum(r.totals.duplicated_s, dup);
+  expect_sum(r.totals.predicted_duplicated_s, predicted);
+  for (const ModelBenchOwner& o : r.owner) {
+    EXPECT_EQ(o.algorithms.size(), 3u);  // one per parameter
+    EXPECT_GT(o.predicted_s, 0.0);
+  }
+  if (r.replicated) {
+    EXPECT_EQ(r.replicated->homes.size(), 5u);  // one per matrix
+    EXPECT_GT(r.replicated->predicted_home_pipelined_s, 0.0);
+  }
+  EXPECT_EQ(to_json(r).at("shapes")[0].at("batch"), 2);
+  EXPECT_NE(format_report(r).find("x2 expert 48x32"), std::string::npos);
 }
 
 // plan measure: auto's plan is the fastest of the planner's own times (each shape its fastest

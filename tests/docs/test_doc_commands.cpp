@@ -160,6 +160,9 @@ TEST(DocCommands, EveryCommandLineInTheDocsRuns) {
         folder = work / fmt::format("{}_{}", fs::path(rel).stem().string(), c.block);
         fs::create_directories(folder / "build");
         fs::create_symlink(DISTMUON_CLI_DIR, folder / "build" / "bin");
+        // The docs' commands run from the checkout's root: its model files are there too.
+        fs::create_directories(folder / "bench");
+        fs::create_symlink(root / "bench" / "models", folder / "bench" / "models");
       }
       const std::string fast = fast_command(c.text, tiny.string());
       const auto [rc, out] = run_in(folder, fast);

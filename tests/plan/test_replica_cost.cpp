@@ -92,7 +92,7 @@ TEST(ReplicaCost, ThePlanPricesTheModelReplicated) {
   std::vector<AutoKey> keys(3, key(512, 256));
   keys.insert(keys.end(), 2, key(256, 1024));
   const ReplicaBucketEstimate e =
-      estimate_replica_bucket(keys, 4, false, nullptr, CostModel::kRefined);
+      estimate_replica_bucket(keys, 4, false, nullptr, CostModel::kRefined, 4.0, {4, {}});
   EXPECT_EQ(plan.replicated->homes, e.homes);
   EXPECT_EQ(plan.replicated->every_rank, e.every_rank);
   EXPECT_EQ(plan.replicated->home_cost(), e.home_cost());

@@ -62,6 +62,7 @@ TEST(StepSimulation, ModesArePricedByTheCostModel) {
 TEST(StepSimulation, OneGroupIsThePlan) {
   SimulationOptions o = gb200();
   o.elem_size = 4;
+  o.buckets = 4;  // owner's schedule in the optimizer, which the plan prices
   const Placement pl(layered_weights(train_default_weights()), parse_parallelism("dp=2,gtp=2"), 2);
   const StepSimulation sim = simulate_step(pl, o);
   PlanOptions po;
