@@ -36,8 +36,8 @@ void muon_apply(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
                                    ? 1.0 - o.lr * o.weight_decay
                                    : 1.0 - o.weight_decay);
   }
-  s.compute->muon_apply(momentum_step(o), g, p.spec.local, p.momentum.view(), p.update.view(),
-                        decay, static_cast<float>(o.lr));
+  s.compute->muon_apply(momentum_step(o), g, p.spec.local, p.momentum.view(), p.result, decay,
+                        static_cast<float>(o.lr));
 }
 
 detail::ScaleFn muon_scale_fn(const MuonOptions& o) {
@@ -280,11 +280,14 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
     if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world above
     const bool home = p.home.value_or(false);
     const Index rows = p.layout.shard_rows();
+    p.result = p.update.view();
     for (Index b = 0; b < p.layout.batch; ++b) {  // a batched parameter: one weight per slice
       s.step_params.push_back(i);
       s.step_weights.push_back({p.update.view().row_block(b * rows, rows), &p.layout, &p.tp, &p.gtp,
                                 home ? TpMode::kOwner : *p.mode, p.algorithm,
-                                home ? &p.dp : nullptr});
+                                home ? &p.dp : nullptr,
+                                // one weight: its update may stay where it arrives
+                                p.layout.batch == 1 ? &p.result : nullptr});
     }
   }
   // Before NS: a home's result replaces every replica's update, so a replica that differs would

@@ -2,6 +2,7 @@
 // The optimizer's state, shared by muon.cpp (registration, step), checkpoint.cpp (save, load)
 // and muon_auto.cpp (tp_mode=auto).
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,9 @@ struct ParamState {
   bool muon = false;
   DeviceMatrix momentum;  // Muon: shard-shaped, compute's memory
   DeviceMatrix update;    // Muon: this step's update, from the compute phase to the apply phase
+  // Muon: where the compute phase left this step's update: update, or, for an unsharded weight
+  // received from another replica's home, where it arrived (ShardedWeight::result).
+  ConstMatrixView result;
   DeviceMatrix exp_avg, exp_avg_sq;                // AdamW: shard-shaped, compute's memory
   std::optional<TpMode> mode;                      // Muon: the mode used (auto: once planned)
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm (auto: planned)
@@ -39,6 +43,12 @@ struct ParamState {
   int owner = -1;           // owner mode or home: its owner index in the last step
   std::vector<int> owners;  // each slice's owner index in the last step (-1: run locally)
   bool sharded() const { return layout.tp_dim != kNoPartition || layout.gtp_size > 1; }
+  // An unsharded weight whose every slice another replica's home orthogonalised this step: its
+  // update here is the home's, copied bit for bit.
+  bool homed_elsewhere() const {
+    return home.value_or(false) && !sharded() && !owners.empty() &&
+           std::none_of(owners.begin(), owners.end(), [&](int o) { return o == layout.dp_rank; });
+  }
 };
 
 struct AutoState;  // muon_auto.cpp

@@ -34,14 +34,19 @@ struct Exchange {
 };
 
 // An exchange in flight: its request and where what arrives goes (on a bf16 wire it arrives
-// packed in recv16, n_recv values, and is unpacked into recv first).
+// packed in recv16, n_recv values, and is unpacked into recv first). kept: per block of from
+// (empty: none), where to point at the block's place in recv instead of copying it out.
 struct Started {
   std::unique_ptr<CommRequest> request;
   float* recv = nullptr;
   std::vector<std::vector<MatrixView>> from;
   const float* recv16 = nullptr;
   std::size_t n_recv = 0;
+  std::vector<std::vector<ConstMatrixView*>> kept;
 };
+
+// The stages of a chunk (orthogonalize_owned): each exchange in flight has its own staging slot.
+constexpr std::size_t kStages = 5;
 
 MatrixView column(float* data, std::size_t n) {
   return {data, static_cast<Index>(n), 1, 1};
@@ -85,7 +90,11 @@ Started start_exchange(const Communicator& group, const Exchange& x, Compute& co
   if (!bf16) {
     return {group.data().start_all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv},
                                                    recv_counts),
-            recv, x.from};
+            recv,
+            x.from,
+            nullptr,
+            0,
+            {}};
   }
   auto packed = [&](BufferRole role, std::size_t n) {
     return workspaces.buffer(compute, role, slot, static_cast<Index>((n + 1) / 2), 1).view().data;
@@ -96,16 +105,26 @@ Started start_exchange(const Communicator& group, const Exchange& x, Compute& co
   return {group.data().start_all_to_all_v<Bf16Bits>(
               {reinterpret_cast<const Bf16Bits*>(send16), n_send}, send_counts,
               {reinterpret_cast<Bf16Bits*>(recv16), n_recv}, recv_counts),
-          recv, x.from, recv16, n_recv};
+          recv,
+          x.from,
+          recv16,
+          n_recv,
+          {}};
 }
 
 void finish(Started& x, Compute& compute) {
   x.request->wait();
   if (x.recv16 != nullptr && x.n_recv > 0) compute.unpack_bf16(x.recv16, column(x.recv, x.n_recv));
   std::size_t at = 0;
-  for (const auto& blocks : x.from) {
-    for (const MatrixView& v : blocks) {
-      compute.copy(ConstMatrixView{x.recv + at, v.rows, v.cols, v.cols}, v);
+  for (std::size_t j = 0; j < x.from.size(); ++j) {
+    for (std::size_t k = 0; k < x.from[j].size(); ++k) {
+      const MatrixView& v = x.from[j][k];
+      const ConstMatrixView arrived{x.recv + at, v.rows, v.cols, v.cols};
+      if (!x.kept.empty() && x.kept[j][k] != nullptr) {
+        *x.kept[j][k] = arrived;
+      } else {
+        compute.copy(arrived, v);
+      }
       at += elems(v.rows, v.cols);
     }
   }
@@ -189,11 +208,16 @@ std::vector<std::size_t> chunk_starts(const OwnerPlan& plan, int chunks) {
 void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
-                         NsWorkspaces* workspaces, int chunks, bool bf16_wire) {
+                         NsWorkspaces* workspaces, int chunks, bool bf16_wire,
+                         std::span<ConstMatrixView* const> results, std::size_t first_slot) {
   const std::vector<int>& owners = plan.owners;
   DISTMUON_ASSERT(items.size() == owners.size() && items.size() == plan.order.size() &&
                       items.size() == plan.costs.size(),
                   "one owner and one cost per item, every item in the order once");
+  DISTMUON_ASSERT(results.empty() || results.size() == items.size(), "one result per item");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (results[i] != nullptr) *results[i] = items[i].shard;
+  }
   if (items.empty()) return;
   NsWorkspaces call_workspaces;  // only when the caller keeps none
   NsWorkspaces& ws = workspaces != nullptr ? *workspaces : call_workspaces;
@@ -270,14 +294,20 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
     return x;
   };
   // Replicas: the home sends its result to the same position of every other replica.
+  // Unsharded, with results asked for: what arrives stays in the receive staging (kept).
+  const bool keep_received = unsharded && !results.empty() && workspaces != nullptr;
+  std::vector<std::vector<ConstMatrixView*>> kept;
   auto dp_stage = [&](const std::vector<std::size_t>& ids) {
+    if (keep_received) kept.assign(D, {});
     Exchange x(D);
     for (std::size_t j = 0; j < D; ++j) {
       if (j == static_cast<std::size_t>(grid.d)) continue;
       for (const std::size_t i : ids) {
         if (runs(i)) x.to[j].push_back(work(i));
-        if (holds(i) && static_cast<std::size_t>(grid.d_of(owners[i])) == j)
+        if (holds(i) && static_cast<std::size_t>(grid.d_of(owners[i])) == j) {
           x.from[j].push_back(work(i));
+          if (keep_received) kept[j].push_back(results[i]);
+        }
       }
     }
     return x;
@@ -290,7 +320,6 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
   // is one all-to-all over its group, present when the group has more than one rank: the same
   // stages on every rank of the grid.
   enum class Stage { kGatherGtp, kGatherTp, kReplicas, kScatterTp, kScatterGtp };
-  constexpr std::size_t kStages = 5;
   std::vector<Stage> pre, post;
   if (grid.G > 1) pre.push_back(Stage::kGatherGtp);
   if (grid.T > 1) pre.push_back(Stage::kGatherTp);
@@ -300,7 +329,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
   // Starts chunk c's stage s (its own staging slot: every exchange in flight has its own).
   auto start = [&](Stage s, std::size_t c) {
     const std::vector<std::size_t>& ids = chunk[c];
-    const std::size_t slot = 1 + c * kStages + static_cast<std::size_t>(s);
+    const std::size_t slot = first_slot + 1 + c * kStages + static_cast<std::size_t>(s);
     switch (s) {
       case Stage::kGatherGtp:
         return start_exchange(gtp, gtp_stage(ids), compute, ws, slot);
@@ -310,8 +339,12 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
             compute.copy(items[i].shard, tp_local[i]);
         }
         return start_exchange(tp, tp_stage(ids), compute, ws, slot);
-      case Stage::kReplicas:
-        return start_exchange(*dp, dp_stage(ids), compute, ws, slot, bf16_wire);
+      case Stage::kReplicas: {
+        const Exchange x = dp_stage(ids);
+        Started started = start_exchange(*dp, x, compute, ws, slot, bf16_wire);
+        started.kept = std::move(kept);
+        return started;
+      }
       case Stage::kScatterTp:
         return start_exchange(tp, tp_stage(ids).reversed(), compute, ws, slot);
       case Stage::kScatterGtp:
@@ -458,6 +491,7 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
       local.algorithm = w.algorithm;
       orthogonalize_shard(w.shard, *w.layout, *w.tp, *w.gtp, TpMode::kDuplicated, local, scale,
                           compute, workspaces);
+      if (w.result != nullptr) *w.result = w.shard;
       continue;
     }
     auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& b) {
@@ -469,15 +503,21 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     it->index.push_back(i);
   }
   std::vector<OwnerItem> items;
+  std::vector<ConstMatrixView*> results;
+  std::size_t first_slot = 0;  // each bucket its own staging slots: results kept stay valid
   for (const Bucket& b : buckets) {
     items.clear();
-    for (const std::size_t i : b.index)
+    results.clear();
+    for (const std::size_t i : b.index) {
       items.push_back({weights[i].shard, weights[i].layout, weights[i].algorithm});
+      results.push_back(weights[i].result);
+    }
     const OwnerPlan& plan = plan_for(items, *b.tp, *b.gtp, b.dp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
       last_owners_[b.index[k]] = plan.owners[k];
     orthogonalize_owned(items, plan, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces, chunks_,
-                        bf16_replicas_);
+                        bf16_replicas_, results, first_slot);
+    first_slot += 1 + static_cast<std::size_t>(std::max(chunks_, 1)) * kStages;
   }
 }
 

@@ -37,6 +37,9 @@ void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsO
   std::vector<int> owner_slot;     // per owner-mode weight: its index in owned_, -1 run locally
   std::vector<std::size_t> local;  // the weights run locally, batched below
   std::vector<MatrixView> batch;
+  for (const ShardedWeight& w : weights) {
+    if (w.result != nullptr) *w.result = w.shard;  // owner runs may point it elsewhere
+  }
   for (std::size_t i = 0; i < weights.size();) {
     const ShardedWeight& w = weights[i];
     DISTMUON_ASSERT(w.layout != nullptr && w.tp != nullptr && w.gtp != nullptr, "sharded weight");
@@ -47,7 +50,7 @@ void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsO
     }
     if (w.mode == TpMode::kOwner) {
       owner_slot.push_back(static_cast<int>(owned_.size()));
-      owned_.push_back({w.shard, w.layout, w.tp, w.gtp, w.algorithm, w.dp});
+      owned_.push_back({w.shard, w.layout, w.tp, w.gtp, w.algorithm, w.dp, w.result});
       ++i;
       continue;
     }

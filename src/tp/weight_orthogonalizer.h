@@ -38,6 +38,10 @@ struct ShardedWeight {
   // its home spans them, so that one rank of them all orthogonalises it (owner_ns.h); nullptr:
   // each replica runs its own. An unsharded replicated weight with a home is in owner mode.
   const Communicator* dp = nullptr;
+  // When not nullptr, run() points it at where the weight's result is: the shard, or, for an
+  // unsharded weight received from another replica's home, where it arrived in the run's
+  // workspaces (one copy fewer; valid until the next run with them: OwnerOrthogonalizer).
+  ConstMatrixView* result = nullptr;
 };
 
 // Holds what persists across steps: owner mode's orthogonalizer (its LPT assignment per bucket
