@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -261,6 +262,50 @@ TEST(ReplicatedHome, AReplicaThatDiffersFailsOnEveryRank) {
     EXPECT_NE(std::string(e.what()).find("the replicas of weight 'w1' differ"), std::string::npos)
         << e.what();
   }
+}
+
+// The update checks of a weight homed on another replica are its home's (weight_range.cpp): a
+// step past float32's range (a learning rate of 3e38; a weight of every replica at the largest
+// float) is refused on every rank, the home's message agreed, before anything is written.
+TEST(ReplicatedHome, TheHomesUpdateChecksHoldOnEveryReplica) {
+  const Communicator& world = test::world();
+  const ProcessGroups groups = make_process_groups(world, 1, 1);
+  auto refused = [&](MuonOptions o, float weight) {
+    o.replica_mode = ReplicaMode::kHome;
+    Muon muon(o, world, cpu_compute());
+    std::vector<Matrix> weights, grads;
+    std::vector<ConstMatrixView> views;
+    for (std::size_t k = 0; k < 4; ++k) {
+      const TestLayout l{.m = 24 + 8 * static_cast<Index>(k), .n = 32};
+      weights.push_back(test::random_matrix(l.m, l.n, 1 + k));
+      grads.push_back(test::random_matrix(l.m, l.n, 100 + k));
+      ParamSpec s = test::layout_spec(l, groups, weights[k].view(), "w" + std::to_string(k));
+      s.dp_group = world;
+      muon.add_parameter(s);
+    }
+    weights[1].data()[0] = weight;
+    for (const Matrix& g : grads)
+      views.push_back(g.view());
+    const std::vector<Matrix> before = weights;
+    try {
+      muon.step(views);
+      ADD_FAILURE() << "the step was taken";
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("could take its weights past float32's range"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(muon.step_count(), 0);
+    for (std::size_t k = 0; k < weights.size(); ++k)
+      EXPECT_TRUE(bit_equal(weights[k], before[k])) << "weight " << k;
+    // Each weight was homed on one rank: the others took its update from it.
+    for (const ParamInfo& p : muon.parameters()) {
+      EXPECT_TRUE(p.home);
+      EXPECT_GE(p.owner, 0);
+    }
+  };
+  refused({.lr = 3e38}, 0.5f);
+  refused({}, std::numeric_limits<float>::max());
 }
 
 }  // namespace
