@@ -44,6 +44,9 @@ struct MuonDirection {
   MatrixView u;            // muon_momentum's u from g, w and a copy of buf
   Index checked_rows = 0;  // g's, w's and buf's first checked_rows rows are checked finite
   bool sums = false;       // also w's and u's sums of squares (in double, every row)
+  // With sums: u is not read after this call (only its sum is), so a backend may leave it
+  // unwritten (the CPU backend does: one write pass fewer); the sums are the same either way.
+  bool sums_only = false;
 };
 
 // The per-element constants of one AdamW step at step t (adamw.h).

@@ -149,6 +149,43 @@ void Muon::Impl::plan() {
   if (!priced.empty()) plan_replica_homes(*this, priced);
 }
 
+void Muon::Impl::collect_step_weights(std::size_t n, std::span<const std::uint8_t> active) {
+  step_weights.clear();
+  step_params.clear();
+  for (std::size_t i = 0; i < n; ++i) {
+    ParamState& p = params[i];
+    if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world
+    const bool home = p.home.value_or(false);
+    const Index rows = p.layout.shard_rows();
+    p.result = p.update.view();
+    for (Index b = 0; b < p.layout.batch; ++b) {  // a batched parameter: one weight per slice
+      step_params.push_back(i);
+      step_weights.push_back({p.update.view().row_block(b * rows, rows), &p.layout, &p.tp, &p.gtp,
+                              home ? TpMode::kOwner : *p.mode, p.algorithm, home ? &p.dp : nullptr,
+                              // one weight: its update may stay where it arrives
+                              p.layout.batch == 1 ? &p.result : nullptr});
+    }
+  }
+}
+
+void Muon::Impl::plan_sums_only(std::size_t n, std::string_view failure,
+                                std::span<const std::uint8_t> active) {
+  sums_only.assign(params.size(), false);
+  if (!failure.empty() || n != params.size() || (!active.empty() && active.size() != n)) return;
+  for (std::size_t i = 0; i < n; ++i) {
+    const ParamState& p = params[i];
+    if (p.muon && (active.empty() || active[i] != 0) && (!p.mode || !p.home)) return;  // plan()
+  }
+  collect_step_weights(n, active);
+  const std::optional<std::vector<int>> owners = orthogonalizer.cached_owners(step_weights);
+  if (!owners) return;
+  for (std::size_t w = 0; w < step_weights.size(); ++w) {
+    const ParamState& p = params[step_params[w]];
+    sums_only[step_params[w]] = *p.home && !p.sharded() && p.layout.batch == 1 &&
+                                (*owners)[w] >= 0 && (*owners)[w] != p.layout.dp_rank;
+  }
+}
+
 bool Muon::Impl::runs_on_home(const ParamState& p) const {
   return p.layout.dp_on() && options.replica_mode != ReplicaMode::kEveryRank &&
          (!p.sharded() || *p.mode == TpMode::kOwner);
@@ -264,6 +301,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   s.prepare();
   // Every rank reaches this step within the step deadline, or the late rank is named.
   pass_step_gate(s.world, s.step + 1, s.step_timeout, "optimizer step");
+  s.plan_sums_only(grads.size(), failure, active);
   s.validate_gradients(grads, failure, active);
   s.plan();
   // The compute phase: every Muon update, nothing written but the updates. Code running over
@@ -273,23 +311,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   // every update orthogonalised in place by one call (its mode and algorithm:
   // weight_orthogonalizer.h). A non-finite NS input leaves the update NaN (no throw: the ranks of
   // the parameter's groups are only part of the world); check_updates finds it.
-  s.step_weights.clear();
-  s.step_params.clear();
-  for (std::size_t i = 0; i < grads.size(); ++i) {
-    ParamState& p = s.params[i];
-    if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world above
-    const bool home = p.home.value_or(false);
-    const Index rows = p.layout.shard_rows();
-    p.result = p.update.view();
-    for (Index b = 0; b < p.layout.batch; ++b) {  // a batched parameter: one weight per slice
-      s.step_params.push_back(i);
-      s.step_weights.push_back({p.update.view().row_block(b * rows, rows), &p.layout, &p.tp, &p.gtp,
-                                home ? TpMode::kOwner : *p.mode, p.algorithm,
-                                home ? &p.dp : nullptr,
-                                // one weight: its update may stay where it arrives
-                                p.layout.batch == 1 ? &p.result : nullptr});
-    }
-  }
+  s.collect_step_weights(grads.size(), active);
   // Before NS: a home's result replaces every replica's update, so a replica that differs would
   // go unnoticed after it.
   const std::string replicas = s.check_replicas(active);
@@ -302,6 +324,10 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
     ParamState& p = s.params[s.step_params[w]];
     p.owners.push_back(s.orthogonalizer.last_owners()[owned++]);
     p.owner = p.owners.front();
+  }
+  for (std::size_t i = 0; i < s.sums_only.size(); ++i) {
+    DISTMUON_ASSERT(!s.sums_only[i] || s.params[i].homed_elsewhere(),
+                    "an NS input left unstored is orthogonalised on another replica");
   }
   // Every backend: one batched check (the updates finite, AdamW's second moment and the new
   // weights within float32's range), one agreement (with the replicas' check).

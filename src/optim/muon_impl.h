@@ -136,6 +136,17 @@ struct Muon::Impl {
   // Returns this rank's failure text (empty: every replica of every weight agrees), for
   // check_updates to agree over the world.
   std::string check_replicas(std::span<const std::uint8_t> active);
+  // The step's weights (step_weights, step_params) from the planned stepping Muon parameters,
+  // each p.result at its update.
+  void collect_step_weights(std::size_t n, std::span<const std::uint8_t> active);
+  // Per parameter (sums_only): an unsharded replicated weight that another replica's home will
+  // orthogonalise this step, whose NS input this rank only fingerprints (validate_gradients need
+  // not store it). Known before the step's first collective when every stepping Muon parameter
+  // is planned and owner mode's plans of their buckets are cached (the plans run() takes: the
+  // homes cannot differ); otherwise none. No collective.
+  void plan_sums_only(std::size_t n, std::string_view failure,
+                      std::span<const std::uint8_t> active);
+  std::vector<bool> sums_only;
   // Whether a Muon parameter with its mode set runs on one home of its replicas.
   bool runs_on_home(const ParamState& p) const;
   // The NS options of a planned parameter (its algorithm).

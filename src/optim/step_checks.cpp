@@ -73,7 +73,8 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
           s.directions.push_back({grads[i].row_block(at, rows), w.row_block(at, rows),
                                   p.momentum.view().row_block(at, rows),
                                   p.update.view().row_block(at, rows), rows - l.local_pad(),
-                                  l.dp_on()});
+                                  l.dp_on(),
+                                  l.dp_on() && i < s.sums_only.size() && s.sums_only[i]});
         }
       }
       const std::size_t first_other = 3 * s.directions.size();

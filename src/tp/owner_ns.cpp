@@ -424,16 +424,26 @@ bool OwnerOrthogonalizer::KeyLess::operator()(const Key& a, const Key& b) const 
   return a_s < b_s;
 }
 
-const OwnerPlan& OwnerOrthogonalizer::plan_for(std::span<const OwnerItem> items,
-                                               const Communicator& tp, const Communicator& gtp,
-                                               const Communicator* dp) {
+OwnerOrthogonalizer::Key OwnerOrthogonalizer::key_of(std::span<const OwnerItem> items,
+                                                     const Communicator& tp,
+                                                     const Communicator& gtp,
+                                                     const Communicator* dp) {
   const ShardLayout& first = *items.front().layout;
   const Grid grid = grid_of(first, dp != nullptr);
   std::string composition = fmt::format("grid {}x{}x{}", grid.T, grid.G, grid.D);
   for (const OwnerItem& it : items)
     composition += fmt::format(";{}:{}", describe(*it.layout), to_string(it.algorithm));
-  Key key{first.tp_on() ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
+  return {first.tp_on() ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
           grid.D > 1 ? dp->impl_ptr() : nullptr, composition};
+}
+
+const OwnerPlan& OwnerOrthogonalizer::plan_for(std::span<const OwnerItem> items,
+                                               const Communicator& tp, const Communicator& gtp,
+                                               const Communicator* dp) {
+  const ShardLayout& first = *items.front().layout;
+  const Grid grid = grid_of(first, dp != nullptr);
+  Key key = key_of(items, tp, gtp, dp);
+  const std::string& composition = std::get<3>(key);
   // Every call: every rank of the grid must see the same composition and sit where its layout
   // says (agree_on_tp_grid: all throw or none does). Only the plan is cached: skipping the
   // check on a rank that saw its composition before would leave a rank holding a different, new
@@ -464,16 +474,8 @@ const OwnerPlan& OwnerOrthogonalizer::plan_for(std::span<const OwnerItem> items,
   return cache_.emplace(std::move(key), plan_owners(costs, grid.homes())).first->second;
 }
 
-void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& ns,
-                              const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
-  last_owners_.assign(weights.size(), -1);
-  // Buckets in the order of their first weight: the same order on every rank.
-  struct Bucket {
-    const Communicator* tp;
-    const Communicator* gtp;
-    const Communicator* dp;  // nullptr: the bucket's replicas (if any) each run their own NS
-    std::vector<std::size_t> index;
-  };
+std::vector<OwnerOrthogonalizer::Bucket> OwnerOrthogonalizer::buckets_of(
+    std::span<const Weight> weights, std::vector<std::size_t>* local) {
   // The groups a weight's bucket is told apart by (nullptr for a dimension it does not span).
   auto groups_of = [](const Weight& w) {
     return std::array<const CommImpl*, 3>{
@@ -487,11 +489,7 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     DISTMUON_ASSERT(w.layout != nullptr && w.tp != nullptr && w.gtp != nullptr, "owner weight");
     const auto groups = groups_of(w);
     if (groups == std::array<const CommImpl*, 3>{}) {  // one rank holds it all: the local NS
-      NsOptions local = ns;
-      local.algorithm = w.algorithm;
-      orthogonalize_shard(w.shard, *w.layout, *w.tp, *w.gtp, TpMode::kDuplicated, local, scale,
-                          compute, workspaces);
-      if (w.result != nullptr) *w.result = w.shard;
+      if (local != nullptr) local->push_back(i);
       continue;
     }
     auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& b) {
@@ -501,6 +499,39 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
       it = buckets.insert(buckets.end(), Bucket{w.tp, w.gtp, groups[2] ? w.dp : nullptr, {}});
     }
     it->index.push_back(i);
+  }
+  return buckets;
+}
+
+std::optional<std::vector<int>> OwnerOrthogonalizer::cached_owners(
+    std::span<const Weight> weights) const {
+  std::vector<int> owners(weights.size(), -1);
+  std::vector<OwnerItem> items;
+  for (const Bucket& b : buckets_of(weights, nullptr)) {
+    items.clear();
+    for (const std::size_t i : b.index)
+      items.push_back({weights[i].shard, weights[i].layout, weights[i].algorithm});
+    const auto it = cache_.find(key_of(items, *b.tp, *b.gtp, b.dp));
+    if (it == cache_.end()) return std::nullopt;
+    for (std::size_t k = 0; k < b.index.size(); ++k)
+      owners[b.index[k]] = it->second.owners[k];
+  }
+  return owners;
+}
+
+void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& ns,
+                              const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
+  last_owners_.assign(weights.size(), -1);
+  // Buckets in the order of their first weight: the same order on every rank.
+  std::vector<std::size_t> local;
+  const std::vector<Bucket> buckets = buckets_of(weights, &local);
+  for (const std::size_t i : local) {  // one rank holds it all: the local NS
+    const Weight& w = weights[i];
+    NsOptions o = ns;
+    o.algorithm = w.algorithm;
+    orthogonalize_shard(w.shard, *w.layout, *w.tp, *w.gtp, TpMode::kDuplicated, o, scale, compute,
+                        workspaces);
+    if (w.result != nullptr) *w.result = w.shard;
   }
   std::vector<OwnerItem> items;
   std::vector<ConstMatrixView*> results;

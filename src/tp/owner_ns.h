@@ -39,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -149,8 +150,22 @@ class OwnerOrthogonalizer {
 
   // Owner index (t + T g + T G d) of weights[i] in the last run; -1 for a weight run locally.
   const std::vector<int>& last_owners() const { return last_owners_; }
+  // The owner index each weight would get in run(weights) when every one of their buckets'
+  // compositions has its plan cached (an earlier run had it: run() then takes that plan), else
+  // nothing. No collective.
+  std::optional<std::vector<int>> cached_owners(std::span<const Weight> weights) const;
 
  private:
+  struct Bucket {
+    const Communicator* tp;
+    const Communicator* gtp;
+    const Communicator* dp;  // nullptr: the bucket's replicas (if any) each run their own NS
+    std::vector<std::size_t> index;
+  };
+  // run()'s buckets of weights, in the order of their first weight (the same on every rank);
+  // the weights that one rank holds whole, run locally, go to local.
+  static std::vector<Bucket> buckets_of(std::span<const Weight> weights,
+                                        std::vector<std::size_t>* local);
   const OwnerPlan& plan_for(std::span<const OwnerItem> items, const Communicator& tp,
                             const Communicator& gtp, const Communicator* dp);
 
@@ -159,6 +174,9 @@ class OwnerOrthogonalizer {
   bool bf16_replicas_ = false;
   using Key = std::tuple<std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>,
                          std::string>;
+  // A bucket's cache key: its groups and its composition.
+  static Key key_of(std::span<const OwnerItem> items, const Communicator& tp,
+                    const Communicator& gtp, const Communicator* dp);
   struct KeyLess {
     bool operator()(const Key& a, const Key& b) const;
   };

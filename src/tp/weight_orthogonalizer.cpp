@@ -23,6 +23,26 @@ TpMode local_mode(const ShardedWeight& w) {
 
 }  // namespace
 
+std::optional<std::vector<int>> WeightOrthogonalizer::cached_owners(
+    std::span<const ShardedWeight> weights) const {
+  std::vector<int> owners(weights.size(), -1);
+  std::vector<OwnerOrthogonalizer::Weight> owned;
+  std::vector<std::size_t> index;  // per owned weight: its index in weights
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const ShardedWeight& w = weights[i];
+    if (w.mode != TpMode::kOwner || runs_locally(w)) continue;
+    owned.push_back({w.shard, w.layout, w.tp, w.gtp, w.algorithm, w.dp, nullptr});
+    index.push_back(i);
+  }
+  if (owned.empty()) return owners;
+  if (!owner_) return std::nullopt;
+  const std::optional<std::vector<int>> cached = owner_->cached_owners(owned);
+  if (!cached) return std::nullopt;
+  for (std::size_t k = 0; k < owned.size(); ++k)
+    owners[index[k]] = (*cached)[k];
+  return owners;
+}
+
 void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsOptions& ns,
                                const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
   NsOptions gram = ns;  // ns with the Gram algorithm, for the weights that ask for it
