@@ -157,10 +157,11 @@ void Muon::Impl::collect_step_weights(std::size_t n, std::span<const std::uint8_
     if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world
     const bool home = p.home.value_or(false);
     const Index rows = p.layout.shard_rows();
-    p.result = p.update.view();
+    const MatrixView update = p.staged.data != nullptr ? p.staged : p.update.view();
+    p.result = update;
     for (Index b = 0; b < p.layout.batch; ++b) {  // a batched parameter: one weight per slice
       step_params.push_back(i);
-      step_weights.push_back({p.update.view().row_block(b * rows, rows), &p.layout, &p.tp, &p.gtp,
+      step_weights.push_back({update.row_block(b * rows, rows), &p.layout, &p.tp, &p.gtp,
                               home ? TpMode::kOwner : *p.mode, p.algorithm, home ? &p.dp : nullptr,
                               // one weight: its update may stay where it arrives
                               p.layout.batch == 1 ? &p.result : nullptr});
@@ -168,21 +169,29 @@ void Muon::Impl::collect_step_weights(std::size_t n, std::span<const std::uint8_
   }
 }
 
-void Muon::Impl::plan_sums_only(std::size_t n, std::string_view failure,
-                                std::span<const std::uint8_t> active) {
-  sums_only.assign(params.size(), false);
+void Muon::Impl::plan_homes(std::size_t n, std::string_view failure,
+                            std::span<const std::uint8_t> active) {
+  for (ParamState& p : params) {
+    p.sums_only = false;
+    p.staged = {};
+  }
   if (!failure.empty() || n != params.size() || (!active.empty() && active.size() != n)) return;
   for (std::size_t i = 0; i < n; ++i) {
-    const ParamState& p = params[i];
-    if (p.muon && (active.empty() || active[i] != 0) && (!p.mode || !p.home)) return;  // plan()
+    ParamState& p = params[i];
+    if (!p.muon || (!active.empty() && active[i] == 0)) continue;
+    if (!p.mode || !p.home) return;  // plan() decides
+    p.update.ensure(*compute, p.spec.local.rows, p.spec.local.cols);
   }
   collect_step_weights(n, active);
-  const std::optional<std::vector<int>> owners = orthogonalizer.cached_owners(step_weights);
-  if (!owners) return;
+  const auto cached = orthogonalizer.cached_plan(step_weights, *compute, workspaces);
+  if (!cached) return;
   for (std::size_t w = 0; w < step_weights.size(); ++w) {
-    const ParamState& p = params[step_params[w]];
-    sums_only[step_params[w]] = *p.home && !p.sharded() && p.layout.batch == 1 &&
-                                (*owners)[w] >= 0 && (*owners)[w] != p.layout.dp_rank;
+    ParamState& p = params[step_params[w]];
+    if (!*p.home || p.sharded() || p.layout.batch != 1) continue;
+    const int owner = cached->owners[w];
+    p.sums_only = owner >= 0 && owner != p.layout.dp_rank;
+    // Padding rows aside, the staging holds what NS reads: every row of the update.
+    if (owner == p.layout.dp_rank) p.staged = cached->send[w];
   }
 }
 
@@ -301,7 +310,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   s.prepare();
   // Every rank reaches this step within the step deadline, or the late rank is named.
   pass_step_gate(s.world, s.step + 1, s.step_timeout, "optimizer step");
-  s.plan_sums_only(grads.size(), failure, active);
+  s.plan_homes(grads.size(), failure, active);
   s.validate_gradients(grads, failure, active);
   s.plan();
   // The compute phase: every Muon update, nothing written but the updates. Code running over
@@ -325,9 +334,11 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
     p.owners.push_back(s.orthogonalizer.last_owners()[owned++]);
     p.owner = p.owners.front();
   }
-  for (std::size_t i = 0; i < s.sums_only.size(); ++i) {
-    DISTMUON_ASSERT(!s.sums_only[i] || s.params[i].homed_elsewhere(),
+  for (const ParamState& p : s.params) {
+    DISTMUON_ASSERT(!p.sums_only || p.homed_elsewhere(),
                     "an NS input left unstored is orthogonalised on another replica");
+    DISTMUON_ASSERT(p.staged.data == nullptr || (p.owner == p.layout.dp_rank && !p.sharded()),
+                    "an NS input in the send staging is orthogonalised here");
   }
   // Every backend: one batched check (the updates finite, AdamW's second moment and the new
   // weights within float32's range), one agreement (with the replicas' check).

@@ -34,6 +34,10 @@ struct ParamState {
   // Muon: where the compute phase left this step's update: update, or, for an unsharded weight
   // received from another replica's home, where it arrived (ShardedWeight::result).
   ConstMatrixView result;
+  // Muon, this step (Muon::Impl::plan_homes): its NS input is not stored (sums_only), or is
+  // stored in the replicas' send staging (staged, instead of update).
+  bool sums_only = false;
+  MatrixView staged;
   DeviceMatrix exp_avg, exp_avg_sq;                // AdamW: shard-shaped, compute's memory
   std::optional<TpMode> mode;                      // Muon: the mode used (auto: once planned)
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm (auto: planned)
@@ -139,14 +143,13 @@ struct Muon::Impl {
   // The step's weights (step_weights, step_params) from the planned stepping Muon parameters,
   // each p.result at its update.
   void collect_step_weights(std::size_t n, std::span<const std::uint8_t> active);
-  // Per parameter (sums_only): an unsharded replicated weight that another replica's home will
-  // orthogonalise this step, whose NS input this rank only fingerprints (validate_gradients need
-  // not store it). Known before the step's first collective when every stepping Muon parameter
-  // is planned and owner mode's plans of their buckets are cached (the plans run() takes: the
-  // homes cannot differ); otherwise none. No collective.
-  void plan_sums_only(std::size_t n, std::string_view failure,
-                      std::span<const std::uint8_t> active);
-  std::vector<bool> sums_only;
+  // Before the step's first collective, when every stepping Muon parameter is planned and owner
+  // mode's plans of their buckets are cached (the plans run() takes: the homes cannot differ),
+  // per unsharded replicated parameter of one matrix: sums_only when another replica's home will
+  // orthogonalise it (this rank only fingerprints its NS input), staged when this rank will (its
+  // NS input goes straight into its place in the replicas' send staging). Otherwise neither. No
+  // collective.
+  void plan_homes(std::size_t n, std::string_view failure, std::span<const std::uint8_t> active);
   // Whether a Muon parameter with its mode set runs on one home of its replicas.
   bool runs_on_home(const ParamState& p) const;
   // The NS options of a planned parameter (its algorithm).

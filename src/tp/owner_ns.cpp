@@ -46,7 +46,16 @@ struct Started {
 };
 
 // The stages of a chunk (orthogonalize_owned): each exchange in flight has its own staging slot.
+enum class Stage { kGatherGtp, kGatherTp, kReplicas, kScatterTp, kScatterGtp };
 constexpr std::size_t kStages = 5;
+// The staging slot of chunk c's stage s in a call whose slots start at first_slot.
+std::size_t staging_slot(std::size_t first_slot, std::size_t c, Stage s) {
+  return first_slot + 1 + c * kStages + static_cast<std::size_t>(s);
+}
+// The slots a call of orthogonalize_owned with `chunks` chunks uses.
+std::size_t staging_slots(int chunks) {
+  return 1 + static_cast<std::size_t>(std::max(chunks, 1)) * kStages;
+}
 
 MatrixView column(float* data, std::size_t n) {
   return {data, static_cast<Index>(n), 1, 1};
@@ -319,7 +328,6 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
   // replicas' exchange and the scatter's (the gather's reversed: TP, then GTP). Each stage but NS
   // is one all-to-all over its group, present when the group has more than one rank: the same
   // stages on every rank of the grid.
-  enum class Stage { kGatherGtp, kGatherTp, kReplicas, kScatterTp, kScatterGtp };
   std::vector<Stage> pre, post;
   if (grid.G > 1) pre.push_back(Stage::kGatherGtp);
   if (grid.T > 1) pre.push_back(Stage::kGatherTp);
@@ -329,7 +337,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
   // Starts chunk c's stage s (its own staging slot: every exchange in flight has its own).
   auto start = [&](Stage s, std::size_t c) {
     const std::vector<std::size_t>& ids = chunk[c];
-    const std::size_t slot = first_slot + 1 + c * kStages + static_cast<std::size_t>(s);
+    const std::size_t slot = staging_slot(first_slot, c, s);
     switch (s) {
       case Stage::kGatherGtp:
         return start_exchange(gtp, gtp_stage(ids), compute, ws, slot);
@@ -503,20 +511,52 @@ std::vector<OwnerOrthogonalizer::Bucket> OwnerOrthogonalizer::buckets_of(
   return buckets;
 }
 
-std::optional<std::vector<int>> OwnerOrthogonalizer::cached_owners(
-    std::span<const Weight> weights) const {
-  std::vector<int> owners(weights.size(), -1);
+std::optional<OwnerOrthogonalizer::CachedPlan> OwnerOrthogonalizer::cached_plan(
+    std::span<const Weight> weights, Compute& compute, NsWorkspaces& workspaces) const {
+  CachedPlan out{std::vector<int>(weights.size(), -1), std::vector<MatrixView>(weights.size())};
   std::vector<OwnerItem> items;
+  std::size_t first_slot = 0;  // as run() gives them
   for (const Bucket& b : buckets_of(weights, nullptr)) {
     items.clear();
     for (const std::size_t i : b.index)
       items.push_back({weights[i].shard, weights[i].layout, weights[i].algorithm});
     const auto it = cache_.find(key_of(items, *b.tp, *b.gtp, b.dp));
     if (it == cache_.end()) return std::nullopt;
+    const OwnerPlan& plan = it->second;
     for (std::size_t k = 0; k < b.index.size(); ++k)
-      owners[b.index[k]] = it->second.owners[k];
+      out.owners[b.index[k]] = plan.owners[k];
+    // Unsharded and replicated: the replicas' exchange sends this rank's homes' results from its
+    // staging, per chunk to each other replica in turn (orthogonalize_owned's dp_stage); each
+    // result's place in the first other replica's part.
+    const Grid grid = grid_of(*items.front().layout, b.dp != nullptr);
+    if (grid.T == 1 && grid.G == 1 && grid.D > 1) {
+      const std::vector<std::size_t> starts = chunk_starts(plan, chunks_);
+      for (std::size_t c = 0; c + 1 < starts.size(); ++c) {
+        std::vector<std::size_t> homed;  // the chunk's items homed here, in the chunk's order
+        std::size_t n = 0;
+        for (std::size_t q = starts[c]; q < starts[c + 1]; ++q) {
+          const std::size_t k = plan.order[q];
+          if (plan.owners[k] != grid.home()) continue;
+          homed.push_back(k);
+          n += elems(items[k].shard.rows, items[k].shard.cols);
+        }
+        if (homed.empty()) continue;
+        float* send =
+            workspaces
+                .buffer(compute, BufferRole::kSend, staging_slot(first_slot, c, Stage::kReplicas),
+                        static_cast<Index>(n * (grid.D - 1)), 1)
+                .view()
+                .data;
+        for (const std::size_t k : homed) {
+          const MatrixView& v = items[k].shard;
+          out.send[b.index[k]] = {send, v.rows, v.cols, v.cols};
+          send += elems(v.rows, v.cols);
+        }
+      }
+    }
+    first_slot += staging_slots(chunks_);
   }
-  return owners;
+  return out;
 }
 
 void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& ns,
@@ -548,7 +588,7 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
       last_owners_[b.index[k]] = plan.owners[k];
     orthogonalize_owned(items, plan, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces, chunks_,
                         bf16_replicas_, results, first_slot);
-    first_slot += 1 + static_cast<std::size_t>(std::max(chunks_, 1)) * kStages;
+    first_slot += staging_slots(chunks_);
   }
 }
 

@@ -150,10 +150,19 @@ class OwnerOrthogonalizer {
 
   // Owner index (t + T g + T G d) of weights[i] in the last run; -1 for a weight run locally.
   const std::vector<int>& last_owners() const { return last_owners_; }
-  // The owner index each weight would get in run(weights) when every one of their buckets'
-  // compositions has its plan cached (an earlier run had it: run() then takes that plan), else
-  // nothing. No collective.
-  std::optional<std::vector<int>> cached_owners(std::span<const Weight> weights) const;
+  // What run(weights) will do when every one of their buckets' compositions has its plan cached
+  // (an earlier run had it: run() then takes that plan), else nothing. No collective.
+  //   owners: the owner index each weight will get;
+  //   send: per weight that this rank will orthogonalise and send to the other replicas
+  //     (unsharded, replicated), its place in workspaces' send staging (allocated here): a
+  //     weight passed to run() with its shard there needs no copy into the staging (the
+  //     exchange's copy is then onto itself); empty for the others.
+  struct CachedPlan {
+    std::vector<int> owners;
+    std::vector<MatrixView> send;
+  };
+  std::optional<CachedPlan> cached_plan(std::span<const Weight> weights, Compute& compute,
+                                        NsWorkspaces& workspaces) const;
 
  private:
   struct Bucket {

@@ -23,9 +23,10 @@ TpMode local_mode(const ShardedWeight& w) {
 
 }  // namespace
 
-std::optional<std::vector<int>> WeightOrthogonalizer::cached_owners(
-    std::span<const ShardedWeight> weights) const {
-  std::vector<int> owners(weights.size(), -1);
+std::optional<OwnerOrthogonalizer::CachedPlan> WeightOrthogonalizer::cached_plan(
+    std::span<const ShardedWeight> weights, Compute& compute, NsWorkspaces& workspaces) const {
+  OwnerOrthogonalizer::CachedPlan out{std::vector<int>(weights.size(), -1),
+                                      std::vector<MatrixView>(weights.size())};
   std::vector<OwnerOrthogonalizer::Weight> owned;
   std::vector<std::size_t> index;  // per owned weight: its index in weights
   for (std::size_t i = 0; i < weights.size(); ++i) {
@@ -34,13 +35,15 @@ std::optional<std::vector<int>> WeightOrthogonalizer::cached_owners(
     owned.push_back({w.shard, w.layout, w.tp, w.gtp, w.algorithm, w.dp, nullptr});
     index.push_back(i);
   }
-  if (owned.empty()) return owners;
+  if (owned.empty()) return out;
   if (!owner_) return std::nullopt;
-  const std::optional<std::vector<int>> cached = owner_->cached_owners(owned);
+  const auto cached = owner_->cached_plan(owned, compute, workspaces);
   if (!cached) return std::nullopt;
-  for (std::size_t k = 0; k < owned.size(); ++k)
-    owners[index[k]] = (*cached)[k];
-  return owners;
+  for (std::size_t k = 0; k < owned.size(); ++k) {
+    out.owners[index[k]] = cached->owners[k];
+    out.send[index[k]] = cached->send[k];
+  }
+  return out;
 }
 
 void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsOptions& ns,

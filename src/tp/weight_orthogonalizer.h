@@ -64,10 +64,11 @@ class WeightOrthogonalizer {
   // Owner index (t + T g + T G d) of each owner weight of the last run, in order; -1 for one run
   // locally.
   const std::vector<int>& last_owners() const { return last_owners_; }
-  // The owner index each weight would get in run(weights) (-1: not in owner mode, or run
-  // locally) when owner mode's plans of its buckets are cached (OwnerOrthogonalizer::
-  // cached_owners), else nothing. No collective.
-  std::optional<std::vector<int>> cached_owners(std::span<const ShardedWeight> weights) const;
+  // OwnerOrthogonalizer::cached_plan of the owner weights, per weight of weights (owner -1 and no
+  // send view for one not in owner mode or run locally); nothing when a plan is not cached.
+  std::optional<OwnerOrthogonalizer::CachedPlan> cached_plan(std::span<const ShardedWeight> weights,
+                                                             Compute& compute,
+                                                             NsWorkspaces& workspaces) const;
 
  private:
   OwnerCostFn cost_;

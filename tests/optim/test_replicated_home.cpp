@@ -252,6 +252,19 @@ TEST(ReplicatedHome, Bf16WireThroughTheOptimizer) {
   }
 }
 
+// Later steps (the homes known before the step: NS inputs written straight into the send staging,
+// results left where they arrive) on a bf16 wire: every replica still holds the same bits.
+TEST(ReplicatedHome, Bf16WireKeepsTheReplicasEqualOverSteps) {
+  const Communicator& world = test::world();
+  const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 0}, {40, 40, 0}, {24, 56, 0}};
+  const RunResult b = run(shapes, 1, TpMode::kAuto, ReplicaMode::kHome, -1, ReplicaWire::kBf16, 3);
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    Matrix root = b.weights[k];
+    world.broadcast<float>({root.data(), static_cast<std::size_t>(root.size())}, 0);
+    EXPECT_TRUE(bit_equal(root, b.weights[k])) << "weight " << k;
+  }
+}
+
 TEST(ReplicatedHome, AReplicaThatDiffersFailsOnEveryRank) {
   const Communicator& world = test::world();
   const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 0}, {40, 40, 0}};
