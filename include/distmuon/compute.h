@@ -230,7 +230,8 @@ class Compute {
   // dimensions), else distmuon::Error.
   // a = value.
   virtual void fill(MatrixView a, float value) = 0;
-  // dst = src.
+  // dst = src. dst may be src itself (the same data and ld): nothing to do (owner mode's
+  // exchange copies a home's result onto itself when it was computed in the send staging).
   virtual void copy(ConstMatrixView src, MatrixView dst) = 0;
   // The first non-finite element of a in row-major order, or nothing when all are finite.
   virtual std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) = 0;
