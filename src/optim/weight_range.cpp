@@ -54,11 +54,8 @@ void Muon::Impl::check_updates(std::span<const ConstMatrixView> grads,
     const ParamState& p = params[i];
     if (!active.empty() && active[i] == 0) continue;
     const ConstMatrixView w = p.spec.local;
-    // An unsharded weight that another replica's home orthogonalised: its update here is the
-    // home's bit for bit (the exchange copies; a bf16 wire rounds the home's own copy too) and
-    // its weight the home's (the replicas' fingerprints, agreed below with the rest), so the
-    // home's checks of them are this rank's, and the home's failure is agreed over the world.
-    if (p.muon && p.homed_elsewhere()) continue;
+    // A result received from another replica's home is checked where it arrived (p.result):
+    // what the exchange delivered is what the apply phase reads.
     if (p.muon) {
       const double f = options.weight_decay == 0 ? 1.0
                        : options.weight_decay_method == WeightDecayMethod::kDecoupled

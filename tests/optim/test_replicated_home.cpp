@@ -277,9 +277,9 @@ TEST(ReplicatedHome, AReplicaThatDiffersFailsOnEveryRank) {
   }
 }
 
-// The update checks of a weight homed on another replica are its home's (weight_range.cpp): a
-// step past float32's range (a learning rate of 3e38; a weight of every replica at the largest
-// float) is refused on every rank, the home's message agreed, before anything is written.
+// The update checks of a weight homed on another replica read its result where it arrived: a step
+// past float32's range (a learning rate of 3e38; a weight of every replica at the largest float)
+// is refused on every rank, before anything is written.
 TEST(ReplicatedHome, TheHomesUpdateChecksHoldOnEveryReplica) {
   const Communicator& world = test::world();
   const ProcessGroups groups = make_process_groups(world, 1, 1);
