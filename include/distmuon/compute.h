@@ -44,6 +44,9 @@ struct MuonDirection {
   MatrixView u;            // muon_momentum's u from g, w and a copy of buf
   Index checked_rows = 0;  // g's, w's and buf's first checked_rows rows are checked finite
   bool sums = false;       // also w's and u's sums of squares (in double, every row)
+  // With sums: u is not read after this call (only its sum is), so a backend may leave it
+  // unwritten (the CPU backend does: one write pass fewer); the sums are the same either way.
+  bool sums_only = false;
 };
 
 // The per-element constants of one AdamW step at step t (adamw.h).
@@ -227,7 +230,8 @@ class Compute {
   // dimensions), else distmuon::Error.
   // a = value.
   virtual void fill(MatrixView a, float value) = 0;
-  // dst = src.
+  // dst = src. dst may be src itself (the same data and ld): nothing to do (owner mode's
+  // exchange copies a home's result onto itself when it was computed in the send staging).
   virtual void copy(ConstMatrixView src, MatrixView dst) = 0;
   // The first non-finite element of a in row-major order, or nothing when all are finite.
   virtual std::optional<MatrixIndex> find_non_finite(ConstMatrixView a) = 0;

@@ -36,8 +36,8 @@ void muon_apply(Muon::Impl& s, ParamState& p, ConstMatrixView g) {
                                    ? 1.0 - o.lr * o.weight_decay
                                    : 1.0 - o.weight_decay);
   }
-  s.compute->muon_apply(momentum_step(o), g, p.spec.local, p.momentum.view(), p.update.view(),
-                        decay, static_cast<float>(o.lr));
+  s.compute->muon_apply(momentum_step(o), g, p.spec.local, p.momentum.view(), p.result, decay,
+                        static_cast<float>(o.lr));
 }
 
 detail::ScaleFn muon_scale_fn(const MuonOptions& o) {
@@ -147,6 +147,52 @@ void Muon::Impl::plan() {
     }
   }
   if (!priced.empty()) plan_replica_homes(*this, priced);
+}
+
+void Muon::Impl::collect_step_weights(std::size_t n, std::span<const std::uint8_t> active) {
+  step_weights.clear();
+  step_params.clear();
+  for (std::size_t i = 0; i < n; ++i) {
+    ParamState& p = params[i];
+    if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world
+    const bool home = p.home.value_or(false);
+    const Index rows = p.layout.shard_rows();
+    const MatrixView update = p.staged.data != nullptr ? p.staged : p.update.view();
+    p.result = update;
+    for (Index b = 0; b < p.layout.batch; ++b) {  // a batched parameter: one weight per slice
+      step_params.push_back(i);
+      step_weights.push_back({update.row_block(b * rows, rows), &p.layout, &p.tp, &p.gtp,
+                              home ? TpMode::kOwner : *p.mode, p.algorithm, home ? &p.dp : nullptr,
+                              // one weight: its update may stay where it arrives
+                              p.layout.batch == 1 ? &p.result : nullptr});
+    }
+  }
+}
+
+void Muon::Impl::plan_homes(std::size_t n, std::string_view failure,
+                            std::span<const std::uint8_t> active) {
+  for (ParamState& p : params) {
+    p.sums_only = false;
+    p.staged = {};
+  }
+  if (!failure.empty() || n != params.size() || (!active.empty() && active.size() != n)) return;
+  for (std::size_t i = 0; i < n; ++i) {
+    ParamState& p = params[i];
+    if (!p.muon || (!active.empty() && active[i] == 0)) continue;
+    if (!p.mode || !p.home) return;  // plan() decides
+    p.update.ensure(*compute, p.spec.local.rows, p.spec.local.cols);
+  }
+  collect_step_weights(n, active);
+  const auto cached = orthogonalizer.cached_plan(step_weights, *compute, workspaces);
+  if (!cached) return;
+  for (std::size_t w = 0; w < step_weights.size(); ++w) {
+    ParamState& p = params[step_params[w]];
+    if (!*p.home || p.sharded() || p.layout.batch != 1) continue;
+    const int owner = cached->owners[w];
+    p.sums_only = owner >= 0 && owner != p.layout.dp_rank;
+    // Padding rows aside, the staging holds what NS reads: every row of the update.
+    if (owner == p.layout.dp_rank) p.staged = cached->send[w];
+  }
 }
 
 bool Muon::Impl::runs_on_home(const ParamState& p) const {
@@ -264,6 +310,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   s.prepare();
   // Every rank reaches this step within the step deadline, or the late rank is named.
   pass_step_gate(s.world, s.step + 1, s.step_timeout, "optimizer step");
+  s.plan_homes(grads.size(), failure, active);
   s.validate_gradients(grads, failure, active);
   s.plan();
   // The compute phase: every Muon update, nothing written but the updates. Code running over
@@ -273,20 +320,7 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   // every update orthogonalised in place by one call (its mode and algorithm:
   // weight_orthogonalizer.h). A non-finite NS input leaves the update NaN (no throw: the ranks of
   // the parameter's groups are only part of the world); check_updates finds it.
-  s.step_weights.clear();
-  s.step_params.clear();
-  for (std::size_t i = 0; i < grads.size(); ++i) {
-    ParamState& p = s.params[i];
-    if (!p.muon || (!active.empty() && active[i] == 0)) continue;  // agreed over the world above
-    const bool home = p.home.value_or(false);
-    const Index rows = p.layout.shard_rows();
-    for (Index b = 0; b < p.layout.batch; ++b) {  // a batched parameter: one weight per slice
-      s.step_params.push_back(i);
-      s.step_weights.push_back({p.update.view().row_block(b * rows, rows), &p.layout, &p.tp, &p.gtp,
-                                home ? TpMode::kOwner : *p.mode, p.algorithm,
-                                home ? &p.dp : nullptr});
-    }
-  }
+  s.collect_step_weights(grads.size(), active);
   // Before NS: a home's result replaces every replica's update, so a replica that differs would
   // go unnoticed after it.
   const std::string replicas = s.check_replicas(active);
@@ -299,6 +333,12 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
     ParamState& p = s.params[s.step_params[w]];
     p.owners.push_back(s.orthogonalizer.last_owners()[owned++]);
     p.owner = p.owners.front();
+  }
+  for (const ParamState& p : s.params) {
+    DISTMUON_ASSERT(!p.sums_only || p.homed_elsewhere(),
+                    "an NS input left unstored is orthogonalised on another replica");
+    DISTMUON_ASSERT(p.staged.data == nullptr || (p.owner == p.layout.dp_rank && !p.sharded()),
+                    "an NS input in the send staging is orthogonalised here");
   }
   // Every backend: one batched check (the updates finite, AdamW's second moment and the new
   // weights within float32's range), one agreement (with the replicas' check).

@@ -2,6 +2,7 @@
 // The optimizer's state, shared by muon.cpp (registration, step), checkpoint.cpp (save, load)
 // and muon_auto.cpp (tp_mode=auto).
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,13 @@ struct ParamState {
   bool muon = false;
   DeviceMatrix momentum;  // Muon: shard-shaped, compute's memory
   DeviceMatrix update;    // Muon: this step's update, from the compute phase to the apply phase
+  // Muon: where the compute phase left this step's update: update, or, for an unsharded weight
+  // received from another replica's home, where it arrived (ShardedWeight::result).
+  ConstMatrixView result;
+  // Muon, this step (Muon::Impl::plan_homes): its NS input is not stored (sums_only), or is
+  // stored in the replicas' send staging (staged, instead of update).
+  bool sums_only = false;
+  MatrixView staged;
   DeviceMatrix exp_avg, exp_avg_sq;                // AdamW: shard-shaped, compute's memory
   std::optional<TpMode> mode;                      // Muon: the mode used (auto: once planned)
   NsAlgorithm algorithm = NsAlgorithm::kStandard;  // Muon: the NS algorithm (auto: planned)
@@ -39,6 +47,12 @@ struct ParamState {
   int owner = -1;           // owner mode or home: its owner index in the last step
   std::vector<int> owners;  // each slice's owner index in the last step (-1: run locally)
   bool sharded() const { return layout.tp_dim != kNoPartition || layout.gtp_size > 1; }
+  // An unsharded weight whose every slice another replica's home orthogonalised this step: its
+  // update here is the home's, copied bit for bit.
+  bool homed_elsewhere() const {
+    return home.value_or(false) && !sharded() && !owners.empty() &&
+           std::none_of(owners.begin(), owners.end(), [&](int o) { return o == layout.dp_rank; });
+  }
 };
 
 struct AutoState;  // muon_auto.cpp
@@ -126,6 +140,16 @@ struct Muon::Impl {
   // Returns this rank's failure text (empty: every replica of every weight agrees), for
   // check_updates to agree over the world.
   std::string check_replicas(std::span<const std::uint8_t> active);
+  // The step's weights (step_weights, step_params) from the planned stepping Muon parameters,
+  // each p.result at its update.
+  void collect_step_weights(std::size_t n, std::span<const std::uint8_t> active);
+  // Before the step's first collective, when every stepping Muon parameter is planned and owner
+  // mode's plans of their buckets are cached (the plans run() takes: the homes cannot differ),
+  // per unsharded replicated parameter of one matrix: sums_only when another replica's home will
+  // orthogonalise it (this rank only fingerprints its NS input), staged when this rank will (its
+  // NS input goes straight into its place in the replicas' send staging). Otherwise neither. No
+  // collective.
+  void plan_homes(std::size_t n, std::string_view failure, std::span<const std::uint8_t> active);
   // Whether a Muon parameter with its mode set runs on one home of its replicas.
   bool runs_on_home(const ParamState& p) const;
   // The NS options of a planned parameter (its algorithm).

@@ -70,10 +70,11 @@ void Muon::Impl::validate_gradients(std::span<const ConstMatrixView> grads,
         for (Index b = 0; b < static_cast<Index>(directions_of[i]); ++b) {
           const Index rows = per_matrix ? l.shard_rows() : w.rows;
           const Index at = b * rows;
-          s.directions.push_back({grads[i].row_block(at, rows), w.row_block(at, rows),
-                                  p.momentum.view().row_block(at, rows),
-                                  p.update.view().row_block(at, rows), rows - l.local_pad(),
-                                  l.dp_on()});
+          s.directions.push_back(
+              {grads[i].row_block(at, rows), w.row_block(at, rows),
+               p.momentum.view().row_block(at, rows),
+               (p.staged.data != nullptr ? p.staged : p.update.view()).row_block(at, rows),
+               rows - l.local_pad(), l.dp_on(), l.dp_on() && p.sums_only});
         }
       }
       const std::size_t first_other = 3 * s.directions.size();

@@ -54,6 +54,8 @@ void Muon::Impl::check_updates(std::span<const ConstMatrixView> grads,
     const ParamState& p = params[i];
     if (!active.empty() && active[i] == 0) continue;
     const ConstMatrixView w = p.spec.local;
+    // A result received from another replica's home is checked where it arrived (p.result):
+    // what the exchange delivered is what the apply phase reads.
     if (p.muon) {
       const double f = options.weight_decay == 0 ? 1.0
                        : options.weight_decay_method == WeightDecayMethod::kDecoupled
@@ -67,7 +69,7 @@ void Muon::Impl::check_updates(std::span<const ConstMatrixView> grads,
           p.layout.local_pad() == 0 ? weight_sums[i] : std::optional<double>();
       bounds.push_back({i, true, f, options.lr, 0, views.size(), taken});
       if (!taken) views.push_back(w.row_block(0, rows));
-      views.push_back(p.update.view().row_block(0, rows));
+      views.push_back(p.result.row_block(0, rows));
     } else {
       bounds.push_back({i, false, 1.0 - a.lr * a.weight_decay, a.lr,
                         a.lr / ((1.0 - std::pow(a.beta1, t)) * a.eps), views.size(), std::nullopt});

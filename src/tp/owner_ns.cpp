@@ -34,14 +34,28 @@ struct Exchange {
 };
 
 // An exchange in flight: its request and where what arrives goes (on a bf16 wire it arrives
-// packed in recv16, n_recv values, and is unpacked into recv first).
+// packed in recv16, n_recv values, and is unpacked into recv first). kept: per block of from
+// (empty: none), where to point at the block's place in recv instead of copying it out.
 struct Started {
   std::unique_ptr<CommRequest> request;
   float* recv = nullptr;
   std::vector<std::vector<MatrixView>> from;
   const float* recv16 = nullptr;
   std::size_t n_recv = 0;
+  std::vector<std::vector<ConstMatrixView*>> kept;
 };
+
+// The stages of a chunk (orthogonalize_owned): each exchange in flight has its own staging slot.
+enum class Stage { kGatherGtp, kGatherTp, kReplicas, kScatterTp, kScatterGtp };
+constexpr std::size_t kStages = 5;
+// The staging slot of chunk c's stage s in a call whose slots start at first_slot.
+std::size_t staging_slot(std::size_t first_slot, std::size_t c, Stage s) {
+  return first_slot + 1 + c * kStages + static_cast<std::size_t>(s);
+}
+// The slots a call of orthogonalize_owned with `chunks` chunks uses.
+std::size_t staging_slots(int chunks) {
+  return 1 + static_cast<std::size_t>(std::max(chunks, 1)) * kStages;
+}
 
 MatrixView column(float* data, std::size_t n) {
   return {data, static_cast<Index>(n), 1, 1};
@@ -85,7 +99,11 @@ Started start_exchange(const Communicator& group, const Exchange& x, Compute& co
   if (!bf16) {
     return {group.data().start_all_to_all_v<float>({send, n_send}, send_counts, {recv, n_recv},
                                                    recv_counts),
-            recv, x.from};
+            recv,
+            x.from,
+            nullptr,
+            0,
+            {}};
   }
   auto packed = [&](BufferRole role, std::size_t n) {
     return workspaces.buffer(compute, role, slot, static_cast<Index>((n + 1) / 2), 1).view().data;
@@ -96,16 +114,26 @@ Started start_exchange(const Communicator& group, const Exchange& x, Compute& co
   return {group.data().start_all_to_all_v<Bf16Bits>(
               {reinterpret_cast<const Bf16Bits*>(send16), n_send}, send_counts,
               {reinterpret_cast<Bf16Bits*>(recv16), n_recv}, recv_counts),
-          recv, x.from, recv16, n_recv};
+          recv,
+          x.from,
+          recv16,
+          n_recv,
+          {}};
 }
 
 void finish(Started& x, Compute& compute) {
   x.request->wait();
   if (x.recv16 != nullptr && x.n_recv > 0) compute.unpack_bf16(x.recv16, column(x.recv, x.n_recv));
   std::size_t at = 0;
-  for (const auto& blocks : x.from) {
-    for (const MatrixView& v : blocks) {
-      compute.copy(ConstMatrixView{x.recv + at, v.rows, v.cols, v.cols}, v);
+  for (std::size_t j = 0; j < x.from.size(); ++j) {
+    for (std::size_t k = 0; k < x.from[j].size(); ++k) {
+      const MatrixView& v = x.from[j][k];
+      const ConstMatrixView arrived{x.recv + at, v.rows, v.cols, v.cols};
+      if (!x.kept.empty() && x.kept[j][k] != nullptr) {
+        *x.kept[j][k] = arrived;
+      } else {
+        compute.copy(arrived, v);
+      }
       at += elems(v.rows, v.cols);
     }
   }
@@ -189,11 +217,16 @@ std::vector<std::size_t> chunk_starts(const OwnerPlan& plan, int chunks) {
 void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
-                         NsWorkspaces* workspaces, int chunks, bool bf16_wire) {
+                         NsWorkspaces* workspaces, int chunks, bool bf16_wire,
+                         std::span<ConstMatrixView* const> results, std::size_t first_slot) {
   const std::vector<int>& owners = plan.owners;
   DISTMUON_ASSERT(items.size() == owners.size() && items.size() == plan.order.size() &&
                       items.size() == plan.costs.size(),
                   "one owner and one cost per item, every item in the order once");
+  DISTMUON_ASSERT(results.empty() || results.size() == items.size(), "one result per item");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (results[i] != nullptr) *results[i] = items[i].shard;
+  }
   if (items.empty()) return;
   NsWorkspaces call_workspaces;  // only when the caller keeps none
   NsWorkspaces& ws = workspaces != nullptr ? *workspaces : call_workspaces;
@@ -270,14 +303,20 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
     return x;
   };
   // Replicas: the home sends its result to the same position of every other replica.
+  // Unsharded, with results asked for: what arrives stays in the receive staging (kept).
+  const bool keep_received = unsharded && !results.empty() && workspaces != nullptr;
+  std::vector<std::vector<ConstMatrixView*>> kept;
   auto dp_stage = [&](const std::vector<std::size_t>& ids) {
+    if (keep_received) kept.assign(D, {});
     Exchange x(D);
     for (std::size_t j = 0; j < D; ++j) {
       if (j == static_cast<std::size_t>(grid.d)) continue;
       for (const std::size_t i : ids) {
         if (runs(i)) x.to[j].push_back(work(i));
-        if (holds(i) && static_cast<std::size_t>(grid.d_of(owners[i])) == j)
+        if (holds(i) && static_cast<std::size_t>(grid.d_of(owners[i])) == j) {
           x.from[j].push_back(work(i));
+          if (keep_received) kept[j].push_back(results[i]);
+        }
       }
     }
     return x;
@@ -289,8 +328,6 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
   // replicas' exchange and the scatter's (the gather's reversed: TP, then GTP). Each stage but NS
   // is one all-to-all over its group, present when the group has more than one rank: the same
   // stages on every rank of the grid.
-  enum class Stage { kGatherGtp, kGatherTp, kReplicas, kScatterTp, kScatterGtp };
-  constexpr std::size_t kStages = 5;
   std::vector<Stage> pre, post;
   if (grid.G > 1) pre.push_back(Stage::kGatherGtp);
   if (grid.T > 1) pre.push_back(Stage::kGatherTp);
@@ -300,7 +337,7 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
   // Starts chunk c's stage s (its own staging slot: every exchange in flight has its own).
   auto start = [&](Stage s, std::size_t c) {
     const std::vector<std::size_t>& ids = chunk[c];
-    const std::size_t slot = 1 + c * kStages + static_cast<std::size_t>(s);
+    const std::size_t slot = staging_slot(first_slot, c, s);
     switch (s) {
       case Stage::kGatherGtp:
         return start_exchange(gtp, gtp_stage(ids), compute, ws, slot);
@@ -310,8 +347,12 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
             compute.copy(items[i].shard, tp_local[i]);
         }
         return start_exchange(tp, tp_stage(ids), compute, ws, slot);
-      case Stage::kReplicas:
-        return start_exchange(*dp, dp_stage(ids), compute, ws, slot, bf16_wire);
+      case Stage::kReplicas: {
+        const Exchange x = dp_stage(ids);
+        Started started = start_exchange(*dp, x, compute, ws, slot, bf16_wire);
+        started.kept = std::move(kept);
+        return started;
+      }
       case Stage::kScatterTp:
         return start_exchange(tp, tp_stage(ids).reversed(), compute, ws, slot);
       case Stage::kScatterGtp:
@@ -391,16 +432,26 @@ bool OwnerOrthogonalizer::KeyLess::operator()(const Key& a, const Key& b) const 
   return a_s < b_s;
 }
 
-const OwnerPlan& OwnerOrthogonalizer::plan_for(std::span<const OwnerItem> items,
-                                               const Communicator& tp, const Communicator& gtp,
-                                               const Communicator* dp) {
+OwnerOrthogonalizer::Key OwnerOrthogonalizer::key_of(std::span<const OwnerItem> items,
+                                                     const Communicator& tp,
+                                                     const Communicator& gtp,
+                                                     const Communicator* dp) {
   const ShardLayout& first = *items.front().layout;
   const Grid grid = grid_of(first, dp != nullptr);
   std::string composition = fmt::format("grid {}x{}x{}", grid.T, grid.G, grid.D);
   for (const OwnerItem& it : items)
     composition += fmt::format(";{}:{}", describe(*it.layout), to_string(it.algorithm));
-  Key key{first.tp_on() ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
+  return {first.tp_on() ? tp.impl_ptr() : nullptr, first.gtp_size > 1 ? gtp.impl_ptr() : nullptr,
           grid.D > 1 ? dp->impl_ptr() : nullptr, composition};
+}
+
+const OwnerPlan& OwnerOrthogonalizer::plan_for(std::span<const OwnerItem> items,
+                                               const Communicator& tp, const Communicator& gtp,
+                                               const Communicator* dp) {
+  const ShardLayout& first = *items.front().layout;
+  const Grid grid = grid_of(first, dp != nullptr);
+  Key key = key_of(items, tp, gtp, dp);
+  const std::string& composition = std::get<3>(key);
   // Every call: every rank of the grid must see the same composition and sit where its layout
   // says (agree_on_tp_grid: all throw or none does). Only the plan is cached: skipping the
   // check on a rank that saw its composition before would leave a rank holding a different, new
@@ -431,16 +482,8 @@ const OwnerPlan& OwnerOrthogonalizer::plan_for(std::span<const OwnerItem> items,
   return cache_.emplace(std::move(key), plan_owners(costs, grid.homes())).first->second;
 }
 
-void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& ns,
-                              const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
-  last_owners_.assign(weights.size(), -1);
-  // Buckets in the order of their first weight: the same order on every rank.
-  struct Bucket {
-    const Communicator* tp;
-    const Communicator* gtp;
-    const Communicator* dp;  // nullptr: the bucket's replicas (if any) each run their own NS
-    std::vector<std::size_t> index;
-  };
+std::vector<OwnerOrthogonalizer::Bucket> OwnerOrthogonalizer::buckets_of(
+    std::span<const Weight> weights, std::vector<std::size_t>* local) {
   // The groups a weight's bucket is told apart by (nullptr for a dimension it does not span).
   auto groups_of = [](const Weight& w) {
     return std::array<const CommImpl*, 3>{
@@ -454,10 +497,7 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     DISTMUON_ASSERT(w.layout != nullptr && w.tp != nullptr && w.gtp != nullptr, "owner weight");
     const auto groups = groups_of(w);
     if (groups == std::array<const CommImpl*, 3>{}) {  // one rank holds it all: the local NS
-      NsOptions local = ns;
-      local.algorithm = w.algorithm;
-      orthogonalize_shard(w.shard, *w.layout, *w.tp, *w.gtp, TpMode::kDuplicated, local, scale,
-                          compute, workspaces);
+      if (local != nullptr) local->push_back(i);
       continue;
     }
     auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& b) {
@@ -468,16 +508,87 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     }
     it->index.push_back(i);
   }
+  return buckets;
+}
+
+std::optional<OwnerOrthogonalizer::CachedPlan> OwnerOrthogonalizer::cached_plan(
+    std::span<const Weight> weights, Compute& compute, NsWorkspaces& workspaces) const {
+  CachedPlan out{std::vector<int>(weights.size(), -1), std::vector<MatrixView>(weights.size())};
   std::vector<OwnerItem> items;
-  for (const Bucket& b : buckets) {
+  std::size_t first_slot = 0;  // as run() gives them
+  for (const Bucket& b : buckets_of(weights, nullptr)) {
     items.clear();
     for (const std::size_t i : b.index)
       items.push_back({weights[i].shard, weights[i].layout, weights[i].algorithm});
+    const auto it = cache_.find(key_of(items, *b.tp, *b.gtp, b.dp));
+    if (it == cache_.end()) return std::nullopt;
+    const OwnerPlan& plan = it->second;
+    for (std::size_t k = 0; k < b.index.size(); ++k)
+      out.owners[b.index[k]] = plan.owners[k];
+    // Unsharded and replicated: the replicas' exchange sends this rank's homes' results from its
+    // staging, per chunk to each other replica in turn (orthogonalize_owned's dp_stage); each
+    // result's place in the first other replica's part.
+    const Grid grid = grid_of(*items.front().layout, b.dp != nullptr);
+    if (grid.T == 1 && grid.G == 1 && grid.D > 1) {
+      const std::vector<std::size_t> starts = chunk_starts(plan, chunks_);
+      for (std::size_t c = 0; c + 1 < starts.size(); ++c) {
+        std::vector<std::size_t> homed;  // the chunk's items homed here, in the chunk's order
+        std::size_t n = 0;
+        for (std::size_t q = starts[c]; q < starts[c + 1]; ++q) {
+          const std::size_t k = plan.order[q];
+          if (plan.owners[k] != grid.home()) continue;
+          homed.push_back(k);
+          n += elems(items[k].shard.rows, items[k].shard.cols);
+        }
+        if (homed.empty()) continue;
+        float* send =
+            workspaces
+                .buffer(compute, BufferRole::kSend, staging_slot(first_slot, c, Stage::kReplicas),
+                        static_cast<Index>(n * (grid.D - 1)), 1)
+                .view()
+                .data;
+        for (const std::size_t k : homed) {
+          const MatrixView& v = items[k].shard;
+          out.send[b.index[k]] = {send, v.rows, v.cols, v.cols};
+          send += elems(v.rows, v.cols);
+        }
+      }
+    }
+    first_slot += staging_slots(chunks_);
+  }
+  return out;
+}
+
+void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& ns,
+                              const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
+  last_owners_.assign(weights.size(), -1);
+  // Buckets in the order of their first weight: the same order on every rank.
+  std::vector<std::size_t> local;
+  const std::vector<Bucket> buckets = buckets_of(weights, &local);
+  for (const std::size_t i : local) {  // one rank holds it all: the local NS
+    const Weight& w = weights[i];
+    NsOptions o = ns;
+    o.algorithm = w.algorithm;
+    orthogonalize_shard(w.shard, *w.layout, *w.tp, *w.gtp, TpMode::kDuplicated, o, scale, compute,
+                        workspaces);
+    if (w.result != nullptr) *w.result = w.shard;
+  }
+  std::vector<OwnerItem> items;
+  std::vector<ConstMatrixView*> results;
+  std::size_t first_slot = 0;  // each bucket its own staging slots: results kept stay valid
+  for (const Bucket& b : buckets) {
+    items.clear();
+    results.clear();
+    for (const std::size_t i : b.index) {
+      items.push_back({weights[i].shard, weights[i].layout, weights[i].algorithm});
+      results.push_back(weights[i].result);
+    }
     const OwnerPlan& plan = plan_for(items, *b.tp, *b.gtp, b.dp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
       last_owners_[b.index[k]] = plan.owners[k];
     orthogonalize_owned(items, plan, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces, chunks_,
-                        bf16_replicas_);
+                        bf16_replicas_, results, first_slot);
+    first_slot += staging_slots(chunks_);
   }
 }
 

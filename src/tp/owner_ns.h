@@ -39,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -101,11 +102,19 @@ std::vector<std::size_t> chunk_starts(const OwnerPlan& plan, int chunks);
 // copy. bf16_wire: the results go to the other replicas in bf16 (half the bytes), the home rounding
 // its own copy to bf16 as well, so that every replica holds the same bits (each element within
 // bf16's rounding of the fp32 result).
+// results: empty, or per item where its result is (nullptr: in its shard, as without results).
+// An unsharded item that this rank receives from another replica's home (workspaces given) is
+// then left where it arrived, in workspaces' receive staging, instead of copied into its shard
+// (one pass over it fewer): *results[i] views it, valid until those staging buffers are next used
+// (the next call with the same first_slot and chunk shapes); any other item's *results[i] is its
+// shard. first_slot: the first of the workspaces' staging slots this call uses (1 + 5 chunks
+// of them), so that the calls of one step (one per bucket) keep apart what they leave there.
 void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan,
                          const Communicator& tp, const Communicator& gtp, const Communicator* dp,
                          const NsOptions& ns, const ScaleFn& scale, Compute& compute,
-                         NsWorkspaces* workspaces = nullptr, int chunks = 1,
-                         bool bf16_wire = false);
+                         NsWorkspaces* workspaces = nullptr, int chunks = 1, bool bf16_wire = false,
+                         std::span<ConstMatrixView* const> results = {},
+                         std::size_t first_slot = 0);
 
 // Buckets a list of weights by group (TP, GTP, replicas), assigns owners (cached per bucket
 // composition; the first time a composition is seen its ranks check, collectively, that they agree
@@ -131,6 +140,9 @@ class OwnerOrthogonalizer {
     // The replicas of the weight (layout->dp_size ranks) when its home spans them; nullptr:
     // every replica orthogonalises its own copy.
     const Communicator* dp = nullptr;
+    // Where the result is after run() (nullptr: in shard, not asked): orthogonalize_owned's
+    // results, valid until the next run with the same workspaces.
+    ConstMatrixView* result = nullptr;
   };
   // NS takes its scratch from workspaces when given (kept across steps), else allocates it.
   void run(std::span<const Weight> weights, const NsOptions& ns, const ScaleFn& scale,
@@ -138,8 +150,31 @@ class OwnerOrthogonalizer {
 
   // Owner index (t + T g + T G d) of weights[i] in the last run; -1 for a weight run locally.
   const std::vector<int>& last_owners() const { return last_owners_; }
+  // What run(weights) will do when every one of their buckets' compositions has its plan cached
+  // (an earlier run had it: run() then takes that plan), else nothing. No collective.
+  //   owners: the owner index each weight will get;
+  //   send: per weight that this rank will orthogonalise and send to the other replicas
+  //     (unsharded, replicated), its place in workspaces' send staging (allocated here): a
+  //     weight passed to run() with its shard there needs no copy into the staging (the
+  //     exchange's copy is then onto itself); empty for the others.
+  struct CachedPlan {
+    std::vector<int> owners;
+    std::vector<MatrixView> send;
+  };
+  std::optional<CachedPlan> cached_plan(std::span<const Weight> weights, Compute& compute,
+                                        NsWorkspaces& workspaces) const;
 
  private:
+  struct Bucket {
+    const Communicator* tp;
+    const Communicator* gtp;
+    const Communicator* dp;  // nullptr: the bucket's replicas (if any) each run their own NS
+    std::vector<std::size_t> index;
+  };
+  // run()'s buckets of weights, in the order of their first weight (the same on every rank);
+  // the weights that one rank holds whole, run locally, go to local.
+  static std::vector<Bucket> buckets_of(std::span<const Weight> weights,
+                                        std::vector<std::size_t>* local);
   const OwnerPlan& plan_for(std::span<const OwnerItem> items, const Communicator& tp,
                             const Communicator& gtp, const Communicator* dp);
 
@@ -148,6 +183,9 @@ class OwnerOrthogonalizer {
   bool bf16_replicas_ = false;
   using Key = std::tuple<std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>,
                          std::string>;
+  // A bucket's cache key: its groups and its composition.
+  static Key key_of(std::span<const OwnerItem> items, const Communicator& tp,
+                    const Communicator& gtp, const Communicator* dp);
   struct KeyLess {
     bool operator()(const Key& a, const Key& b) const;
   };

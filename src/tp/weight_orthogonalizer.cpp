@@ -88,6 +88,29 @@ class HeldBatches {
 
 }  // namespace
 
+std::optional<OwnerOrthogonalizer::CachedPlan> WeightOrthogonalizer::cached_plan(
+    std::span<const ShardedWeight> weights, Compute& compute, NsWorkspaces& workspaces) const {
+  OwnerOrthogonalizer::CachedPlan out{std::vector<int>(weights.size(), -1),
+                                      std::vector<MatrixView>(weights.size())};
+  std::vector<OwnerOrthogonalizer::Weight> owned;
+  std::vector<std::size_t> index;  // per owned weight: its index in weights
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const ShardedWeight& w = weights[i];
+    if (w.mode != TpMode::kOwner || runs_locally(w)) continue;
+    owned.push_back({w.shard, w.layout, w.tp, w.gtp, w.algorithm, w.dp, nullptr});
+    index.push_back(i);
+  }
+  if (owned.empty()) return out;
+  if (!owner_) return std::nullopt;
+  const auto cached = owner_->cached_plan(owned, compute, workspaces);
+  if (!cached) return std::nullopt;
+  for (std::size_t k = 0; k < owned.size(); ++k) {
+    out.owners[index[k]] = cached->owners[k];
+    out.send[index[k]] = cached->send[k];
+  }
+  return out;
+}
+
 void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsOptions& ns,
                                const ScaleFn& scale, Compute& compute, NsWorkspaces* workspaces) {
   NsOptions gram = ns;  // ns with the Gram algorithm, for the weights that ask for it
@@ -102,6 +125,9 @@ void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsO
   std::vector<int> owner_slot;     // per owner-mode weight: its index in owned_, -1 run locally
   std::vector<std::size_t> local;  // the weights run locally, batched below
   std::vector<MatrixView> batch;
+  for (const ShardedWeight& w : weights) {
+    if (w.result != nullptr) *w.result = w.shard;  // owner runs may point it elsewhere
+  }
   // Duplicated weights over groups, on a backend that batches NS: gathered and held, each group
   // of equal work orthogonalised together (HeldBatches).
   std::vector<bool> held(weights.size(), false);
@@ -124,7 +150,7 @@ void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsO
     }
     if (w.mode == TpMode::kOwner) {
       owner_slot.push_back(static_cast<int>(owned_.size()));
-      owned_.push_back({w.shard, w.layout, w.tp, w.gtp, w.algorithm, w.dp});
+      owned_.push_back({w.shard, w.layout, w.tp, w.gtp, w.algorithm, w.dp, w.result});
       ++i;
       continue;
     }

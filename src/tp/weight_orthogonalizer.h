@@ -47,6 +47,10 @@ struct ShardedWeight {
   // its home spans them, so that one rank of them all orthogonalises it (owner_ns.h); nullptr:
   // each replica runs its own. An unsharded replicated weight with a home is in owner mode.
   const Communicator* dp = nullptr;
+  // When not nullptr, run() points it at where the weight's result is: the shard, or, for an
+  // unsharded weight received from another replica's home, where it arrived in the run's
+  // workspaces (one copy fewer; valid until the next run with them: OwnerOrthogonalizer).
+  ConstMatrixView* result = nullptr;
 };
 
 // Holds what persists across steps: owner mode's orthogonalizer (its LPT assignment per bucket
@@ -69,6 +73,11 @@ class WeightOrthogonalizer {
   // Owner index (t + T g + T G d) of each owner weight of the last run, in order; -1 for one run
   // locally.
   const std::vector<int>& last_owners() const { return last_owners_; }
+  // OwnerOrthogonalizer::cached_plan of the owner weights, per weight of weights (owner -1 and no
+  // send view for one not in owner mode or run locally); nothing when a plan is not cached.
+  std::optional<OwnerOrthogonalizer::CachedPlan> cached_plan(std::span<const ShardedWeight> weights,
+                                                             Compute& compute,
+                                                             NsWorkspaces& workspaces) const;
 
  private:
   OwnerCostFn cost_;

@@ -181,16 +181,17 @@ bool same_found(const std::vector<std::optional<MatrixIndex>>& a,
 
 // One muon_directions call of two directions (13 x 21: the 8-lane body and its tail; 3 padding
 // rows unchecked) and one other view on the CPU backend and through Compute's default (the
-// separate operations): the same bits in every u, every sum and every result.
+// separate operations): the same bits in every u, every sum and every result. sums_only: the
+// first direction's u is not stored (its sums are the same).
 struct Directions {
   Wide g{13, 21, 1}, w{13, 21, 2}, buf{13, 21, 3}, g2{13, 21, 4}, w2{13, 21, 5}, buf2{13, 21, 6},
       other{4, 5, 7};
   std::vector<std::optional<MatrixIndex>> found;
   std::vector<double> sums;
   Matrix u, u2;
-  void run(const MomentumStep& k, bool fused) {
+  void run(const MomentumStep& k, bool fused, bool sums_only = false) {
     Wide out(13, 21, 8), out2(13, 21, 9);
-    const MuonDirection dirs[] = {{g.view(), w.view(), buf.view(), out.view(), 10, true},
+    const MuonDirection dirs[] = {{g.view(), w.view(), buf.view(), out.view(), 10, true, sums_only},
                                   {g2.view(), w2.view(), buf2.view(), out2.view(), 10, false}};
     const ConstMatrixView others[] = {other.view()};
     found.assign(7, MatrixIndex{-1, -1});
@@ -233,8 +234,14 @@ TEST(CpuComputeElementwise, FusedMuonDirectionsEqualTheSeparateOperations) {
           if (c.input >= 0) target[c.input]->buf(c.row, c.col) = c.value;
           if (c.value == kBig) d->w.buf(c.row, c.col) = kBig;  // g + l2 w: past the range
         }
+        Directions only = fused;
         fused.run(k, true);
         separate.run(k, false);
+        only.run(k, true, true);  // the CPU backend leaves u unwritten: the same sums and results
+        EXPECT_TRUE(same_bits(only.u, Wide(13, 21, 8).buf));
+        EXPECT_TRUE(same_bits(only.u2, separate.u2));
+        EXPECT_TRUE(same_found(only.found, separate.found));
+        EXPECT_EQ(std::memcmp(only.sums.data(), separate.sums.data(), 2 * sizeof(double)), 0);
         EXPECT_TRUE(same_bits(fused.u, separate.u));
         EXPECT_TRUE(same_bits(fused.u2, separate.u2));
         EXPECT_TRUE(same_found(fused.found, separate.found));

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -251,6 +252,19 @@ TEST(ReplicatedHome, Bf16WireThroughTheOptimizer) {
   }
 }
 
+// Later steps (the homes known before the step: NS inputs written straight into the send staging,
+// results left where they arrive) on a bf16 wire: every replica still holds the same bits.
+TEST(ReplicatedHome, Bf16WireKeepsTheReplicasEqualOverSteps) {
+  const Communicator& world = test::world();
+  const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 0}, {40, 40, 0}, {24, 56, 0}};
+  const RunResult b = run(shapes, 1, TpMode::kAuto, ReplicaMode::kHome, -1, ReplicaWire::kBf16, 3);
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    Matrix root = b.weights[k];
+    world.broadcast<float>({root.data(), static_cast<std::size_t>(root.size())}, 0);
+    EXPECT_TRUE(bit_equal(root, b.weights[k])) << "weight " << k;
+  }
+}
+
 TEST(ReplicatedHome, AReplicaThatDiffersFailsOnEveryRank) {
   const Communicator& world = test::world();
   const std::vector<Shape> shapes = {{48, 32, 0}, {32, 80, 0}, {40, 40, 0}};
@@ -261,6 +275,50 @@ TEST(ReplicatedHome, AReplicaThatDiffersFailsOnEveryRank) {
     EXPECT_NE(std::string(e.what()).find("the replicas of weight 'w1' differ"), std::string::npos)
         << e.what();
   }
+}
+
+// The update checks of a weight homed on another replica read its result where it arrived: a step
+// past float32's range (a learning rate of 3e38; a weight of every replica at the largest float)
+// is refused on every rank, before anything is written.
+TEST(ReplicatedHome, TheHomesUpdateChecksHoldOnEveryReplica) {
+  const Communicator& world = test::world();
+  const ProcessGroups groups = make_process_groups(world, 1, 1);
+  auto refused = [&](MuonOptions o, float weight) {
+    o.replica_mode = ReplicaMode::kHome;
+    Muon muon(o, world, cpu_compute());
+    std::vector<Matrix> weights, grads;
+    std::vector<ConstMatrixView> views;
+    for (std::size_t k = 0; k < 4; ++k) {
+      const TestLayout l{.m = 24 + 8 * static_cast<Index>(k), .n = 32};
+      weights.push_back(test::random_matrix(l.m, l.n, 1 + k));
+      grads.push_back(test::random_matrix(l.m, l.n, 100 + k));
+      ParamSpec s = test::layout_spec(l, groups, weights[k].view(), "w" + std::to_string(k));
+      s.dp_group = world;
+      muon.add_parameter(s);
+    }
+    weights[1].data()[0] = weight;
+    for (const Matrix& g : grads)
+      views.push_back(g.view());
+    const std::vector<Matrix> before = weights;
+    try {
+      muon.step(views);
+      ADD_FAILURE() << "the step was taken";
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("could take its weights past float32's range"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(muon.step_count(), 0);
+    for (std::size_t k = 0; k < weights.size(); ++k)
+      EXPECT_TRUE(bit_equal(weights[k], before[k])) << "weight " << k;
+    // Each weight was homed on one rank: the others took its update from it.
+    for (const ParamInfo& p : muon.parameters()) {
+      EXPECT_TRUE(p.home);
+      EXPECT_GE(p.owner, 0);
+    }
+  };
+  refused({.lr = 3e38}, 0.5f);
+  refused({}, std::numeric_limits<float>::max());
 }
 
 }  // namespace

@@ -371,13 +371,16 @@ class CpuCompute final : public Compute {
                        std::span<double> sums) override {
     detail::check_muon_directions(dirs, others, found, sums);
     std::size_t summed = 0;
+    std::vector<float> row;  // u's row when only its sum is asked for (sums_only)
     for (std::size_t n = 0; n < dirs.size(); ++n) {
       const MuonDirection& d = dirs[n];
       LaneSquares<double> w_sum, u_sum;
       bool u_finite = true;
+      const bool scratch = d.sums && d.sums_only;
+      if (scratch) row.resize(static_cast<std::size_t>(d.g.cols));
       for (Index i = 0; i < d.g.rows; ++i) {
         const float* wr = d.w.data + i * d.w.ld;
-        float* ur = d.u.data + i * d.u.ld;
+        float* ur = scratch ? row.data() : d.u.data + i * d.u.ld;
         direction_row(k, d.g.data + i * d.g.ld, wr, d.buf.data + i * d.buf.ld, ur, d.g.cols);
         if (d.sums) {
           w_sum.add(wr, d.g.cols);
