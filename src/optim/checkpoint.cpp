@@ -219,7 +219,13 @@ void Muon::save(const std::filesystem::path& dir) {
           e["mode"] = to_string(*p.mode);
           e["algorithm"] = to_string(p.algorithm);
         }
-        if (p.auto_key) e["auto_key"] = *p.auto_key;
+        if (p.auto_key) {
+          // Whether the backend batches its products is the machine's, as its profile is: not
+          // the checkpoint's (a checkpoint reads the same on every backend; loading takes the
+          // loading backend's).
+          e["auto_key"] = *p.auto_key;
+          e["auto_key"].erase("batched_products");
+        }
         params.push_back(e);
       }
       const std::string file = checkpoint_rank_file(rank);
@@ -376,8 +382,9 @@ LoadedParam reshard(const Muon::Impl& s, const CheckpointManifest& manifest, Ran
       p.muon) {
     const int r = find_source(ranks, i, l.tp_rank, l.gtp_rank, p.spec.expert_rank, s.world.rank());
     const auto& e = ranks[static_cast<std::size_t>(r)].at("params")[i];
-    const auto saved_key =
+    auto saved_key =
         e.contains("auto_key") ? std::optional(e.at("auto_key").get<AutoKey>()) : std::nullopt;
+    if (saved_key) saved_key->batched_products = s.compute->batches_newton_schulz();  // not saved
     if (saved_key && e.contains("mode") &&
         *saved_key == auto_key(l, s.ns, s.options.ns_algorithm, saved_key->crosses_domain, 4,
                                s.compute->batches_newton_schulz())) {
