@@ -1,7 +1,9 @@
 #include "optim_test_util.h"
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 namespace distmuon::test {
@@ -215,6 +217,19 @@ std::vector<TestLayout> layouts_for(int w) {
                    .qkv = {4, 4, 2, 2}});
   }
   return out;
+}
+
+void expect_same_bits(const std::vector<Matrix>& a, const std::vector<Matrix>& b,
+                      const std::string& what, const std::string& noun,
+                      const std::string& differs) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    ASSERT_EQ(a[k].size(), b[k].size()) << what;
+    EXPECT_EQ(std::memcmp(a[k].data(), b[k].data(),
+                          sizeof(float) * static_cast<std::size_t>(a[k].size())),
+              0)
+        << what << ": " << noun << " " << k << " " << differs;
+  }
 }
 
 }  // namespace distmuon::test

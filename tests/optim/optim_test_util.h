@@ -82,4 +82,9 @@ bool padding_is_zero(ConstMatrixView shard, const TestLayout& l, int tp_rank, in
 // factorisation with both > 1 (with padding and QKV).
 std::vector<TestLayout> layouts_for(int w);
 
+// a and b hold the same matrices bit for bit (tolerance 0: the same operations in the same order
+// give the same bits); a failure names `what` and the matrix: "<noun> k <differs>".
+void expect_same_bits(const std::vector<Matrix>& a, const std::vector<Matrix>& b,
+                      const std::string& what, const std::string& noun, const std::string& differs);
+
 }  // namespace distmuon::test

@@ -142,14 +142,8 @@ StepResult run(const std::vector<Experts>& experts, bool batched, const MuonOpti
 }
 
 void expect_same_bits(const StepResult& a, const StepResult& b, const std::string& what) {
-  ASSERT_EQ(a.slices.size(), b.slices.size()) << what;
-  for (std::size_t k = 0; k < a.slices.size(); ++k) {
-    ASSERT_EQ(a.slices[k].size(), b.slices[k].size()) << what;
-    EXPECT_EQ(std::memcmp(a.slices[k].data(), b.slices[k].data(),
-                          sizeof(float) * static_cast<std::size_t>(a.slices[k].size())),
-              0)
-        << what << ": matrix " << k << " differs between the batched and separate parameters";
-  }
+  test::expect_same_bits(a.slices, b.slices, what, "matrix",
+                         "differs between the batched and separate parameters");
 }
 
 MuonOptions options(TpMode mode) {

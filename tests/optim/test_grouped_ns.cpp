@@ -118,14 +118,7 @@ Result run(const Model& model, const MuonOptions& o, const ProcessGroups& groups
 }
 
 void expect_same_bits(const Result& a, const Result& b, const std::string& what) {
-  ASSERT_EQ(a.shards.size(), b.shards.size()) << what;
-  for (std::size_t k = 0; k < a.shards.size(); ++k) {
-    ASSERT_EQ(a.shards[k].size(), b.shards[k].size()) << what;
-    EXPECT_EQ(std::memcmp(a.shards[k].data(), b.shards[k].data(),
-                          sizeof(float) * static_cast<std::size_t>(a.shards[k].size())),
-              0)
-        << what << ": weight " << k << " differs from its own NS";
-  }
+  test::expect_same_bits(a.shards, b.shards, what, "weight", "differs from its own NS");
 }
 
 MuonOptions options(TpMode mode) {
