@@ -10,6 +10,7 @@
 
 #include "distmuon/error.h"
 #include "distmuon/memory_check.h"
+#include "test_util.h"
 
 namespace distmuon {
 namespace {
@@ -65,9 +66,8 @@ TEST(MemoryCheck, RanksOnOneHostShareItsMemory) {
 
 // `ulimit -v`: the room left under RLIMIT_AS bounds the estimate (restored afterwards).
 TEST(MemoryCheck, AddressSpaceLimitIsHonoured) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer maps terabytes of shadow memory: no address-space limit fits";
-#endif
+  if (test::under_address_sanitizer())
+    GTEST_SKIP() << "AddressSanitizer maps terabytes of shadow memory: no address-space limit fits";
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_AS, &old), 0);
   const double before = static_cast<double>(available_memory_bytes());

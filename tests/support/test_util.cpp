@@ -3,6 +3,7 @@
 #include "distmuon/compute.h"
 #include "distmuon/tp.h"
 
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <sys/wait.h>
 
@@ -93,6 +94,10 @@ DistributedNs distributed_ns(const Matrix& full, int dim, const NsOptions& o,
   const Communicator counted = counting_communicator(group, stats);
   newton_schulz_inplace(mine.view(), o, cpu_compute(), &counted);
   return {relative_error(mine.view(), shard_of(single.view(), dim, parts, me).view()), *stats};
+}
+
+bool under_address_sanitizer() {
+  return ::dlsym(RTLD_DEFAULT, "__asan_init") != nullptr;
 }
 
 }  // namespace distmuon::test

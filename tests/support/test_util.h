@@ -14,6 +14,11 @@
 
 namespace distmuon::test {
 
+// Whether this process runs under AddressSanitizer's runtime: the sanitized build links it into
+// every program but instruments only the libraries, so no compile-time macro of the tests' code
+// tells (docs/reliability.md).
+bool under_address_sanitizer();
+
 // MPI world when the test runs under mpirun, else the local communicator.
 const Communicator& world();
 
