@@ -371,22 +371,10 @@ void orthogonalize_shard(MatrixView u, const ShardLayout& layout, const Communic
 
   if (mode == TpMode::kDuplicated) {
     // GTP gather -> TP-local tensor; TP gather -> the full (padded per TP block) weight.
-    MatrixView tp_local = u;
-    if (gtp_on) {
-      tp_local = buffer(BufferRole::kTpLocal, r_tp, n_tp);
-      gather_shards_into(u, 0, gtp, compute, ws, tp_local);
-    }
-    MatrixView full = tp_local;
-    if (tp_on) {
-      full =
-          buffer(BufferRole::kFull, detail::full_work_rows(layout), detail::full_work_cols(layout));
-      gather_shards_into(tp_local, layout.tp_dim, tp, compute, ws, full);
-    }
-    const int blocks = tp_on && layout.tp_dim == 0 ? layout.tp_size : 1;
+    const MatrixView full =
+        detail::gather_full(u, layout, tp, gtp, compute, ws, BufferRole::kFull, 0);
     detail::orthogonalize_full(full, layout, ns, scale, compute, ws);
-    const Index row0 = (blocks > 1 ? t_rank * r_tp : 0) + g_rank * r_l;
-    const Index col0 = tp_on && layout.tp_dim == 1 ? t_rank * n_tp : 0;
-    compute.copy(full.block(row0, col0, r_l, n_tp), u);
+    detail::copy_from_full(full, layout, compute, u);
     return;
   }
 
