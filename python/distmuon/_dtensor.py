@@ -170,12 +170,11 @@ def entry(p, user_layout, layout_cls):
         return _dtensor_batch.entry(p, user_layout, layout_cls, _shard_dims, Entry, _DTYPES)
     if p.dim() not in (1, 2):
         raise Error(f"{what} is {p.dim()}-D (1-D, 2-D and 3-D DTensors only)")
-    on_cuda = local.device.type == "cuda"
     if local.dtype not in _DTYPES or local.device.type not in ("cpu", "cuda") or \
-            not local.is_contiguous() or (on_cuda and local.dtype != torch.float32):
+            not local.is_contiguous():
         raise Error(f"{what}: its local tensor is {local.dtype} on {local.device}"
                     f"{'' if local.is_contiguous() else ', strided'}; distmuon updates contiguous "
-                    "CPU float32, bfloat16 and float16 tensors and float32 tensors on a CUDA device")
+                    "float32, bfloat16 and float16 tensors on the CPU or a CUDA device")
     full = tuple(p.shape) if p.dim() == 2 else (p.shape[0], 1)
     if user_layout is not None:
         if (user_layout.rows, user_layout.cols) != full:

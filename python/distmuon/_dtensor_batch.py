@@ -18,10 +18,11 @@ from ._core import Error
 def entry(p, user_layout, layout_cls, shard_dims, entry_cls, dtypes):
     what = "a 3-D DTensor parameter (a batch of matrices)"
     local = p._local_tensor
-    if local.dtype not in dtypes or local.device.type != "cpu" or not local.is_contiguous():
+    if local.dtype not in dtypes or local.device.type not in ("cpu", "cuda") or \
+            not local.is_contiguous():
         raise Error(f"{what}: its local tensor is {local.dtype} on {local.device}"
                     f"{'' if local.is_contiguous() else ', strided'}; distmuon updates contiguous "
-                    "CPU float32, bfloat16 and float16 tensors")
+                    "float32, bfloat16 and float16 tensors on the CPU or a CUDA device")
     dims = shard_dims(p, what)
     batch, m, n = p.shape
     if any(d != 0 for _, d, _ in dims) or len(dims) > 1 or any(sf for _, _, sf in dims):
@@ -45,15 +46,17 @@ def entry(p, user_layout, layout_cls, shard_dims, entry_cls, dtypes):
         lo = layout_cls(rows=m, cols=n)
     if local.dtype == torch.float32:
         return entry_cls(lo, local, local, None, staged=False, flat=False, batch=True)
-    return entry_cls(lo, local, torch.zeros(local.shape), torch.zeros(local.shape), staged=True,
-                     flat=False, batch=True)
+    # Low precision: float32 copies of the weights and the gradient on the tensor's device.
+    work, grad_work = (torch.zeros(local.shape, device=local.device) for _ in range(2))
+    return entry_cls(lo, local, work, grad_work, staged=True, flat=False, batch=True)
 
 
 def stage(e, gl):
-    """A staged (low-precision) batch: the weights and the gradient into float32 copies."""
+    """A staged (low-precision) batch: the weights and the gradient into float32 copies (the
+    gradient as the C++ optimizer takes it: NumPy on the CPU, the tensor on a CUDA device)."""
     e.work.copy_(e.local)
     e.grad_work.copy_(gl)
-    return e.grad_work.numpy()
+    return e.grad_work if e.grad_work.device.type == "cuda" else e.grad_work.numpy()
 
 
 def write_back(e):
@@ -64,13 +67,13 @@ def wrap_state(e, p, t):
     """A batch's state (its local matrices stacked) as a DTensor like p."""
     from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(t.reshape(e.local.shape), p.device_mesh, p.placements,
-                              run_check=False, shape=p.shape, stride=p.stride())
+    return DTensor.from_local(t.reshape(e.local.shape).to(e.local.device), p.device_mesh,
+                              p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
 def unwrap_state(e, s, what):
-    """A loaded local state of a batch, float32, shaped like the local tensor."""
-    s = s.detach().to(torch.float32)
+    """A loaded local state of a batch, float32 on the host, shaped like the local tensor."""
+    s = s.detach().to(device="cpu", dtype=torch.float32)
     if tuple(s.shape) != tuple(e.local.shape):
         raise Error(f"{what}: local state {tuple(s.shape)}, the local weight "
                     f"{tuple(e.local.shape)}")

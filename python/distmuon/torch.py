@@ -206,10 +206,25 @@ def _read_grad(entry):
     return _as_matrices(g)
 
 
-def _finite(m):
-    """Every element of a NumPy matrix or CUDA tensor finite (a CUDA tensor: one host read)."""
-    return bool(torch.isfinite(m).all()) if isinstance(m, torch.Tensor) else \
-        bool(np.isfinite(m).all())
+def _first_nonfinite(checks):
+    """The first of `checks` ((name, matrices) pairs) whose matrices hold a non-finite value, or
+    None. NumPy matrices are read on the host; the CUDA tensors of all of them are reduced on
+    their devices and read back in one transfer per device: one host synchronisation per step,
+    not one per gradient."""
+    flags = [None] * len(checks)
+    on_device = {}  # device -> [(check index, per-matrix all-finite flag tensor)]
+    for i, (_, mats) in enumerate(checks):
+        for m in mats:
+            if isinstance(m, torch.Tensor):
+                on_device.setdefault(m.device, []).append((i, torch.isfinite(m).all()))
+            elif not np.isfinite(m).all():
+                flags[i] = False
+    for pairs in on_device.values():
+        read = torch.stack([f for _, f in pairs]).tolist()  # the one host read of this device
+        for (i, _), ok in zip(pairs, read):
+            if not ok:
+                flags[i] = False
+    return next((name for (name, _), ok in zip(checks, flags) if ok is False), None)
 
 
 def _group_device(entries, device, gi):
@@ -500,8 +515,9 @@ class Muon(torch.optim.Optimizer):
 
     def _check_group(self, gi, group, core, entries, finite):
         """This rank's gradients of param group gi (None where a parameter has none) and active
-        flags, or the reason it cannot step (rank-local; finite: also look for a non-finite
-        gradient, which the C++ step checks itself)."""
+        flags, or the reason it cannot step (rank-local). finite: None, or a list to which each
+        gradient's (reason, matrices) is appended, checked for non-finite values by the caller
+        (_first_nonfinite: one host read per step; group 0's C++ step checks its own)."""
         grads, active = [], []
         for k, e in enumerate(entries):
             if e.dt is not None:  # DTensor: its local tensor is the one registered
@@ -516,9 +532,9 @@ class Muon(torch.optim.Optimizer):
             except Error as err:
                 return None, None, (f"DTensor parameter {k} of group {gi} {err}" if e.dt else
                                     f"the gradient of parameter {k} of group {gi} is {err}")
-            if mats is not None and finite and not all(_finite(m) for m in mats):
-                return None, None, f"the gradient of parameter {k} of group {gi} has a " \
-                                   "non-finite value"
+            if mats is not None and finite is not None:
+                finite.append((f"the gradient of parameter {k} of group {gi} has a non-finite "
+                               "value", mats))
             grads.extend(mats if mats is not None else [None] * len(e.indices))
             active.extend([0 if mats is None else 1] * len(e.indices))
         try:
@@ -552,7 +568,7 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         self._agree_on_structure("step")
         self._materialize()
-        checked, failure = [], ""
+        checked, failure, later = [], "", []  # later: the later groups' gradients to check
         try:
             _threads.sync()  # BLAS threads: the program's or torch's count (docs/python.md)
         except Exception as e:
@@ -560,9 +576,13 @@ class Muon(torch.optim.Optimizer):
         for gi, (group, (core, entries)) in enumerate(zip(self.param_groups, self._cores)):
             # The C++ step checks its own gradients' values; those of the later groups are
             # checked here too, so that group 0 does not step when a later group cannot.
-            grads, active, why = self._check_group(gi, group, core, entries, finite=gi > 0)
+            grads, active, why = self._check_group(gi, group, core, entries,
+                                                   finite=later if gi > 0 else None)
             failure = failure or (f"distmuon.torch.Muon: {why}" if why else "")
             checked.append((grads, active))
+        if not failure and later:
+            bad = _first_nonfinite(later)
+            failure = f"distmuon.torch.Muon: {bad}" if bad else ""
         for gi, ((core, entries), (grads, active)) in enumerate(zip(self._cores, checked)):
             why = failure if gi == 0 else ""
             with cuda_ordered(*core._cuda or (None,)):  # CUDA: PyTorch's stream, then the core's

@@ -197,3 +197,33 @@ def test_fixed_options_default_to_the_cpp_ones_and_take_plan_and_wisdom(tmp_path
         dmt.Muon([p], plan="guess")
     with pytest.raises(distmuon.Error, match="wisdom"):
         dmt.Muon([p], wisdom=str(wisdom))  # wisdom without plan=measure
+
+
+def test_a_non_finite_gradient_of_a_later_group_stops_every_group():
+    # Group 0's C++ step checks its own gradients; the later groups' are checked before it, all
+    # in one pass, so that no group steps when any gradient is not finite.
+    a, b, c = (torch.nn.Parameter(torch.randn(4, 4)) for _ in range(3))
+    opt = dmt.Muon([{"params": [a]}, {"params": [b, c]}])
+    for p in (a, b, c):
+        p.grad = torch.ones(4, 4)
+    c.grad[2, 1] = float("inf")
+    before = [p.detach().clone() for p in (a, b, c)]
+    with pytest.raises(distmuon.Error, match="parameter 1 of group 1 has a non-finite value"):
+        opt.step()
+    assert all(torch.equal(x, p) for x, p in zip(before, (a, b, c)))
+    c.grad[2, 1] = 0.0
+    opt.step()
+    assert not any(torch.equal(x, p) for x, p in zip(before, (a, b, c)))
+
+
+def test_the_later_groups_finiteness_is_one_reduction_read_once():
+    # Device tensors are reduced where they lie and read in one transfer; the first non-finite
+    # gradient, in the groups' order, is the one named (CPU tensors take the device path here).
+    from distmuon.torch import _first_nonfinite
+
+    ok, bad = torch.zeros(3, 3), torch.zeros(3, 3)
+    bad[1, 1] = float("nan")
+    checks = [("first", [ok, ok.numpy()]), ("second", [ok, bad]), ("third", [bad.numpy()])]
+    assert _first_nonfinite(checks) == "second"
+    assert _first_nonfinite(checks[2:]) == "third"
+    assert _first_nonfinite(checks[:1]) is None and _first_nonfinite([]) is None
