@@ -21,6 +21,8 @@ namespace distmuon {
 // The largest finite float32 (3.4e38): settings are applied as float32 factors, so each must be
 // (and so must the factors made of them, such as 1 - lr x weight_decay) at most this.
 inline constexpr double kMaxFloat32 = std::numeric_limits<float>::max();
+// bfloat16's largest finite value, (2 - 2^-7) 2^127 (bits 0x7f7f).
+inline constexpr double kMaxBfloat16 = 3.3895313892515355e38;
 
 struct AdamWOptions {
   double lr = 1e-3;

@@ -151,6 +151,14 @@ struct ParamSpec {
   // This rank's shard: (m_tp + pad_length) / G rows x n_tp columns, a view of the memory of the
   // optimizer's Compute (see the constructor).
   MatrixView local;
+  // A bfloat16 weight kept without a float32 copy (a torch bfloat16 parameter, say): the shard's
+  // elements in bf16, row-major and contiguous in `local`'s order, in the memory of the
+  // optimizer's Compute, two to a float as Compute::pack_bf16 writes them. `local` then gives
+  // only the shape (data null, ld = cols). Each step unpacks it into a float32 copy that lives for
+  // the step, steps that, and packs the new weight back rounded to nearest even (the step's
+  // checks bound the new weights by bfloat16's largest value, so nothing rounds to infinity).
+  // nullptr: `local` is the weight.
+  float* bf16 = nullptr;
   Index rows = 0;  // full, unpadded shape m x n
   Index cols = 0;
   ParamRole role = ParamRole::kHidden;

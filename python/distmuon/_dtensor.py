@@ -192,16 +192,26 @@ def entry(p, user_layout, layout_cls):
     lo = _muon_layout(p, base, full, what)
     shape = _shard_shape(lo)
     local2 = local.view(-1, 1) if p.dim() == 1 else local
-    if tuple(local2.shape) == shape and local.dtype == torch.float32:
+    if tuple(local2.shape) == shape and local.dtype in (torch.float32, torch.bfloat16):
+        # Updated where it lies (a bfloat16 one through a float32 copy the C++ optimizer makes
+        # for each step only, as a plain bfloat16 parameter).
         return Entry(lo, local, local2, None, staged=False, flat=p.dim() == 1)
-    # Staged: a shorter shard (zero-padded) or a low-precision one (a float32 copy, written back
-    # rounded to the parameter's dtype, as distmuon.torch steps a plain bfloat16 parameter).
+    # Staged: a shorter shard (zero-padded) or a float16 one (a float32 copy, written back
+    # rounded to the parameter's dtype, as distmuon.torch steps a plain float16 parameter).
     r, c = local2.shape
     if r > shape[0] or c > shape[1]:
         raise Error(f"{what}: local tensor {tuple(local.shape)} exceeds the shard {shape} of "
                     f"placements {p.placements} (not torch.chunk's split?)")
     return Entry(lo, local, torch.zeros(shape, device=local.device),
                  torch.zeros(shape, device=local.device), staged=True, flat=p.dim() == 1)
+
+
+def stage(e):
+    """Makes an entry updated where it lies a staged one (device "opaque", which computes on its
+    own copies only, takes a bfloat16 weight through a float32 copy)."""
+    e.work = torch.zeros(e.work.shape, device=e.local.device)
+    e.grad_work = torch.zeros(e.work.shape, device=e.local.device)
+    e.staged = True
 
 
 def array(t):
@@ -243,8 +253,8 @@ def read_grad(e, p, finite=False):
                       f"{tuple(e.local.shape)}")
     if finite and not bool(torch.isfinite(gl).all()):
         return None, "has a non-finite gradient"
-    if not e.staged:
-        return array(gl.view(-1, 1) if e.flat else gl), ""
+    if not e.staged:  # a bfloat16 weight's gradient: converted once per step
+        return array((gl.view(-1, 1) if e.flat else gl).to(torch.float32)), ""
     if e.batch:
         return _dtensor_batch.stage(e, gl), ""
     if e.local.numel() > 0:

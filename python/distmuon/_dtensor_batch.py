@@ -44,9 +44,9 @@ def entry(p, user_layout, layout_cls, shard_dims, entry_cls, dtypes):
         lo = user_layout
     else:
         lo = layout_cls(rows=m, cols=n)
-    if local.dtype == torch.float32:
+    if local.dtype in (torch.float32, torch.bfloat16):  # bfloat16: as a plain bf16 parameter
         return entry_cls(lo, local, local, None, staged=False, flat=False, batch=True)
-    # Low precision: float32 copies of the weights and the gradient on the tensor's device.
+    # float16: float32 copies of the weights and the gradient on the tensor's device.
     work, grad_work = (torch.zeros(local.shape, device=local.device) for _ in range(2))
     return entry_cls(lo, local, work, grad_work, staged=True, flat=False, batch=True)
 

@@ -163,7 +163,9 @@ def _to_local(p, layout):
         _check_layout(layout)
     if _dtensor.is_dtensor(p):  # FSDP2 / TP: layout and updated tensor from the placements
         dt = _dtensor.entry(p, layout, Layout)
-        return _Param(p, dt.layout, _as_matrices(dt.work), None, dt)
+        work = dt.work
+        return _Param(p, dt.layout, [_bf16_matrix(work)] if work.dtype == torch.bfloat16 else
+                      _as_matrices(work), None, dt)
     if p.device.type == "meta":
         raise Error("a parameter still on the meta device at the first step (materialise it in "
                     "place first: torch.__future__.set_swap_module_params_on_conversion(True) "
@@ -172,6 +174,11 @@ def _to_local(p, layout):
         raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU and CUDA parameters")
     if p.dtype == torch.float32 and p.is_contiguous():
         return _Param(p, layout, _as_matrices(p.data), None)
+    if p.dtype == torch.bfloat16 and p.is_contiguous():
+        # Updated where it lies: the C++ optimizer unpacks it into a float32 copy for each step
+        # only (device "opaque", which computes on its own copies, gets a working copy instead:
+        # _working_copies).
+        return _Param(p, layout, [_bf16_matrix(p)], None)
     # Low precision or strided (a transposed or channels_last parameter): a contiguous float32
     # working copy, on the parameter's device, copied in before and back after each step.
     if p.dtype in _LOW_PRECISION or p.dtype == torch.float32:
@@ -179,6 +186,24 @@ def _to_local(p, layout):
         return _Param(p, layout, _as_matrices(work), work)
     raise Error(f"a parameter of {p.dtype}; distmuon.torch updates float32, bfloat16 and "
                 "float16 parameters")
+
+
+def _bf16_matrix(t):
+    """A contiguous bfloat16 tensor as the 2-D view the C++ optimizer takes (as _as_matrices)."""
+    t = t.detach()
+    return t.view(-1, t.shape[-1]) if t.dim() == 3 else t.view(t.shape[0], -1) if t.dim() >= 4 \
+        else t.view(-1, 1) if t.dim() <= 1 else t
+
+
+def _working_copies(entries):
+    """Device "opaque": its bfloat16 parameters stepped through float32 working copies."""
+    for e in entries:
+        if e.dt is not None and not e.dt.staged and e.dt.local.dtype == torch.bfloat16:
+            _dtensor.stage(e.dt)
+            e.matrices = _as_matrices(e.dt.work)
+        elif e.dt is None and e.work is None and e.p.dtype == torch.bfloat16:
+            e.work = torch.empty(e.p.shape, dtype=torch.float32, device=e.p.device)
+            e.matrices = _as_matrices(e.work)
 
 
 def _read_grad(entry):
@@ -486,6 +511,8 @@ class Muon(torch.optim.Optimizer):
                 except Error as e:
                     raise Error(f"parameter {k}: {e}") from None
             device = _group_device(entries, self._device, gi)
+            if device == "opaque":
+                _working_copies(entries)
         except Exception as e:  # any refusal, whatever its type: agreed below
             failure = describe_exception(e)
         self._world.agree_or_throw(not failure, what, failure)

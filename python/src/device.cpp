@@ -115,6 +115,47 @@ BackendMatrix::BackendMatrix(Backend backend, py::handle matrix, const std::stri
   staged_ = true;
 }
 
+float* bf16_storage(Backend backend, py::handle matrix, const std::string& what, Index& rows,
+                    Index& cols) {
+  const Compute& c = *backend.compute;
+  if (py::isinstance<DeviceTensor>(matrix)) {
+    const auto t = matrix.cast<DeviceTensor>();
+    if (!is_cuda_of(c, t.device)) {
+      throw Error(
+          fmt::format("{}: a tensor on cuda:{} for the {} backend", what, t.device, c.name()));
+    }
+    if (t.rows < 0 || t.cols < 0 || (t.rows > 1 && t.ld != t.cols)) {
+      throw Error(
+          fmt::format("{}: a bfloat16 CUDA tensor {} with leading dimension {} (a "
+                      "bfloat16 weight is contiguous)",
+                      what, shape_str(t.rows, t.cols), t.ld));
+    }
+    rows = t.rows;
+    cols = t.cols;
+    return reinterpret_cast<float*>(t.data);
+  }
+  if (!py::isinstance<py::array>(matrix)) {
+    throw Error(fmt::format("{}: expected a NumPy array or a CUDA tensor, got {}", what,
+                            py::str(py::type::of(matrix).attr("__name__")).cast<std::string>()));
+  }
+  const auto a = py::reinterpret_borrow<py::array>(matrix);
+  if (a.itemsize() != 2 || a.ndim() != 2 || !(a.flags() & py::array::c_style) || !a.writeable()) {
+    throw Error(
+        fmt::format("{}: a bfloat16 weight is a writable C-contiguous 2-D array of 2-byte "
+                    "elements, got {} dimension(s) of {}-byte elements",
+                    what, a.ndim(), a.itemsize()));
+  }
+  if (c.memory() != MemoryKind::kHost) {
+    throw Error(
+        fmt::format("{}: host memory for the {} backend, which updates a bfloat16 weight "
+                    "only in its own memory",
+                    what, c.name()));
+  }
+  rows = static_cast<Index>(a.shape(0));
+  cols = static_cast<Index>(a.shape(1));
+  return static_cast<float*>(const_cast<void*>(a.data()));  // writeable, checked above
+}
+
 BackendMatrix::~BackendMatrix() {
   if (!keep_ || !Py_IsInitialized()) {
     keep_.release();

@@ -80,6 +80,14 @@ class BackendMatrix {
   py::object keep_;  // the caller's object, alive as long as this
 };
 
+// A bfloat16 matrix's memory as `backend` addresses it, for ParamSpec::bf16: a C-contiguous 2-D
+// NumPy array of 2-byte elements (a CPU bfloat16 tensor viewed as int16) on a host backend, or a
+// DeviceTensor over a contiguous CUDA bfloat16 tensor on the CUDA backend of its device. Sets
+// rows and cols; throws distmuon::Error naming `what` on anything else (the opaque backend,
+// which addresses no caller memory, included).
+float* bf16_storage(Backend backend, py::handle matrix, const std::string& what, Index& rows,
+                    Index& cols);
+
 TransferStats transfer_stats(const Compute& compute);
 
 void init_device(py::module_& m);

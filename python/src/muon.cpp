@@ -54,12 +54,19 @@ class PyMuon {
                             std::optional<int> tp_dim, std::optional<Communicator> tp_group,
                             std::optional<Communicator> gtp_group, Index pad, bool expert,
                             int expert_rank, std::vector<Index> qkv_split, Index tp_pad,
-                            std::optional<Communicator> dp_group, Index batch) {
-    auto param = std::make_unique<BackendMatrix>(backend_, shard,
-                                                 fmt::format("Muon parameter '{}'", name), true);
+                            std::optional<Communicator> dp_group, Index batch, bool bf16) {
+    const std::string what = fmt::format("Muon parameter '{}'", name);
+    std::unique_ptr<BackendMatrix> param;
     ParamSpec spec;
     spec.name = name;
-    spec.local = param->view();
+    if (bf16) {  // updated where it lies, through a float32 copy made for each step
+      Index r = 0, c = 0;
+      spec.bf16 = bf16_storage(backend_, shard, what, r, c);
+      spec.local = {nullptr, r, c, c};
+    } else {
+      param = std::make_unique<BackendMatrix>(backend_, shard, what, true);
+      spec.local = param->view();
+    }
     spec.rows = rows;
     spec.cols = cols;
     try {
@@ -83,8 +90,12 @@ class PyMuon {
     spec.dp_group = std::move(dp_group);
     spec.batch = batch;
     const std::size_t i = muon_.add_parameter(std::move(spec));
-    param->upload();
-    params_.push_back(std::move(param));
+    if (param) {
+      param->upload();
+      params_.push_back(std::move(param));
+    } else {
+      bf16_.push_back(py::reinterpret_borrow<py::object>(shard));
+    }
     grad_store_.emplace_back();
     names_.push_back(name);
     return i;
@@ -217,7 +228,8 @@ class PyMuon {
  private:
   Backend backend_;
   Muon muon_;
-  std::vector<std::unique_ptr<BackendMatrix>> params_;
+  std::vector<std::unique_ptr<BackendMatrix>> params_;  // the float32 parameters
+  std::vector<py::object> bf16_;          // the bfloat16 parameters' memory, kept alive
   std::vector<DeviceMatrix> grad_store_;  // staged gradients: one buffer per parameter, kept
   std::vector<std::string> names_;
 };
@@ -253,7 +265,7 @@ void init_muon(py::module_& m) {
            py::arg("rows"), py::arg("cols"), py::arg("role"), py::arg("use_muon"),
            py::arg("tp_dim"), py::arg("tp_group"), py::arg("gtp_group"), py::arg("pad"),
            py::arg("expert"), py::arg("expert_rank"), py::arg("qkv_split"), py::arg("tp_pad") = 0,
-           py::arg("dp_group") = py::none(), py::arg("batch") = 1)
+           py::arg("dp_group") = py::none(), py::arg("batch") = 1, py::arg("bf16") = false)
       .def("step", &PyMuon::step, py::arg("grads"), py::arg("failure") = std::string(),
            py::arg("active") = std::vector<std::uint8_t>())
       .def("set_options", &PyMuon::set_options, py::arg("patch"))

@@ -265,8 +265,18 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
         fmt::format("{}: TP partition dim {} (valid: none, 0, 1)", what, ps.tp_partition_dim));
   }
   l.validate(what);
+  if (ps.bf16 != nullptr) {
+    if (ps.local.data != nullptr || ps.local.ld != ps.local.cols) {
+      throw Error(
+          fmt::format("{}: a bfloat16 weight is given by its bf16 elements alone (the "
+                      "local view only its shape, {}, without data and with ld = cols)",
+                      what, shape_str(ps.local)));
+    }
+    s.compute->pack_bf16({}, nullptr);  // a backend without bf16 packing refuses here
+  }
   if (ps.local.rows != l.batch * l.shard_rows() || ps.local.cols != l.n_tp() ||
-      ps.local.ld < ps.local.cols || (ps.local.data == nullptr && ps.local.size() > 0)) {
+      ps.local.ld < ps.local.cols ||
+      (ps.local.data == nullptr && ps.bf16 == nullptr && ps.local.size() > 0)) {
     throw Error(fmt::format(
         "{}: the local shard is {} but a {} weight (TP {} on dim {}, TP pad {}, pad {}, GTP {}) "
         "has {} shards{}",
@@ -310,6 +320,19 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   s.prepare();
   // Every rank reaches this step within the step deadline, or the late rank is named.
   pass_step_gate(s.world, s.step + 1, s.step_timeout, "optimizer step");
+  // bf16 weights: float32 copies for this step, released however it ends. A failure to make one
+  // (out of memory) is this rank's: it fails the step on every rank through the agreement below.
+  std::string held;
+  try {
+    s.hold_bf16_weights();
+  } catch (const Error& e) {
+    held = e.what();
+  }
+  struct Release {
+    Muon::Impl& s;
+    ~Release() { s.release_bf16_weights(); }
+  } release{s};
+  if (!held.empty() && failure.empty()) failure = held;
   s.plan_homes(grads.size(), failure, active);
   s.validate_gradients(grads, failure, active);
   s.plan();
@@ -355,10 +378,33 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
       adamw_update(p.spec.local, grads[i], p.exp_avg.view(), p.exp_avg_sq.view(), s.step,
                    s.options.adamw, *s.compute);
     }
+    s.store_bf16_weight(p);  // with its state: a step ended early leaves each weight whole
   }
   if (s.comm_timer) *s.comm_seconds += s.comm_timer->seconds();
   s.last = {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
             *s.comm_seconds};
+}
+
+void Muon::Impl::hold_bf16_weights() {
+  for (ParamState& p : params) {
+    if (p.spec.bf16 == nullptr) continue;
+    p.weight32 = DeviceMatrix(*compute, p.spec.local.rows, p.spec.local.cols);
+    if (p.weight32.size() > 0) compute->unpack_bf16(p.spec.bf16, p.weight32.view());
+    p.spec.local = p.weight32.view();
+  }
+}
+
+void Muon::Impl::store_bf16_weight(ParamState& p) {
+  if (p.spec.bf16 != nullptr && p.weight32.size() > 0)
+    compute->pack_bf16(p.weight32.view(), p.spec.bf16);
+}
+
+void Muon::Impl::release_bf16_weights() noexcept {
+  for (ParamState& p : params) {
+    if (p.spec.bf16 == nullptr) continue;
+    p.spec.local.data = nullptr;
+    p.weight32 = DeviceMatrix();
+  }
 }
 
 std::int64_t Muon::step_count() const {

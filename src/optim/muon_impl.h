@@ -29,6 +29,7 @@ struct ParamState {
   Communicator dp;  // spec's replicas (a group of one when not replicated), timed
   detail::ShardLayout layout;
   bool muon = false;
+  DeviceMatrix weight32;  // a bfloat16 weight (spec.bf16): its float32 copy during a step
   DeviceMatrix momentum;  // Muon: shard-shaped, compute's memory
   DeviceMatrix update;    // Muon: this step's update, from the compute phase to the apply phase
   // Muon: where the compute phase left this step's update: update, or, for an unsharded weight
@@ -97,6 +98,13 @@ struct Muon::Impl {
   std::size_t plan_timed_runs = 0;                  // plan measure: candidate runs timed
 
   Impl(MuonOptions o, Communicator w, Compute& c);
+  // The bfloat16 weights (ParamSpec::bf16) for one step: each unpacked into a float32 copy that
+  // spec.local views (hold_bf16_weights), packed back rounded once its step applied
+  // (store_bf16_weight; nothing for a weight of float32), the copies released however the step
+  // ends (release_bf16_weights).
+  void hold_bf16_weights();
+  void store_bf16_weight(ParamState& p);
+  void release_bf16_weights() noexcept;
   // The rank-independent configuration: options and every parameter's global metadata.
   nlohmann::json config() const;
   // Collective over the world: the configuration is the same on every rank, else

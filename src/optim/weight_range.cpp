@@ -104,8 +104,12 @@ void Muon::Impl::check_updates(std::span<const ConstMatrixView> grads,
           "(clip the gradients or scale the loss down)",
           params[adam_params[bad->index]].spec.name, bad->grad, bad->at.row, bad->at.col, a.beta2);
     }
-    const double limit = kMaxFloat32 * (1.0 - 1e-5);  // a margin for float32's roundings
     for (const Bound& b : bounds) {
+      // A margin for float32's roundings below the largest value the weight is stored in: a
+      // bfloat16 weight's (ParamSpec::bf16) rounds to infinity above bfloat16's largest.
+      const bool bf16 = params[b.param].spec.bf16 != nullptr;
+      const double largest = bf16 ? kMaxBfloat16 : kMaxFloat32;
+      const double limit = largest * (1.0 - 1e-5);
       const double w = std::sqrt(b.weight ? *b.weight : sums[b.first]);
       const double step_size =
           b.muon ? b.lr * std::sqrt(sums[b.at(1)])
@@ -114,11 +118,12 @@ void Muon::Impl::check_updates(std::span<const ConstMatrixView> grads,
       const double bound = std::abs(b.decay) * w + step_size;
       if (!std::isfinite(bound) || bound <= limit) continue;  // non-finite: the checks above
       return fmt::format(
-          "the step of {} parameter '{}' could take its weights past float32's range: |weights| "
-          "up to {:.3g} (Frobenius norm) and a step of up to {:.3g} (learning rate {:g}) against "
-          "a largest value of {:.3g}; nothing is updated (lower the learning rate, or check the "
+          "the step of {} parameter '{}' could take its weights past {}'s range: |weights| up "
+          "to {:.3g} (Frobenius norm) and a step of up to {:.3g} (learning rate {:g}) against a "
+          "largest value of {:.3g}; nothing is updated (lower the learning rate, or check the "
           "weights)",
-          b.muon ? "Muon" : "AdamW", params[b.param].spec.name, w, step_size, b.lr, kMaxFloat32);
+          b.muon ? "Muon" : "AdamW", params[b.param].spec.name, bf16 ? "bfloat16" : "float32", w,
+          step_size, b.lr, largest);
     }
     return {};
   };

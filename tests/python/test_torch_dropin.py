@@ -160,6 +160,29 @@ def test_low_precision_parameters(dtype):
     assert st.dtype == torch.float32 and st.shape == low[0].shape
 
 
+def test_bf16_parameters_are_stepped_where_they_lie():
+    # No float32 copy of a bfloat16 parameter is kept (the C++ optimizer makes one for each step
+    # only): odd element counts, a 3-D batch and 1-D (AdamW) and 4-D parameters, each step bit
+    # for bit the float32 step of the same values rounded, as test_low_precision_parameters.
+    g = torch.Generator().manual_seed(3)
+    shapes = [(5, 7), (2, 3, 5), (9,), (3, 2, 1, 3)]
+    low = [torch.nn.Parameter(torch.randn(s, generator=g).bfloat16()) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().float()) for p in low]
+    o_low, o_ref = dmt.Muon(low, lr=0.02), dmt.Muon(ref, lr=0.02)
+    assert all(e.work is None for e in o_low._cores[0][1])
+    addresses, start = [p.data_ptr() for p in low], [p.detach().clone() for p in low]
+    for s in range(3):
+        for p, q, grad in zip(low, ref, _grads(s, ref)):
+            q.data.copy_(p.detach().float())
+            p.grad, q.grad = grad.bfloat16(), grad.bfloat16().float()
+        o_low.step()
+        o_ref.step()
+        for p, q in zip(low, ref):
+            assert p.dtype == torch.bfloat16 and torch.equal(p, q.to(torch.bfloat16))
+    assert [p.data_ptr() for p in low] == addresses
+    assert not any(torch.equal(p, p0) for p, p0 in zip(low, start))  # every one stepped
+
+
 def test_3d_parameter_is_a_batch_of_matrices():
     batch = torch.nn.Parameter(_weights(5, [(3, 16, 24)])[0].detach())
     slices = [torch.nn.Parameter(batch.detach()[e].clone()) for e in range(3)]

@@ -70,6 +70,11 @@ def test_bf16_fsdp2_parameters_equal_the_unsharded_step():
     for p, q, q0 in zip(sharded.parameters(), ref.parameters(), before):
         assert isinstance(p, DTensor) and p.dtype == torch.bfloat16
         assert torch.equal(p.full_tensor(), q) and not torch.equal(q, q0)
+    # A local shard of the padded shard's shape is stepped where it lies (no float32 copy kept
+    # between steps); only a shorter one is staged through a zero-padded float32 copy.
+    entries = [e.dt for _, es in opt._cores for e in es]
+    direct = [e for e in entries if not e.staged]
+    assert direct and all(e.work.data_ptr() == e.local.data_ptr() for e in direct)
     w = sharded[0].weight
     buf = opt.state[w]["momentum_buffer"]
     assert isinstance(buf, DTensor) and buf.dtype == torch.float32

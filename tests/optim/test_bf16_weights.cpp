@@ -1,0 +1,263 @@
+// bfloat16 weights kept without a float32 copy (ParamSpec::bf16): each step unpacks them into
+// float32 copies that live for the step only, steps those and packs the new weights back rounded
+// to nearest even. Tolerance 0 against float32 weights holding the same values, rounded to
+// bfloat16 after every step: unpacking is exact and packing is round_to(kBf16), so the steps
+// make the same operations on the same values. Every mode (TP x GTP-sharded, AdamW and batched
+// parameters included), on the cpu backend and on the opaque one; and between steps the backend
+// holds no float32 copy of a bfloat16 weight.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "distmuon/adamw.h"
+#include "distmuon/compute.h"
+#include "distmuon/error.h"
+#include "distmuon/muon.h"
+#include "distmuon/precision.h"
+#include "distmuon/tp.h"
+#include "optim_test_util.h"
+
+namespace distmuon {
+namespace {
+
+using test::TestLayout;
+
+ProcessGroups groups_of_world() {
+  const Communicator& w = test::world();
+  const int t = w.size() % 2 == 0 ? 2 : 1;
+  return make_process_groups(w, t, w.size() / t);
+}
+
+// Two TP-row weights, one TP-column weight, a batch of 2 and an AdamW matrix.
+struct Weight {
+  TestLayout layout;
+  Index batch = 1;
+  ParamRole role = ParamRole::kHidden;
+};
+
+std::vector<Weight> model_for(int T, int G) {
+  const int rows = T > 1 ? 0 : kNoPartition, cols = T > 1 ? 1 : kNoPartition;
+  return {{{.m = 48, .n = 40, .tp_dim = rows, .tp = T, .gtp = G}},
+          {{.m = 40, .n = 24, .tp_dim = cols, .tp = T, .gtp = G}},
+          {{.m = 48, .n = 40, .tp_dim = rows, .tp = T, .gtp = G}, 2},
+          {{.m = 32, .n = 24, .tp_dim = rows, .tp = T, .gtp = G}, 1, ParamRole::kOther}};
+}
+
+Matrix rounded(Matrix m) {
+  for (float& v : m.values())
+    v = round_to(Precision::kBf16, v);
+  return m;
+}
+
+// The bf16 bits of a matrix (its values already bfloat16) as floats of packed storage, and back.
+std::vector<float> packed(const Matrix& m) {
+  std::vector<std::uint16_t> bits;
+  for (const float v : m.values())
+    bits.push_back(static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v) >> 16));
+  bits.resize(bits.size() + bits.size() % 2);
+  std::vector<float> out(bits.size() / 2);
+  std::memcpy(out.data(), bits.data(), out.size() * sizeof(float));
+  return out;
+}
+
+Matrix unpacked(std::span<const float> storage, Index rows, Index cols) {
+  Matrix m(rows, cols);
+  const auto* bits = reinterpret_cast<const std::uint16_t*>(storage.data());
+  for (float& v : m.values())
+    v = std::bit_cast<float>(static_cast<std::uint32_t>(*bits++) << 16);
+  return m;
+}
+
+struct Result {
+  std::vector<Matrix> shards;
+  std::size_t live_bytes = 0;  // the backend's, after the last step
+};
+
+// Three Muon steps (fixed seeds per weight and step). bf16: the weights as ParamSpec::bf16 in
+// the backend's memory; else float32 weights rounded to bfloat16 after every step.
+Result run(const std::vector<Weight>& model, const MuonOptions& o, const ProcessGroups& groups,
+           Compute& compute, bool bf16) {
+  const int t = groups.tp.rank(), g = groups.gtp.rank();
+  auto shard = [&](std::size_t i, std::uint64_t seed) {
+    const TestLayout& l = model[i].layout;
+    const Index r = l.shard_rows();
+    Matrix all(model[i].batch * r, l.n_tp());
+    for (Index k = 0; k < model[i].batch; ++k) {
+      const Matrix s = test::shard_for(test::random_matrix(l.m, l.n, 16 * seed + k).view(), l,
+                                       l.tp > 1 ? t : 0, l.gtp > 1 ? g : 0);
+      std::memcpy(all.view().row_block(k * r, r).data, s.data(),
+                  sizeof(float) * static_cast<std::size_t>(s.size()));
+    }
+    return all;
+  };
+  Muon muon(o, test::world(), compute);
+  std::vector<DeviceMatrix> weights;  // float32 weights, or the bf16 storage (packed, 1 x k)
+  std::vector<Index> rows, cols;
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    const Matrix w = rounded(shard(i, 1 + i));
+    rows.push_back(w.rows());
+    cols.push_back(w.cols());
+    ParamSpec s;
+    if (bf16) {
+      const std::vector<float> bits = packed(w);
+      weights.push_back(
+          to_device(compute, ConstMatrixView{bits.data(), 1, static_cast<Index>(bits.size()),
+                                             static_cast<Index>(bits.size())}));
+      s = test::layout_spec(model[i].layout, groups,
+                            MatrixView{nullptr, w.rows(), w.cols(), w.cols()},
+                            "w" + std::to_string(i));
+      s.bf16 = weights.back().view().data;
+    } else {
+      weights.push_back(to_device(compute, w.view()));
+      s = test::layout_spec(model[i].layout, groups, weights.back().view(),
+                            "w" + std::to_string(i));
+    }
+    s.batch = model[i].batch;
+    s.role = model[i].role;
+    muon.add_parameter(s);
+  }
+  Result out;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<DeviceMatrix> grads;
+    std::vector<ConstMatrixView> views;
+    for (std::size_t i = 0; i < model.size(); ++i) {
+      grads.push_back(to_device(compute, shard(i, 1000 * (step + 1) + i).view()));
+      views.push_back(grads.back().view());
+    }
+    muon.step(views);
+    if (bf16) continue;
+    for (DeviceMatrix& w : weights)  // the float32 weights as bfloat16 stores them
+      compute.copy_from_host(rounded(to_host(compute, w.view())).view(), w.view());
+  }
+  out.live_bytes = compute.memory_stats().live_bytes;
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    const Matrix host = to_host(compute, weights[i].view());
+    out.shards.push_back(bf16 ? unpacked(host.values(), rows[i], cols[i]) : host);
+  }
+  return out;
+}
+
+MuonOptions options(TpMode mode) {
+  MuonOptions o;
+  o.tp_mode = mode;
+  o.weight_decay = 0.01;
+  o.lr = 0.05;
+  return o;
+}
+
+TEST(Bf16Weights, StepAsFloat32WeightsRoundedAfterEachStep) {
+  const ProcessGroups groups = groups_of_world();
+  const auto model = model_for(groups.tp_size, groups.gtp_size);
+  for (const TpMode mode :
+       {TpMode::kDuplicated, TpMode::kOwner, TpMode::kDistributed, TpMode::kBlockwise}) {
+    SCOPED_TRACE(to_string(mode));
+    const Result a = run(model, options(mode), groups, cpu_compute(), true);
+    const Result b = run(model, options(mode), groups, cpu_compute(), false);
+    test::expect_same_bits(a.shards, b.shards, to_string(mode), "weight",
+                           "differs from the float32 weight rounded");
+    // The weights moved: a step that wrote nothing would pass the comparison too.
+    for (std::size_t i = 0; i < model.size(); ++i) {
+      const Matrix start = rounded(test::shard_for(
+          test::random_matrix(model[i].layout.m, model[i].layout.n, 16 * (1 + i)).view(),
+          model[i].layout, model[i].layout.tp > 1 ? groups.tp.rank() : 0,
+          model[i].layout.gtp > 1 ? groups.gtp.rank() : 0));
+      EXPECT_NE(std::memcmp(a.shards[i].data(), start.data(),
+                            sizeof(float) * static_cast<std::size_t>(start.size())),
+                0)
+          << "weight " << i;
+    }
+  }
+}
+
+// On a backend whose memory the host cannot address, the same bits; and between steps the
+// backend holds exactly what it holds for float32 weights, less those weights and plus their
+// bfloat16 storage: no float32 copy outlives a step.
+TEST(Bf16Weights, NoFloat32CopyBetweenSteps) {
+  const ProcessGroups groups = groups_of_world();
+  const auto model = model_for(groups.tp_size, groups.gtp_size);
+  const MuonOptions o = options(TpMode::kOwner);
+  auto opaque_bf16 = make_opaque_compute();
+  auto opaque_fp32 = make_opaque_compute();
+  const Result a = run(model, o, groups, *opaque_bf16, true);
+  const Result b = run(model, o, groups, *opaque_fp32, false);
+  test::expect_same_bits(a.shards, b.shards, "opaque", "weight",
+                         "differs from the float32 weight rounded");
+  test::expect_same_bits(a.shards, run(model, o, groups, cpu_compute(), true).shards, "cpu",
+                         "weight", "differs from the opaque backend's");
+  std::size_t fp32_bytes = 0, bf16_bytes = 0;
+  for (const Matrix& m : b.shards) {
+    fp32_bytes += sizeof(float) * static_cast<std::size_t>(m.size());
+    bf16_bytes += sizeof(float) * static_cast<std::size_t>((m.size() + 1) / 2);
+  }
+  EXPECT_EQ(a.live_bytes, b.live_bytes - fp32_bytes + bf16_bytes);
+}
+
+// A step refused on one rank (a non-finite gradient) leaves every bfloat16 weight as it was,
+// and a weight whose next value would round past bfloat16's largest is refused, not stored as
+// an infinity.
+TEST(Bf16Weights, RefusedStepsStoreNothing) {
+  const Communicator& world = test::world();
+  Compute& compute = cpu_compute();
+  Muon muon(options(TpMode::kDuplicated), world, compute);
+  Matrix w = rounded(test::random_matrix(16, 8, 7));
+  std::vector<float> storage = packed(w);
+  const ParamSpec s{
+      .name = "w", .local = {nullptr, 16, 8, 8}, .bf16 = storage.data(), .rows = 16, .cols = 8};
+  muon.add_parameter(s);
+  Matrix g = test::random_matrix(16, 8, 8);
+  if (world.rank() == world.size() - 1) g(3, 2) = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<ConstMatrixView> grads{g.view()};
+  const std::vector<float> before = storage;
+  EXPECT_THROW(muon.step(grads), CollectiveError);
+  EXPECT_EQ(storage, before);
+
+  // A weight whose norm lies between bfloat16's largest value and float32's: its step's bound
+  // (|w'_ij| <= ||w||_F + lr ||u||_F, weight_range.cpp) passes for float32, not for bfloat16.
+  Matrix edge(16, 8);
+  edge(0, 0) = static_cast<float>(kMaxBfloat16);
+  edge(1, 0) = round_to(Precision::kBf16, 2.0e37f);
+  MuonOptions o = options(TpMode::kDuplicated);
+  o.weight_decay = 0;
+  o.lr = 1e-3;
+  const Matrix ones(16, 8, std::vector<float>(128, 1.0f));
+  const std::vector<ConstMatrixView> grad{ones.view()};
+  Muon as_fp32(o, world, compute);
+  Matrix fp32 = edge;
+  ParamSpec f{.name = "w", .local = fp32.view(), .rows = 16, .cols = 8};
+  as_fp32.add_parameter(f);
+  EXPECT_NO_THROW(as_fp32.step(grad));
+  Muon as_bf16(o, world, compute);
+  std::vector<float> edge_storage = packed(edge);
+  ParamSpec h = s;
+  h.bf16 = edge_storage.data();
+  as_bf16.add_parameter(h);
+  const std::vector<float> edge_before = edge_storage;
+  try {
+    as_bf16.step(grad);
+    ADD_FAILURE() << "a step past bfloat16's range was taken";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("bfloat16's range"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(edge_storage, edge_before);
+}
+
+TEST(Bf16Weights, BadStorageRefused) {
+  Muon muon(options(TpMode::kDuplicated), test::world(), cpu_compute());
+  std::vector<float> storage(64);
+  ParamSpec s{
+      .name = "w", .local = {nullptr, 16, 8, 9}, .bf16 = storage.data(), .rows = 16, .cols = 8};
+  EXPECT_THROW(muon.add_parameter(s), Error);  // strided
+  Matrix w(16, 8);
+  s.local = w.view();
+  EXPECT_THROW(muon.add_parameter(s), Error);  // both a float32 view and bf16 storage
+}
+
+}  // namespace
+}  // namespace distmuon
