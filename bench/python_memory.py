@@ -9,6 +9,9 @@ state tensors (the momentum, in the parameter's dtype). Neither counts the param
 gradients themselves.
 
     python bench/python_memory.py [--shapes 1024x4096 4096x1024 ...]
+
+bfloat16 parameters are measured with the default float32 momentum and with momentum_dtype
+"param" (the momentum in bfloat16, as torch keeps it).
 """
 import argparse
 
@@ -17,13 +20,13 @@ import torch
 import distmuon.torch as dmt
 
 
-def measure(shapes, dtype):
+def measure(shapes, dtype, **options):
     n = sum(r * c for r, c in shapes)
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(r, c).to(dtype)) for r, c in shapes]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = dmt.Muon(params)
+    opt = dmt.Muon(params, **options)
     core, entries = opt._cores[0]
     before = core.memory_stats()["live_bytes"]
     opt.step()
@@ -50,9 +53,11 @@ def main():
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     print(f"bytes per parameter ({sum(r * c for r, c in shapes)} parameters; the parameters and "
           "gradients not counted)")
-    for dtype in (torch.float32, torch.bfloat16):
-        m = measure(shapes, dtype)
-        print(f"{str(dtype)[6:]:>9}: distmuon {m['before step']:.2f} before its first step, "
+    for dtype, options in ((torch.float32, {}), (torch.bfloat16, {}),
+                           (torch.bfloat16, {"momentum_dtype": "param"})):
+        m = measure(shapes, dtype, **options)
+        label = str(dtype)[6:] + (", momentum_dtype param" if options else "")
+        print(f"{label}: distmuon {m['before step']:.2f} before its first step, "
               f"{m['between steps']:.2f} between steps (of which {m['working copies']:.2f} "
               f"float32 working copies), peak {m['peak']:.2f}; torch.optim.Muon's state "
               f"{m['torch state']:.2f}")

@@ -66,6 +66,10 @@ enum class ReplicaMode { kAuto, kHome, kEveryRank };
 // equal: each element of the update within bf16's rounding, 2^-8 relative, of fp32's;
 // docs/data-parallel.md).
 enum class ReplicaWire { kFp32, kBf16 };
+// Where Muon keeps a weight's momentum: fp32 (the default), or param: in the weight's own
+// storage, bfloat16 for a bfloat16 weight (ParamSpec::bf16), as torch.optim.Muon keeps its
+// momentum_buffer in the parameter's dtype (each step's momentum rounded to nearest even once).
+enum class MomentumDtype { kFp32, kParam };
 
 WeightDecayMethod parse_weight_decay_method(std::string_view name);  // throws, listing valid
 ScaleMode parse_scale_mode(std::string_view name);                   // throws, listing valid
@@ -73,6 +77,8 @@ ReplicaMode parse_replica_mode(std::string_view name);               // throws, 
 const char* to_string(ReplicaMode mode);
 ReplicaWire parse_replica_wire(std::string_view name);  // throws, listing valid
 const char* to_string(ReplicaWire wire);
+MomentumDtype parse_momentum_dtype(std::string_view name);  // throws, listing valid
+const char* to_string(MomentumDtype dtype);
 const char* to_string(WeightDecayMethod method);
 const char* to_string(ScaleMode mode);
 // The scale factor of an m x n update (without extra_scale_factor).
@@ -111,8 +117,9 @@ struct MuonOptions {
   std::optional<TpMode> expert_tp_mode;
   // Replicated weights (ParamSpec::dp_group): JSON "replica_mode" auto, home or every_rank.
   ReplicaMode replica_mode = ReplicaMode::kAuto;
-  ReplicaWire replica_wire = ReplicaWire::kFp32;  // JSON "replica_wire": fp32 or bf16
-  std::string cost_model = "refined";             // auto: "refined" or "reference"
+  ReplicaWire replica_wire = ReplicaWire::kFp32;        // JSON "replica_wire": fp32 or bf16
+  MomentumDtype momentum_dtype = MomentumDtype::kFp32;  // JSON "momentum_dtype": fp32 or param
+  std::string cost_model = "refined";                   // auto: "refined" or "reference"
   std::string profile = "none";  // auto: "none", a built-in profile name or a JSON file
   // auto: plan by the cost model's estimate, or measure its leading candidates before the first
   // step (measure_plan.h); wisdom: the file measure mode reads and writes (empty: none).
@@ -277,8 +284,10 @@ class Muon {
   // Weight-decay schedules: new Muon and AdamW weight decays (>= 0) for the next steps.
   void set_weight_decays(double muon_wd, double adamw_wd);
   // Hyper-parameter schedules: new options for the next steps. Every field may change but those
-  // that shape the plan and the collectives' structure (tp_mode, ns_algorithm, gram_restart,
-  // use_syrk, precision, cost_model, profile, plan, wisdom): a change of one of those is refused.
+  // that shape the plan, the collectives' structure or the state's storage (tp_mode,
+  // expert_tp_mode, replica_mode, replica_wire, momentum_dtype, ns_algorithm, gram_restart,
+  // use_syrk, precision, cost_model, profile, plan, wisdom, step_timeout_s): a change of one of
+  // those is refused.
   // Validated first (nothing changes on a refusal). Rank-local; step() agrees the options over the
   // world.
   void set_options(const MuonOptions& options);
@@ -290,6 +299,19 @@ class Muon {
   // the checkpoints use. The views are of the optimizer's Compute's memory (the host for
   // cpu_compute(), which the Python bindings use): read and write them through that backend.
   std::vector<MatrixView> state_tensors(std::size_t i);
+  // Parameter i's momentum when kept in bfloat16 (MuonOptions::momentum_dtype param on a
+  // bfloat16 weight, ParamSpec::bf16; state_tensors then refuses it): the shard's elements,
+  // row-major, two to a float in the optimizer's memory. Empty otherwise.
+  struct Bf16State {
+    float* data = nullptr;
+    Index rows = 0, cols = 0;
+  };
+  std::optional<Bf16State> momentum_bf16(std::size_t i);
+  // State tensor k of parameter i (the order of state_tensors) copied to or from host memory
+  // in float32, whatever its storage: a bfloat16 momentum is unpacked exactly and, when set,
+  // rounded to nearest even. Throws on a k or a shape that is not the tensor's.
+  Matrix state_to_host(std::size_t i, std::size_t k);
+  void state_from_host(std::size_t i, std::size_t k, ConstMatrixView host);
   void set_step_count(std::int64_t step);
   std::vector<ParamInfo> parameters() const;
   // tp_mode auto: the decisions of the cost model so far, per key.

@@ -239,6 +239,13 @@ def _stacked(x, what):
         raise Error(f"{what}: a strided 3-D array; distmuon takes row-major (contiguous) batches")
     return arr.reshape(-1, arr.shape[-1])
 
+def _float32(a):
+    """A copy of a state array in float32 (a bfloat16 momentum's bits unpacked: exact)."""
+    if a.dtype == np.uint16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.copy()
+
+
 class Muon:
     """The Muon optimizer over this rank's shards (C++ distmuon::Muon).
 
@@ -435,7 +442,8 @@ class Muon:
 
     def state_tensors(self, i):
         """Parameter i's state as arrays over the optimizer's memory (Muon: [momentum]; AdamW:
-        [exp_avg, exp_avg_sq])."""
+        [exp_avg, exp_avg_sq]). A momentum kept in bfloat16 (momentum_dtype="param" on a
+        bfloat16 parameter) is a uint16 array of its bits (torch views it as bfloat16)."""
         return self._core.state_tensors(i)
 
     def state_dict(self):
@@ -444,7 +452,7 @@ class Muon:
         params = []
         for i, info in enumerate(self.parameters()):
             params.append({"name": info["name"],
-                           "state": [t.copy() for t in self._core.state_tensors(i)]})
+                           "state": [_float32(t) for t in self._core.state_tensors(i)]})
         return {"step": self.step_count, "options": self.options, "params": params}
 
     def load_state_dict(self, state):

@@ -196,19 +196,21 @@ def entry(p, user_layout, layout_cls):
         # Updated where it lies (a bfloat16 one through a float32 copy the C++ optimizer makes
         # for each step only, as a plain bfloat16 parameter).
         return Entry(lo, local, local2, None, staged=False, flat=p.dim() == 1)
-    # Staged: a shorter shard (zero-padded) or a float16 one (a float32 copy, written back
-    # rounded to the parameter's dtype, as distmuon.torch steps a plain float16 parameter).
+    # Staged: a shorter shard, in a zero-padded copy (a bfloat16 one in bfloat16, updated as a
+    # bfloat16 weight), or a float16 one (a float32 copy, written back rounded to the parameter's
+    # dtype, as distmuon.torch steps a plain float16 parameter).
     r, c = local2.shape
     if r > shape[0] or c > shape[1]:
         raise Error(f"{what}: local tensor {tuple(local.shape)} exceeds the shard {shape} of "
                     f"placements {p.placements} (not torch.chunk's split?)")
-    return Entry(lo, local, torch.zeros(shape, device=local.device),
+    work_dtype = torch.bfloat16 if local.dtype == torch.bfloat16 else torch.float32
+    return Entry(lo, local, torch.zeros(shape, dtype=work_dtype, device=local.device),
                  torch.zeros(shape, device=local.device), staged=True, flat=p.dim() == 1)
 
 
 def stage(e):
-    """Makes an entry updated where it lies a staged one (device "opaque", which computes on its
-    own copies only, takes a bfloat16 weight through a float32 copy)."""
+    """Makes a bfloat16 entry's weight a float32 staged copy (device "opaque", which computes on
+    its own copies only, takes a bfloat16 weight through a float32 copy)."""
     e.work = torch.zeros(e.work.shape, device=e.local.device)
     e.grad_work = torch.zeros(e.work.shape, device=e.local.device)
     e.staged = True

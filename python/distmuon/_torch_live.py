@@ -19,6 +19,13 @@ import torch
 from . import _dtensor
 
 
+def state_tensor(a):
+    """A state array of the C++ optimizer as a torch tensor over its memory: float32, or
+    bfloat16 for a momentum kept in the parameter's dtype (its bits, a uint16 array)."""
+    t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if t.dtype == torch.uint16 else t
+
+
 def state_names(entry):
     return ("momentum_buffer",) if entry.muon else ("exp_avg", "exp_avg_sq")
 
@@ -43,7 +50,7 @@ def _views(entry, core):
     mats = core.state_tensors(entry.indices[0])
     out = {}
     for k, name in enumerate(state_names(entry)):
-        t = torch.from_numpy(mats[k])  # the core's memory (the array keeps the core alive)
+        t = state_tensor(mats[k])  # the core's memory (the array keeps the core alive)
         out[name] = _dtensor_view(entry.dt, entry.p, t) if entry.dt is not None else \
             t.view(entry.logical_shape)
     return out

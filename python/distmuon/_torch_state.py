@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from . import Error, _dtensor
+from ._torch_live import state_tensor
 from ._types import describe_exception
 
 _WHAT = "distmuon.torch.Muon.load_state_dict"
@@ -24,17 +25,18 @@ def _state_names(entry):
 
 
 def param_state(entry, core):
-    """The state of one parameter: float32 tensors shaped like it (copies) and the step."""
+    """The state of one parameter: tensors shaped like it (copies; float32, or bfloat16 for a
+    momentum kept in the parameter's dtype) and the step."""
     per_matrix = [core.state_tensors(i) for i in entry.indices]
     st = {"step": torch.tensor(float(core.step_count))}
     for k, name in enumerate(_state_names(entry)):
         mats = [m[k] for m in per_matrix]
         if entry.dt is not None:  # DTensor: state as a DTensor like the parameter
             local = np.stack(mats) if len(mats) > 1 else mats[0].copy()  # a batch: stacked by rows
-            st[name] = _dtensor.wrap_state(entry.dt, entry.p, torch.from_numpy(local))
+            st[name] = _dtensor.wrap_state(entry.dt, entry.p, state_tensor(local))
             continue
         full = np.stack(mats) if len(mats) > 1 else mats[0].copy()
-        st[name] = torch.from_numpy(np.ascontiguousarray(full).reshape(entry.logical_shape)).to(
+        st[name] = state_tensor(np.ascontiguousarray(full).reshape(entry.logical_shape)).to(
             entry.p.device)  # a CUDA parameter's state on its device
     return st
 

@@ -198,7 +198,7 @@ def _bf16_matrix(t):
 def _working_copies(entries):
     """Device "opaque": its bfloat16 parameters stepped through float32 working copies."""
     for e in entries:
-        if e.dt is not None and not e.dt.staged and e.dt.local.dtype == torch.bfloat16:
+        if e.dt is not None and e.dt.work.dtype == torch.bfloat16:
             _dtensor.stage(e.dt)
             e.matrices = _as_matrices(e.dt.work)
         elif e.dt is None and e.work is None and e.p.dtype == torch.bfloat16:
@@ -338,7 +338,8 @@ class Muon(torch.optim.Optimizer):
     duplicated / distributed / owner per weight from the cost model. Other keyword options are
     distmuon.Muon's fixed ones (MuonOptions' JSON names: ns_algorithm, gram_restart, use_syrk,
     precision, cost_model, profile, plan, wisdom, weight_decay_method, extra_scale_factor,
-    step_timeout_s).
+    step_timeout_s, momentum_dtype: "param" keeps a bfloat16 parameter's momentum in bfloat16,
+    as torch.optim.Muon does).
     precision: "fp32", "tf32", "bf16" or None (the backend's default: fp32 on the CPU).
     """
 

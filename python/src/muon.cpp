@@ -2,7 +2,9 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include <bit>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -183,9 +185,29 @@ class PyMuon {
   }
 
   // Parameter i's state tensors: arrays over the optimizer's memory (no copy) on a host backend,
-  // downloaded copies on a device backend (write_state changes them).
+  // downloaded copies on a device backend (write_state changes them). A momentum kept in
+  // bfloat16 (Muon::momentum_bf16) is a uint16 array of its bits (torch views it as bfloat16).
   std::vector<py::array> state_tensors(std::size_t i, py::handle self) {
     std::vector<py::array> out;
+    if (const auto m = muon_.momentum_bf16(i)) {
+      const auto rows = static_cast<py::ssize_t>(m->rows), cols = static_cast<py::ssize_t>(m->cols);
+      if (backend_.host()) {
+        out.push_back(py::array(py::dtype::of<std::uint16_t>(), {rows, cols},
+                                {cols * 2, py::ssize_t{2}}, m->data, self));
+        return out;
+      }
+      Matrix values;
+      {
+        py::gil_scoped_release release;
+        values = muon_.state_to_host(i, 0);
+      }
+      py::array_t<std::uint16_t> copy({rows, cols});
+      auto* dst = copy.mutable_data();
+      for (const float v : values.values())  // exact: the values are bfloat16's
+        *dst++ = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v) >> 16);
+      out.push_back(std::move(copy));
+      return out;
+    }
     for (MatrixView v : muon_.state_tensors(i)) {
       if (backend_.host()) {
         out.push_back(wrap(v, self));
@@ -202,8 +224,15 @@ class PyMuon {
     return out;
   }
 
-  // State tensor k of parameter i = value (a float32 array of its shape), on any backend.
+  // State tensor k of parameter i = value (a float32 array of its shape), on any backend (a
+  // momentum kept in bfloat16 rounded to it).
   void write_state(std::size_t i, std::size_t k, const py::array& value) {
+    if (muon_.momentum_bf16(i)) {
+      const ConstMatrixView src = const_view(value, fmt::format("state {} of parameter {}", k, i));
+      py::gil_scoped_release release;
+      muon_.state_from_host(i, k, src);
+      return;
+    }
     const auto tensors = muon_.state_tensors(i);
     if (k >= tensors.size()) {
       throw Error(fmt::format("Muon: parameter {} has {} state tensor(s), not {}", i,

@@ -64,11 +64,6 @@ const std::vector<std::string>& tensor_names(bool muon) {
   return muon ? muon_names : adamw_names;
 }
 
-std::vector<const DeviceMatrix*> tensors_of(const ParamState& p) {
-  if (p.muon) return {&p.momentum};
-  return {&p.exp_avg, &p.exp_avg_sq};
-}
-
 // Rank files of a checkpoint, read and verified (size, checksum) on first use.
 class RankFiles {
  public:
@@ -192,10 +187,10 @@ void Muon::save(const std::filesystem::path& dir) {
       for (const ParamState& p : s.params) {
         nlohmann::json tensors = nlohmann::json::array();
         const auto& names = tensor_names(p.muon);
-        const auto mats = tensors_of(p);
-        for (std::size_t k = 0; k < mats.size(); ++k) {
-          // The state lives in the backend's memory: copied to host staging, then to the bytes.
-          const Matrix t = to_host(*s.compute, mats[k]->view());
+        for (std::size_t k = 0; k < names.size(); ++k) {
+          // The state lives in the backend's memory: copied to host staging (in float32, a
+          // bfloat16 momentum unpacked), then to the bytes.
+          const Matrix t = s.state_to_host(p, k);
           // A checkpoint holds finite values only: a state that overflowed is refused on every
           // rank before anything replaces the folder.
           if (const auto at = cpu_compute().find_non_finite(t.view())) {
@@ -406,12 +401,8 @@ void restore(Muon::Impl& s, std::int64_t step, std::vector<LoadedParam>& loaded)
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     ParamState& p = s.params[i];
     LoadedParam& in = loaded[i];
-    if (p.muon) {
-      s.compute->copy_from_host(in.tensors[0].view(), p.momentum.view());
-    } else {
-      s.compute->copy_from_host(in.tensors[0].view(), p.exp_avg.view());
-      s.compute->copy_from_host(in.tensors[1].view(), p.exp_avg_sq.view());
-    }
+    for (std::size_t k = 0; k < in.tensors.size(); ++k)
+      s.state_from_host(p, k, in.tensors[k].view());
     if (in.choice) {
       p.mode = in.choice->mode;
       p.algorithm = in.choice->algorithm;

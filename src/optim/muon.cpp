@@ -287,8 +287,13 @@ std::size_t Muon::add_parameter(ParamSpec spec) {
                                    l.batch, l.batch, l.batch * l.shard_rows())));
   }
   p.muon = ps.use_muon && ps.role == ParamRole::kHidden;
-  if (p.muon) {
+  if (p.muon && ps.bf16 != nullptr && s.options.momentum_dtype == MomentumDtype::kParam) {
+    // Kept in bf16 (zero bits: a zero momentum); a float32 copy for each step only.
+    p.momentum16 = DeviceMatrix(*s.compute, 1, (ps.local.size() + 1) / 2);
+  } else if (p.muon) {
     p.momentum = DeviceMatrix(*s.compute, ps.local.rows, ps.local.cols);
+  }
+  if (p.muon) {
     // One full matrix per rank: plain NS whatever the mode; auto has nothing to decide.
     if (!p.sharded() && s.options.mode_for(ps.expert) == TpMode::kAuto) {
       p.mode = TpMode::kDuplicated;
@@ -385,28 +390,6 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
             *s.comm_seconds};
 }
 
-void Muon::Impl::hold_bf16_weights() {
-  for (ParamState& p : params) {
-    if (p.spec.bf16 == nullptr) continue;
-    p.weight32 = DeviceMatrix(*compute, p.spec.local.rows, p.spec.local.cols);
-    if (p.weight32.size() > 0) compute->unpack_bf16(p.spec.bf16, p.weight32.view());
-    p.spec.local = p.weight32.view();
-  }
-}
-
-void Muon::Impl::store_bf16_weight(ParamState& p) {
-  if (p.spec.bf16 != nullptr && p.weight32.size() > 0)
-    compute->pack_bf16(p.weight32.view(), p.spec.bf16);
-}
-
-void Muon::Impl::release_bf16_weights() noexcept {
-  for (ParamState& p : params) {
-    if (p.spec.bf16 == nullptr) continue;
-    p.spec.local.data = nullptr;
-    p.weight32 = DeviceMatrix();
-  }
-}
-
 std::int64_t Muon::step_count() const {
   return impl_->step;
 }
@@ -434,8 +417,9 @@ void Muon::set_options(const MuonOptions& options) {
   const MuonOptions& cur = impl_->options;
   const nlohmann::json now = cur, next = options;
   for (const char* fixed :
-       {"tp_mode", "expert_tp_mode", "replica_mode", "replica_wire", "ns_algorithm", "gram_restart",
-        "use_syrk", "precision", "cost_model", "profile", "plan", "wisdom", "step_timeout_s"}) {
+       {"tp_mode", "expert_tp_mode", "replica_mode", "replica_wire", "momentum_dtype",
+        "ns_algorithm", "gram_restart", "use_syrk", "precision", "cost_model", "profile", "plan",
+        "wisdom", "step_timeout_s"}) {
     if (now.at(fixed) != next.at(fixed)) {
       throw Error(fmt::format(
           "Muon::set_options: {} is fixed once the optimizer is built ({} now, {} asked)", fixed,
@@ -457,15 +441,6 @@ void Muon::set_weight_decays(double muon_wd, double adamw_wd) {
     o.weight_decay = muon_wd;
     o.adamw.weight_decay = adamw_wd;
   });
-}
-
-std::vector<MatrixView> Muon::state_tensors(std::size_t i) {
-  if (i >= impl_->params.size()) {
-    throw Error(fmt::format("Muon::state_tensors: parameter {} of {}", i, impl_->params.size()));
-  }
-  ParamState& p = impl_->params[i];
-  if (p.muon) return {p.momentum.view()};
-  return {p.exp_avg.view(), p.exp_avg_sq.view()};
 }
 
 void Muon::set_step_count(std::int64_t step) {

@@ -30,8 +30,10 @@ struct ParamState {
   detail::ShardLayout layout;
   bool muon = false;
   DeviceMatrix weight32;  // a bfloat16 weight (spec.bf16): its float32 copy during a step
-  DeviceMatrix momentum;  // Muon: shard-shaped, compute's memory
-  DeviceMatrix update;    // Muon: this step's update, from the compute phase to the apply phase
+  DeviceMatrix momentum;  // Muon: shard-shaped, compute's memory (with momentum16: a step's copy)
+  // Muon, MomentumDtype kParam on a bfloat16 weight: the momentum in bf16, two to a float.
+  DeviceMatrix momentum16;
+  DeviceMatrix update;  // Muon: this step's update, from the compute phase to the apply phase
   // Muon: where the compute phase left this step's update: update, or, for an unsharded weight
   // received from another replica's home, where it arrived (ShardedWeight::result).
   ConstMatrixView result;
@@ -103,6 +105,9 @@ struct Muon::Impl {
   // (store_bf16_weight; nothing for a weight of float32), the copies released however the step
   // ends (release_bf16_weights).
   void hold_bf16_weights();
+  // State tensor k of p (Muon::state_to_host, state_from_host), whatever its storage.
+  Matrix state_to_host(const ParamState& p, std::size_t k) const;
+  void state_from_host(ParamState& p, std::size_t k, ConstMatrixView host);
   void store_bf16_weight(ParamState& p);
   void release_bf16_weights() noexcept;
   // The rank-independent configuration: options and every parameter's global metadata.

@@ -34,6 +34,12 @@ inline constexpr auto kEnumNames<ReplicaWire> = std::array<EnumName<ReplicaWire>
 }};
 
 template <>
+inline constexpr auto kEnumNames<MomentumDtype> = std::array<EnumName<MomentumDtype>, 2>{{
+    {MomentumDtype::kFp32, "fp32"},
+    {MomentumDtype::kParam, "param"},
+}};
+
+template <>
 inline constexpr auto kEnumNames<ParamRole> = std::array<EnumName<ParamRole>, 4>{{
     {ParamRole::kHidden, "hidden"},
     {ParamRole::kEmbedding, "embedding"},

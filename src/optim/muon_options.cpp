@@ -41,6 +41,14 @@ const char* to_string(ReplicaWire wire) {
   return detail::name_of(wire);
 }
 
+MomentumDtype parse_momentum_dtype(std::string_view name) {
+  return detail::parse_enum<MomentumDtype>(name, "momentum dtype");
+}
+
+const char* to_string(MomentumDtype dtype) {
+  return detail::name_of(dtype);
+}
+
 ParamRole parse_param_role(std::string_view name) {
   return detail::parse_enum<ParamRole>(name, "parameter role");
 }
@@ -156,6 +164,7 @@ void to_json(nlohmann::json& j, const MuonOptions& o) {
                      {"expert_tp_mode", o.expert_tp_mode ? to_string(*o.expert_tp_mode) : "same"},
                      {"replica_mode", to_string(o.replica_mode)},
                      {"replica_wire", to_string(o.replica_wire)},
+                     {"momentum_dtype", to_string(o.momentum_dtype)},
                      {"cost_model", o.cost_model},
                      {"profile", o.profile},
                      {"plan", to_string(o.plan)},
@@ -264,6 +273,8 @@ void from_json(const nlohmann::json& j, MuonOptions& o) {
     o.replica_mode = parse_replica_mode(option<std::string>(j, "replica_mode"));
   if (j.contains("replica_wire"))  // absent in options written before the bf16 wire: fp32
     o.replica_wire = parse_replica_wire(option<std::string>(j, "replica_wire"));
+  if (j.contains("momentum_dtype"))  // absent in options written before it: fp32
+    o.momentum_dtype = parse_momentum_dtype(option<std::string>(j, "momentum_dtype"));
   o.cost_model = option<std::string>(j, "cost_model");
   o.profile = option<std::string>(j, "profile");
   // Absent in options written before measure mode: plan by the estimate.

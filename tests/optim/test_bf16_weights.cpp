@@ -11,7 +11,9 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -77,13 +79,16 @@ Matrix unpacked(std::span<const float> storage, Index rows, Index cols) {
 
 struct Result {
   std::vector<Matrix> shards;
+  std::vector<Matrix> states;  // each parameter's first state tensor, in float32
   std::size_t live_bytes = 0;  // the backend's, after the last step
 };
 
 // Three Muon steps (fixed seeds per weight and step). bf16: the weights as ParamSpec::bf16 in
-// the backend's memory; else float32 weights rounded to bfloat16 after every step.
+// the backend's memory; else float32 weights rounded to bfloat16 after every step, and, with
+// momentum_dtype param, their momentum too (through state_tensors' views). checkpoint: saved
+// after the second step and loaded into a new optimizer that takes the third.
 Result run(const std::vector<Weight>& model, const MuonOptions& o, const ProcessGroups& groups,
-           Compute& compute, bool bf16) {
+           Compute& compute, bool bf16, const std::filesystem::path& checkpoint = {}) {
   const int t = groups.tp.rank(), g = groups.gtp.rank();
   auto shard = [&](std::size_t i, std::uint64_t seed) {
     const TestLayout& l = model[i].layout;
@@ -97,9 +102,9 @@ Result run(const std::vector<Weight>& model, const MuonOptions& o, const Process
     }
     return all;
   };
-  Muon muon(o, test::world(), compute);
   std::vector<DeviceMatrix> weights;  // float32 weights, or the bf16 storage (packed, 1 x k)
   std::vector<Index> rows, cols;
+  std::vector<ParamSpec> specs;
   for (std::size_t i = 0; i < model.size(); ++i) {
     const Matrix w = rounded(shard(i, 1 + i));
     rows.push_back(w.rows());
@@ -121,22 +126,42 @@ Result run(const std::vector<Weight>& model, const MuonOptions& o, const Process
     }
     s.batch = model[i].batch;
     s.role = model[i].role;
-    muon.add_parameter(s);
+    specs.push_back(s);
   }
+  auto make = [&] {
+    auto m = std::make_unique<Muon>(o, test::world(), compute);
+    for (const ParamSpec& s : specs)
+      m->add_parameter(s);
+    return m;
+  };
+  std::unique_ptr<Muon> muon = make();
+  const bool rounded_momentum = o.momentum_dtype == MomentumDtype::kParam;
   Result out;
   for (int step = 0; step < 3; ++step) {
+    if (step == 2 && !checkpoint.empty()) {
+      muon->save(checkpoint);
+      muon = make();
+      muon->load(checkpoint);
+    }
     std::vector<DeviceMatrix> grads;
     std::vector<ConstMatrixView> views;
     for (std::size_t i = 0; i < model.size(); ++i) {
       grads.push_back(to_device(compute, shard(i, 1000 * (step + 1) + i).view()));
       views.push_back(grads.back().view());
     }
-    muon.step(views);
+    muon->step(views);
     if (bf16) continue;
     for (DeviceMatrix& w : weights)  // the float32 weights as bfloat16 stores them
       compute.copy_from_host(rounded(to_host(compute, w.view())).view(), w.view());
+    for (std::size_t i = 0; rounded_momentum && i < model.size(); ++i) {
+      if (model[i].role != ParamRole::kHidden) continue;  // AdamW's moments stay float32
+      const MatrixView m = muon->state_tensors(i)[0];
+      compute.copy_from_host(rounded(to_host(compute, m)).view(), m);
+    }
   }
   out.live_bytes = compute.memory_stats().live_bytes;
+  for (std::size_t i = 0; i < model.size(); ++i)
+    out.states.push_back(muon->state_to_host(i, 0));
   for (std::size_t i = 0; i < model.size(); ++i) {
     const Matrix host = to_host(compute, weights[i].view());
     out.shards.push_back(bf16 ? unpacked(host.values(), rows[i], cols[i]) : host);
@@ -162,6 +187,8 @@ TEST(Bf16Weights, StepAsFloat32WeightsRoundedAfterEachStep) {
     const Result b = run(model, options(mode), groups, cpu_compute(), false);
     test::expect_same_bits(a.shards, b.shards, to_string(mode), "weight",
                            "differs from the float32 weight rounded");
+    test::expect_same_bits(a.states, b.states, to_string(mode), "state",
+                           "differs from the float32 weight's");
     // The weights moved: a step that wrote nothing would pass the comparison too.
     for (std::size_t i = 0; i < model.size(); ++i) {
       const Matrix start = rounded(test::shard_for(
@@ -174,6 +201,40 @@ TEST(Bf16Weights, StepAsFloat32WeightsRoundedAfterEachStep) {
           << "weight " << i;
     }
   }
+}
+
+// momentum_dtype param: a bfloat16 weight's momentum kept in bfloat16, each step's rounded to
+// nearest even once (the float32 run rounds its momentum after every step: the same bits); an
+// AdamW parameter's moments and a float32 weight's momentum stay float32. Through a checkpoint
+// (saved in float32, loaded rounded back: exactly) the next step is the same.
+TEST(Bf16Weights, MomentumInTheWeightsDtype) {
+  const ProcessGroups groups = groups_of_world();
+  const auto model = model_for(groups.tp_size, groups.gtp_size);
+  MuonOptions o = options(TpMode::kOwner);
+  o.momentum_dtype = MomentumDtype::kParam;
+  const Result a = run(model, o, groups, cpu_compute(), true);
+  const Result b = run(model, o, groups, cpu_compute(), false);
+  test::expect_same_bits(a.shards, b.shards, "param", "weight", "differs from the rounded run");
+  test::expect_same_bits(a.states, b.states, "param", "momentum", "differs from the rounded run");
+  for (std::size_t i = 0; i < model.size(); ++i) {  // every momentum value a bfloat16 one
+    if (model[i].role != ParamRole::kHidden) continue;
+    EXPECT_EQ(a.states[i].values()[0], round_to(Precision::kBf16, a.states[i].values()[0]));
+    EXPECT_TRUE(std::equal(a.states[i].values().begin(), a.states[i].values().end(),
+                           rounded(a.states[i]).values().begin()))
+        << "momentum " << i << " holds a value bfloat16 does not";
+  }
+  // The float32 momentum differs: the option changes the maths (as torch's dtype does).
+  const Result fp32_momentum = run(model, options(TpMode::kOwner), groups, cpu_compute(), true);
+  EXPECT_NE(std::memcmp(a.states[0].data(), fp32_momentum.states[0].data(),
+                        sizeof(float) * static_cast<std::size_t>(a.states[0].size())),
+            0);
+  // Saved and loaded between the second and the third step: the same three steps.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   fmt::format("distmuon_bf16_momentum_{}", test::world().size());
+  const Result c = run(model, o, groups, cpu_compute(), true, dir);
+  test::expect_same_bits(c.shards, a.shards, "checkpoint", "weight", "differs after a reload");
+  test::expect_same_bits(c.states, a.states, "checkpoint", "momentum", "differs after a reload");
+  if (test::world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
 // On a backend whose memory the host cannot address, the same bits; and between steps the
@@ -197,6 +258,18 @@ TEST(Bf16Weights, NoFloat32CopyBetweenSteps) {
     bf16_bytes += sizeof(float) * static_cast<std::size_t>((m.size() + 1) / 2);
   }
   EXPECT_EQ(a.live_bytes, b.live_bytes - fp32_bytes + bf16_bytes);
+  // With the momentum in bfloat16 too, the Muon weights' momentum takes half as much.
+  MuonOptions half = o;
+  half.momentum_dtype = MomentumDtype::kParam;
+  auto opaque_half = make_opaque_compute();
+  const Result h = run(model, half, groups, *opaque_half, true);
+  std::size_t momentum_saved = 0;
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    if (model[i].role != ParamRole::kHidden) continue;
+    const auto n = static_cast<std::size_t>(h.shards[i].size());
+    momentum_saved += sizeof(float) * (n - (n + 1) / 2);
+  }
+  EXPECT_EQ(h.live_bytes, a.live_bytes - momentum_saved);
 }
 
 // A step refused on one rank (a non-finite gradient) leaves every bfloat16 weight as it was,

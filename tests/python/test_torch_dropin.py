@@ -183,6 +183,53 @@ def test_bf16_parameters_are_stepped_where_they_lie():
     assert not any(torch.equal(p, p0) for p, p0 in zip(low, start))  # every one stepped
 
 
+def test_momentum_in_the_parameters_dtype():
+    # momentum_dtype="param": a bfloat16 parameter's momentum is kept in bfloat16, as
+    # torch.optim.Muon keeps its momentum_buffer. opt.state[p] views it (bfloat16, p's shape);
+    # each step is bit for bit the float32 step whose weights and momentum are rounded to
+    # bfloat16 after it; the momentum is torch.optim.Muon's within 2^-7 of its largest element
+    # (torch rounds the same sum mu buf + (1 - mu) g, computed as a lerp in another order, so
+    # the two differ by a bfloat16 rounding or two of the summands, which an element near zero,
+    # where they cancel, does not bound: measured 3.3e-3 of the largest after 3 steps).
+    low = _weights(6, SHAPES[:2] + [(3, 16, 24)], torch.bfloat16)
+    ref = [torch.nn.Parameter(p.detach().float()) for p in low]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in low[:2]]
+    o_low = dmt.Muon(low, lr=0.02, momentum_dtype="param")
+    o_ref, o_torch = dmt.Muon(ref, lr=0.02), torch.optim.Muon(theirs, lr=0.02)
+    for s in range(3):
+        for p, q, g in zip(low, ref, _grads(s, ref)):
+            p.grad, q.grad = g.bfloat16(), g.bfloat16().float()
+        for p, t in zip(low, theirs):
+            t.grad = p.grad.clone()
+        o_low.step()
+        o_ref.step()
+        o_torch.step()
+        for p, q in zip(low, ref):  # the reference as bfloat16 stores it
+            q.data.copy_(q.detach().bfloat16().float())
+            buf = o_ref.state[q]["momentum_buffer"]  # a view: rounding it rounds the state
+            buf.copy_(buf.bfloat16().float())
+        for p, q in zip(low, ref):
+            assert torch.equal(p, q.bfloat16())
+            assert torch.equal(o_low.state[p]["momentum_buffer"].float(),
+                               o_ref.state[q]["momentum_buffer"])
+    for p, t in zip(low, theirs):
+        ours, want = o_low.state[p]["momentum_buffer"], o_torch.state[t]["momentum_buffer"]
+        assert ours.dtype == want.dtype == torch.bfloat16 and ours.shape == want.shape
+        assert float((ours.float() - want.float()).abs().max()) <= \
+            2**-7 * float(want.float().abs().max())
+    # A state_dict holds it in bfloat16 and round-trips to a bit-equal next step.
+    sd = o_low.state_dict()
+    assert sd["state"][0]["momentum_buffer"].dtype == torch.bfloat16
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in low]
+    o_copy = dmt.Muon(copies, lr=0.02, momentum_dtype="param")
+    o_copy.load_state_dict(sd)
+    for p, c, g in zip(low, copies, _grads(9, ref)):
+        p.grad, c.grad = g.bfloat16(), g.bfloat16()
+    o_low.step()
+    o_copy.step()
+    assert all(torch.equal(p, c) for p, c in zip(low, copies))
+
+
 def test_3d_parameter_is_a_batch_of_matrices():
     batch = torch.nn.Parameter(_weights(5, [(3, 16, 24)])[0].detach())
     slices = [torch.nn.Parameter(batch.detach()[e].clone()) for e in range(3)]

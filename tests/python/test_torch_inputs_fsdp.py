@@ -54,16 +54,19 @@ def _train(model, opt, steps):
         opt.step()
 
 
-def test_bf16_fsdp2_parameters_equal_the_unsharded_step():
+@pytest.mark.parametrize("momentum_dtype", ["fp32", "param"])
+def test_bf16_fsdp2_parameters_equal_the_unsharded_step(momentum_dtype):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
     sharded, ref = _net(torch.bfloat16), _net(torch.bfloat16)
     fully_shard(sharded, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
-    opt = dmt.Muon(sharded.parameters(), lr=0.02, adamw_lr=0.01, tp_mode="duplicated")
+    opt = dmt.Muon(sharded.parameters(), lr=0.02, adamw_lr=0.01, tp_mode="duplicated",
+                   momentum_dtype=momentum_dtype)
     ref_opt = dmt.Muon(ref.parameters(), lr=0.02, adamw_lr=0.01, tp_mode="duplicated",
-                       process_group=distmuon.communicator())  # this process alone
+                       process_group=distmuon.communicator(),  # this process alone
+                       momentum_dtype=momentum_dtype)
     before = [p.detach().clone() for p in ref.parameters()]
     _train(sharded, opt, 3)
     _train(ref, ref_opt, 3)
@@ -77,7 +80,8 @@ def test_bf16_fsdp2_parameters_equal_the_unsharded_step():
     assert direct and all(e.work.data_ptr() == e.local.data_ptr() for e in direct)
     w = sharded[0].weight
     buf = opt.state[w]["momentum_buffer"]
-    assert isinstance(buf, DTensor) and buf.dtype == torch.float32
+    dtype = torch.float32 if momentum_dtype == "fp32" else torch.bfloat16
+    assert isinstance(buf, DTensor) and buf.dtype == dtype
     assert torch.equal(buf.full_tensor(), ref_opt.state[ref[0].weight]["momentum_buffer"])
 
 
