@@ -113,6 +113,13 @@ CostEstimate estimate(const AutoKey& key, const HardwareProfile* profile, CostMo
 // exchanges (emulated_link_communicator, as `bench --model --link-gbps` sets it; zeros: none):
 // an exchange then lasts at least latency + the bytes the rank sends / bandwidth from the rank's
 // start, whatever else is in flight.
+// chunks = kChosenChunks: the cheapest of kChunkCandidates (those up to the bucket's number of
+// matrices) on this schedule, ties to the fewer chunks: the count the optimizer runs a bucket in
+// (estimate's chunks says which; without a profile nothing is priced and it is
+// kUnpricedChunks, capped the same way).
+inline constexpr int kChosenChunks = 0;
+inline constexpr int kChunkCandidates[] = {1, 2, 4, 8};
+inline constexpr int kUnpricedChunks = 4;
 struct ExchangeSchedule {
   int chunks = 1;
   LinkModel link;
