@@ -92,8 +92,9 @@ double schedule_seconds(std::span<const ChunkTimes> chunks, bool gathers) {
 
 ChunkChoice cheapest_chunks(std::size_t matrices, const std::function<double(int)>& price) {
   std::optional<ChunkChoice> best;
-  for (const int c : kChunkCandidates) {
-    if (best && static_cast<std::size_t>(c) > matrices) break;  // 1 is always priced
+  for (const int candidate : kChunkCandidates) {
+    const int c = unpriced_chunks(candidate, matrices);  // capped: as the executor cuts them
+    if (best && c <= best->chunks) continue;             // priced already
     const double s = price(c);
     if (!best || s < best->seconds) best = ChunkChoice{c, s};
   }

@@ -40,9 +40,11 @@ struct ChunkChoice {
   int chunks = 1;
   double seconds = 0;
 };
-// The cheapest count of kChunkCandidates (cost_model.h) up to `matrices` (1 at least), price(c)
-// being the bucket's seconds on c chunks; ties (and anything not cheaper) go to the fewer chunks.
-// A pure function of price: ranks that price the same inputs choose the same count.
+// The cheapest count of kChunkCandidates (cost_model.h), each capped at `matrices` (1 at least:
+// a bucket of 3 prices 1, 2 and 3 chunks, so the choice is never dearer than any candidate's
+// count as the executor runs it), price(c) being the bucket's seconds on c chunks; ties (anything
+// not cheaper) go to the fewer chunks. A pure function of price: ranks that price the same
+// inputs choose the same count.
 ChunkChoice cheapest_chunks(std::size_t matrices, const std::function<double(int)>& price);
 
 // The chunks a bucket of `matrices` runs in when asked for `requested` (ExchangeSchedule::chunks)
