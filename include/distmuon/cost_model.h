@@ -154,7 +154,8 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
 // auto over a bucket: owner (with each weight's cheaper algorithm) when its estimate on the
 // schedule beats the sum of the per-weight best choices, else each weight's best. The reference
 // model never picks owner. Every key must describe the same groups. Without a schedule: the
-// optimizer's (its default chunks, pipelined, no emulated link), the schedule owner mode runs.
+// optimizer's (kChosenChunks: the chunk count it runs the bucket in, no emulated link), the
+// schedule owner mode runs.
 // A batched key is one weight of the plan (one choice), its matrices LPT units of the owners.
 struct BucketPlan {
   std::vector<AutoChoice> choices;           // per weight
