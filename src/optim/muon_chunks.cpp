@@ -36,7 +36,7 @@ detail::OwnerChunksFn owner_chunks(const Muon::Impl& s) {
       });
       DISTMUON_ASSERT(p != s.params.end(), "an owner weight of the optimizer's parameters");
       keys.push_back(chunk_key(s, *p, items[i].algorithm));
-      crosses |= replicas && !p->sharded() ? p->dp_crosses : keys.back().crosses_domain;
+      crosses |= (replicas && !p->sharded()) ? p->dp_crosses : keys.back().crosses_domain;
     }
     const HardwareProfile* profile = auto_profile(s);
     const ExchangeSchedule chosen{kChosenChunks, {}};
