@@ -65,8 +65,9 @@ void BenchModelOptions::add_to(CLI::App& cmd) {
       ->needs(m);
   cmd.add_option("--pipeline", pipeline,
                  "With --model: chunks of the pipelined owner and home schedules (owner's timed "
-                 "beside its serial schedule; the homes' with --replicated)")
-      ->check(at_least<int>(1))
+                 "beside its serial schedule; the homes' with --replicated); 0: the cost "
+                 "model's cheapest count for each, as the optimizer chooses")
+      ->check(at_least<int>(0))
       ->capture_default_str()
       ->needs(m);
   cmd.add_option("--link-latency-us", link_latency_us,

@@ -20,7 +20,7 @@ struct BenchModelOptions {
   Index max_elements = Index{1} << 24;
   int plan_reps = MeasurePlanOptions{}.reps;
   bool replicated = false;  // --replicated: also time the weights replicated over the ranks
-  int pipeline = 4;         // --pipeline
+  int pipeline = 0;         // --pipeline (0: the cost model's choice)
   double link_latency_us = 0, link_gbps = 0;  // --link-latency-us, --link-gbps
   CLI::Option* model_cost_alias = nullptr;    // --model-cost, the deprecated --cost-model
 

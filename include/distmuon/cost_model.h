@@ -113,6 +113,13 @@ CostEstimate estimate(const AutoKey& key, const HardwareProfile* profile, CostMo
 // exchanges (emulated_link_communicator, as `bench --model --link-gbps` sets it; zeros: none):
 // an exchange then lasts at least latency + the bytes the rank sends / bandwidth from the rank's
 // start, whatever else is in flight.
+// chunks = kChosenChunks: the cheapest of kChunkCandidates (those up to the bucket's number of
+// matrices) on this schedule, ties to the fewer chunks: the count the optimizer runs a bucket in
+// (estimate's chunks says which; without a profile nothing is priced and it is
+// kUnpricedChunks, capped the same way).
+inline constexpr int kChosenChunks = 0;
+inline constexpr int kChunkCandidates[] = {1, 2, 4, 8};
+inline constexpr int kUnpricedChunks = 4;
 struct ExchangeSchedule {
   int chunks = 1;
   LinkModel link;
@@ -147,7 +154,8 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
 // auto over a bucket: owner (with each weight's cheaper algorithm) when its estimate on the
 // schedule beats the sum of the per-weight best choices, else each weight's best. The reference
 // model never picks owner. Every key must describe the same groups. Without a schedule: the
-// optimizer's (its default chunks, pipelined, no emulated link), the schedule owner mode runs.
+// optimizer's (kChosenChunks: the chunk count it runs the bucket in, no emulated link), the
+// schedule owner mode runs.
 // A batched key is one weight of the plan (one choice), its matrices LPT units of the owners.
 struct BucketPlan {
   std::vector<AutoChoice> choices;           // per weight

@@ -63,10 +63,11 @@ struct ModelBenchConfig {
   // NS of every weight against one home per weight (ModelBenchReplicated).
   bool replicated = false;
   // The chunks of the pipelined owner and home schedules (owner's first run also timed on the
-  // serial schedule; the homes' with replicated), and an emulated link
-  // (emulated_link_communicator) under owner mode's exchanges and the replicas' (zeros: none;
-  // the per-shape candidates run without it).
-  int pipeline = 4;
+  // serial schedule; the homes' with replicated); 0: the cost model's cheapest count for each run
+  // over the link (kChosenChunks, as the optimizer chooses; kUnpricedChunks without a profile).
+  // An emulated link (emulated_link_communicator) under owner mode's exchanges and the
+  // replicas' (zeros: none; the per-shape candidates run without it).
+  int pipeline = 0;
   LinkModel link;
   // Called (where set) before each timed round with what is being measured, e.g. "round 2 of 6";
   // the CLI sets it on rank 0 for its progress line.
@@ -110,9 +111,10 @@ struct ModelBenchOwner {
   TimingSummary time;
   double predicted_s = 0;  // estimate_owner_bucket's cost with a profile (else 0)
   double planned_s = 0;    // plan measure: the planner's time of this run, when it timed it
-  // The first run again on the serial schedule (one exchange per stage, ModelBenchConfig's
-  // pipeline > 1), timed beside the pipelined runs; never auto's choice.
+  // The first run again on the serial schedule (one exchange per stage, when the first runs in
+  // more than one chunk), timed beside the pipelined runs; never auto's choice.
   bool serial = false;
+  int chunks = 1;  // the chunks the run took
 };
 
 // The model's weights replicated over the group (ModelBenchConfig::replicated): one optimizer

@@ -359,28 +359,43 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
       task_samples.push_back(&samples[i][c]);
     }
   }
-  // Owner runs: every one pipelined (config.pipeline chunks: a chunk's gather and the previous
+  // Owner runs: every one pipelined (config.pipeline chunks, or with 0 the cost model's choice
+  // for the run's keys over the link, as the optimizer chooses: a chunk's gather and the previous
   // one's scatter in flight while its NS runs), and the first also on the serial schedule (one
-  // exchange per stage), both over the emulated link when one is set.
+  // exchange per stage) when it runs in more than one chunk, both over the emulated link when
+  // one is set.
   struct OwnerConfig {
     std::string label;
     std::vector<NsAlgorithm> algorithms;
     int pipeline;
+    bool serial = false;
+  };
+  const auto pinned_keys = [&](const std::vector<NsAlgorithm>& algorithms) {
+    std::vector<AutoKey> pinned = keys;  // (algorithms: per key, i.e. per parameter)
+    for (std::size_t w = 0; w < pinned.size(); ++w)
+      pinned[w].algorithm = algorithms[w];
+    return pinned;
+  };
+  const auto owner_run = [&](std::string label, std::vector<NsAlgorithm> algorithms) {
+    const int chunks = config.pipeline > 0 ? config.pipeline
+                                           : detail::chosen_owner_chunks(pinned_keys(algorithms),
+                                                                         profile, config.link);
+    return OwnerConfig{std::move(label), std::move(algorithms), chunks};
   };
   std::vector<OwnerConfig> owner_runs;
   if (group.size() > 1) {
     for (NsAlgorithm a : rep.algorithms)
-      owner_runs.push_back({to_string(AutoChoice{TpMode::kOwner, a}),
-                            std::vector<NsAlgorithm>(keys.size(), a), config.pipeline});
-    // (algorithms: per key, i.e. per parameter)
+      owner_runs.push_back(owner_run(to_string(AutoChoice{TpMode::kOwner, a}),
+                                     std::vector<NsAlgorithm>(keys.size(), a)));
     if (rep.auto_owner && std::none_of(owner_runs.begin(), owner_runs.end(), [&](const auto& r) {
           return r.algorithms == auto_algorithms;
         }))
-      owner_runs.push_back({"owner (auto's algorithms)", auto_algorithms, config.pipeline});
-    if (config.pipeline > 1) {
+      owner_runs.push_back(owner_run("owner (auto's algorithms)", auto_algorithms));
+    if (owner_runs.front().pipeline > 1) {
       OwnerConfig serial = owner_runs.front();
       serial.label += " (serial schedule)";
       serial.pipeline = 1;
+      serial.serial = true;
       owner_runs.push_back(std::move(serial));
     }
   }
@@ -468,15 +483,14 @@ ModelBenchReport run_model_bench(const Communicator& group, const ModelBenchConf
   }
   t.oracle_s = t.per_weight_oracle_s;
   for (std::size_t r = 0; r < owner_runs.size(); ++r) {
-    const auto& [label, algorithms, pipeline] = owner_runs[r];
+    const auto& [label, algorithms, pipeline, serial] = owner_runs[r];
     ModelBenchOwner o{label, algorithms, summarize(std::move(owners[r].samples)), 0};
-    o.serial = pipeline < config.pipeline;
+    o.serial = serial;
+    o.chunks = pipeline;
     if (rep.has_profile) {
-      std::vector<AutoKey> pinned = keys;
-      for (std::size_t w = 0; w < pinned.size(); ++w)
-        pinned[w].algorithm = algorithms[w];
       // The run's schedule (its chunks) and the emulated link under its exchanges.
-      o.predicted_s = detail::predict_owner(pinned, profile, {pipeline, config.link});
+      o.predicted_s =
+          detail::predict_owner(pinned_keys(algorithms), profile, {pipeline, config.link});
     }
     t.oracle_s = std::min(t.oracle_s, o.time.median_s);
     if (rep.auto_owner && algorithms == auto_algorithms && !o.serial) {

@@ -17,6 +17,15 @@ double predict_owner(std::span<const AutoKey> keys, const HardwareProfile* profi
   return estimate_owner_bucket(keys, estimates, profile, schedule).cost();
 }
 
+int chosen_owner_chunks(std::span<const AutoKey> keys, const HardwareProfile* profile,
+                        LinkModel link) {
+  std::vector<CostEstimate> estimates;
+  estimates.reserve(keys.size());
+  for (const AutoKey& k : keys)
+    estimates.push_back(estimate(k, profile, CostModel::kRefined));
+  return estimate_owner_bucket(keys, estimates, profile, {kChosenChunks, link}).chunks;
+}
+
 ReplicatedPrediction predict_replicated(const std::vector<WeightShape>& weights,
                                         const NsOptions& ns, int replicas, bool crosses,
                                         const HardwareProfile* profile, CostModel model,
@@ -32,15 +41,18 @@ ReplicatedPrediction predict_replicated(const std::vector<WeightShape>& weights,
   const auto at = [&](int chunks, double wire) {
     return estimate_replica_bucket(keys, replicas, crosses, profile, model, wire, {chunks, link});
   };
-  const ReplicaBucketEstimate serial = at(1, 4.0), pipelined = at(pipeline, 4.0);
+  const ReplicaBucketEstimate serial = at(1, 4.0), pipelined = at(pipeline, 4.0),
+                              bf16 = at(pipeline, 2.0);
   ReplicatedPrediction out;
   out.auto_home = pipelined.chose_home();
   out.homes = pipelined.homes;
+  out.pipelined_chunks = pipelined.chunks;
+  out.bf16_chunks = bf16.chunks;
   if (profile != nullptr) {
     out.every_rank_s = serial.every_rank;
     out.home_s = serial.home_cost();
     out.home_pipelined_s = pipelined.home_cost();
-    out.home_bf16_s = at(pipeline, 2.0).home_cost();
+    out.home_bf16_s = bf16.home_cost();
   }
   return out;
 }

@@ -22,12 +22,19 @@ namespace distmuon::detail {
 // without a profile.
 double predict_owner(std::span<const AutoKey> keys, const HardwareProfile* profile,
                      const ExchangeSchedule& schedule);
+// The chunks the bucket of keys runs in when the bench's --pipeline is 0: the cost model's
+// cheapest pipelined schedule over the link (estimate_owner_bucket with kChosenChunks, as the
+// optimizer chooses; kUnpricedChunks capped at the matrices without a profile).
+int chosen_owner_chunks(std::span<const AutoKey> keys, const HardwareProfile* profile,
+                        LinkModel link);
 
 // The replicated bench's runs (seconds; zeros without a profile) and auto's choice: every rank's
 // NS, the homes on the serial schedule, on `pipeline` chunks and on `pipeline` chunks with the
-// bf16 wire, each with the emulated link.
+// bf16 wire, each with the emulated link (pipeline kChosenChunks: the cost model's cheapest count
+// for each, as the optimizer chooses it).
 struct ReplicatedPrediction {
   double every_rank_s = 0, home_s = 0, home_pipelined_s = 0, home_bf16_s = 0;
+  int pipelined_chunks = 1, bf16_chunks = 1;  // the chunks of the pipelined runs
   bool auto_home = false;  // on the pipelined schedule, fp32 wire (FLOPs without a profile)
   std::vector<int> homes;  // per weight (count copies per shape, in order)
 };

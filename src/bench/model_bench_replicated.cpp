@@ -52,6 +52,10 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
       input_of.push_back(i);
   }
   const std::size_t n = input_of.size();
+  // The predictions, and the pipelined runs' chunks (--pipeline's, or the cost model's choice).
+  const ReplicatedPrediction p =
+      predict_replicated(config.weights, config.ns, group.size(), crosses, profile, model,
+                         config.pipeline, config.link);
   ReplicatedRun runs[kRuns];
   NsWorkspaces workspaces;
   std::vector<MeasureTask> tasks;
@@ -75,9 +79,11 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
       run.weights.push_back({run.work[w].view(), &run.layouts[w], &one, &one,
                              NsAlgorithm::kStandard, r != kEveryRank ? &dp : nullptr});
     }
-    run.orth = std::make_unique<OwnerOrthogonalizer>(
-        ns_flops_cost(config.ns), r == kHomePipelined || r == kHomeBf16 ? config.pipeline : 1,
-        r == kHomeBf16);
+    run.orth = std::make_unique<OwnerOrthogonalizer>(ns_flops_cost(config.ns),
+                                                     r == kHomePipelined ? p.pipelined_chunks
+                                                     : r == kHomeBf16    ? p.bf16_chunks
+                                                                         : 1,
+                                                     r == kHomeBf16);
     tasks.push_back({[&run, &config, &compute, &workspaces, unit] {
                        run.orth->run(run.weights, config.ns, unit, compute, &workspaces);
                        compute.synchronize();
@@ -93,12 +99,9 @@ ModelBenchReplicated run_replicated_bench(const Communicator& group, const Model
   out.home = summarize(std::move(timed[kHome]));
   out.home_pipelined = summarize(std::move(timed[kHomePipelined]));
   out.home_bf16 = summarize(std::move(timed[kHomeBf16]));
-  out.pipeline = config.pipeline;
+  out.pipeline = p.pipelined_chunks;
   out.link = config.link;
   out.homes = runs[kHome].orth->last_owners();
-  const ReplicatedPrediction p =
-      predict_replicated(config.weights, config.ns, group.size(), crosses, profile, model,
-                         config.pipeline, config.link);
   out.auto_home = p.auto_home;
   out.predicted_every_rank_s = p.every_rank_s;
   out.predicted_home_s = p.home_s;

@@ -111,7 +111,8 @@ json to_json(const ModelBenchReport& r) {
                           {"algorithms", algorithms},
                           {"measured", timing_json(o.time)},
                           {"predicted_ms", o.predicted_s * 1e3},
-                          {"serial", o.serial}});
+                          {"serial", o.serial},
+                          {"chunks", o.chunks}});
     if (o.planned_s > 0) j["owner"].back()["planned_ms"] = o.planned_s * 1e3;
   }
   j["auto_owner"] = r.auto_owner;
@@ -200,6 +201,7 @@ std::string format_report(const ModelBenchReport& r) {
     out += "\nowner mode over every weight at once (LPT owners, bucketed all-to-alls):\n";
     for (const ModelBenchOwner& o : r.owner) {
       out += fmt::format("  {:<28} {:>10.2f} ms", o.label, o.time.median_s * 1e3);
+      if (!o.serial) out += fmt::format("   {} chunk{}", o.chunks, o.chunks == 1 ? "" : "s");
       if (r.has_profile) out += predicted(o.predicted_s, o.time.median_s);
       if (o.serial) {
         out += fmt::format("   {} pipelined: {:.2f}x of this", r.owner.front().label,

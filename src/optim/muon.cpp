@@ -54,7 +54,7 @@ Muon::Impl::Impl(MuonOptions o, Communicator w, Compute& c)
       world(std::move(w)),
       compute(&c),
       comm_timer(c.stream_timer()),
-      orthogonalizer({}, options.replica_wire == ReplicaWire::kBf16),
+      orthogonalizer({}, options.replica_wire == ReplicaWire::kBf16, owner_chunks(*this)),
       ns_gram(ns) {
   // The schedule at the precision NS runs at (the backend's when the options leave it): a
   // schedule that its rounding makes diverge is refused here, before any step.

@@ -28,6 +28,12 @@ std::unique_ptr<AutoState, void (*)(AutoState*)> make_auto_state(const MuonOptio
           [](AutoState* a) { delete a; }};
 }
 
+const HardwareProfile* auto_profile(const Muon::Impl& s) {
+  if (s.auto_state == nullptr) return nullptr;
+  const std::optional<HardwareProfile>& p = s.auto_state->resolver.profile();
+  return p ? &*p : nullptr;
+}
+
 namespace {
 
 // The cost model's key of an auto parameter (auto_key of its layout, crosses_domain from the
@@ -117,11 +123,11 @@ void plan_replica_homes(Muon::Impl& s, std::span<const std::size_t> todo) {
             keys.push_back(auto_key(p.layout, s.ns, p.algorithm, false, 4,
                                     s.compute->batches_newton_schulz()));
           }
-          // Priced on the schedule the homes run (detail::WeightOrthogonalizer's pipeline).
+          // Priced on the schedule the homes run: the chunks the optimizer chooses for them
+          // (owner_chunks: the same estimate's cheapest count).
           const ReplicaBucketEstimate e = estimate_replica_bucket(
               keys, first.layout.dp_size, crosses[j] != 0, profile, r.cost_model(),
-              s.options.replica_wire == ReplicaWire::kBf16 ? 2.0 : 4.0,
-              {detail::OwnerOrthogonalizer::kDefaultPipeline, {}});
+              s.options.replica_wire == ReplicaWire::kBf16 ? 2.0 : 4.0, {kChosenChunks, {}});
           const bool seconds = profile != nullptr;
           spdlog::info(
               "replica_mode=auto: {} weights over {} replicas{}: home {} (NS {} + exchange {}) vs "
@@ -136,8 +142,10 @@ void plan_replica_homes(Muon::Impl& s, std::span<const std::size_t> todo) {
         return out;
       });
   DISTMUON_ASSERT(homes.size() == todo.size(), "one decision per replicated parameter");
-  for (std::size_t j = 0; j < todo.size(); ++j)
+  for (std::size_t j = 0; j < todo.size(); ++j) {
     s.params[todo[j]].home = homes[j] != 0;
+    s.params[todo[j]].dp_crosses = crosses[j] != 0;
+  }
 }
 
 void plan_auto_modes(Muon::Impl& s) {

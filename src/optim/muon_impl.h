@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "distmuon/hardware_profile.h"
 #include "distmuon/layout.h"
 #include "distmuon/muon.h"
 #include "ns/ns_workspaces.h"
@@ -47,6 +48,7 @@ struct ParamState {
   std::optional<AutoKey> auto_key;                 // auto: the key it was resolved on
   // Muon, replicated: orthogonalised on one home of its replicas (decided with its mode).
   std::optional<bool> home;
+  bool dp_crosses = false;  // replica_mode auto: whether its replicas cross an NVLink domain
   int owner = -1;           // owner mode or home: its owner index in the last step
   std::vector<int> owners;  // each slice's owner index in the last step (-1: run locally)
   bool sharded() const { return layout.tp_dim != kNoPartition || layout.gtp_size > 1; }
@@ -187,6 +189,13 @@ void plan_replica_homes(Muon::Impl& impl, std::span<const std::size_t> todo);
 void plan_auto_modes_by_measuring(Muon::Impl& impl, std::span<const std::size_t> todo,
                                   std::span<const AutoKey> keys,
                                   std::span<const std::vector<std::size_t>> buckets);
+// The profile tp_mode=auto prices with (nullptr: none, or no auto option).
+const HardwareProfile* auto_profile(const Muon::Impl& impl);
+// The chunk count of each owner bucket composition the optimizer runs (muon_chunks.cpp): the cost
+// model's cheapest pipelined schedule (kChosenChunks) on the keys auto prices the bucket with;
+// without a profile the unpriced count (kUnpricedChunks). No collective: a function of the
+// parameters' agreed metadata and the options.
+detail::OwnerChunksFn owner_chunks(const Muon::Impl& impl);
 // Restores a saved decision into the resolver's cache (checkpoint load).
 void restore_auto_decision(Muon::Impl& impl, const AutoKey& key, const AutoChoice& choice);
 

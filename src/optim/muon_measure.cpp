@@ -59,6 +59,7 @@ class MuonTarget final : public MeasureTarget {
       detail::WeightOrthogonalizer orth;  // the step's entry point, its own owner assignments
     };
     auto r = std::make_shared<Run>();
+    r->orth = detail::WeightOrthogonalizer({}, false, owner_chunks(s_));  // the step's chunks
     const std::vector<std::size_t>& b = buckets_[bucket];
     detail::ResetCopies copies;
     for (std::size_t i = 0; i < b.size(); ++i) {

@@ -1,9 +1,13 @@
 // The timeline of a bucket's NS and exchanges (exchange_schedule.h).
 #include "plan/exchange_schedule.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <optional>
 #include <vector>
 
+#include "distmuon/cost_model.h"
 #include "distmuon/error.h"
 
 namespace distmuon::detail {
@@ -84,6 +88,29 @@ double schedule_seconds(std::span<const ChunkTimes> chunks, bool gathers) {
   for (const std::size_t s : sends)
     t.wait(s);
   return t.end();
+}
+
+ChunkChoice cheapest_chunks(std::size_t matrices, const std::function<double(int)>& price) {
+  std::optional<ChunkChoice> best;
+  for (const int candidate : kChunkCandidates) {
+    const int c = unpriced_chunks(candidate, matrices);  // capped: as the executor cuts them
+    if (best && c <= best->chunks) continue;             // priced already
+    const double s = price(c);
+    if (!best || s < best->seconds) best = ChunkChoice{c, s};
+  }
+  return *best;
+}
+
+int unpriced_chunks(int requested, std::size_t matrices) {
+  if (requested < 0) {
+    throw Error(
+        fmt::format("exchange schedule: {} chunks (valid: 0 for the cost model's choice, "
+                    "or at least 1)",
+                    requested));
+  }
+  const int chunks = requested == kChosenChunks ? kUnpricedChunks : requested;
+  return static_cast<int>(std::clamp<std::size_t>(static_cast<std::size_t>(chunks), 1,
+                                                  std::max<std::size_t>(matrices, 1)));
 }
 
 }  // namespace distmuon::detail

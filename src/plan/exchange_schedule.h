@@ -4,6 +4,8 @@
 // estimates (owner_cost.cpp) price their serial and pipelined schedules with it. Internal to
 // src/plan.
 
+#include <cstddef>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -32,5 +34,22 @@ struct ChunkTimes {
 // its NS, then start its exchange; then wait for the exchanges in order). One chunk is the serial
 // schedule. A wait ends when the rank's own link minimum and the transfer are both over.
 double schedule_seconds(std::span<const ChunkTimes> chunks, bool gathers);
+
+// A bucket's chunk count and its seconds on that many chunks.
+struct ChunkChoice {
+  int chunks = 1;
+  double seconds = 0;
+};
+// The cheapest count of kChunkCandidates (cost_model.h), each capped at `matrices` (1 at least:
+// a bucket of 3 prices 1, 2 and 3 chunks, so the choice is never dearer than any candidate's
+// count as the executor runs it), price(c) being the bucket's seconds on c chunks; ties (anything
+// not cheaper) go to the fewer chunks. A pure function of price: ranks that price the same
+// inputs choose the same count.
+ChunkChoice cheapest_chunks(std::size_t matrices, const std::function<double(int)>& price);
+
+// The chunks a bucket of `matrices` runs in when asked for `requested` (ExchangeSchedule::chunks)
+// and nothing is priced: requested, or kUnpricedChunks for kChosenChunks, capped at matrices (the
+// executor's chunk_starts makes no empty chunk) and 1 at least. Throws for requested < 0.
+int unpriced_chunks(int requested, std::size_t matrices);
 
 }  // namespace distmuon::detail

@@ -83,6 +83,17 @@ struct ExchangeTerms {
   }
 };
 
+// The bucket on the schedule's chunks: `requested` (capped at the matrices, as the executor
+// cuts them), or with kChosenChunks the cheapest candidate (detail::cheapest_chunks), the
+// count the optimizer runs. price(c): {seconds, the chunks run} on c chunks.
+template <typename Price>
+detail::ChunkChoice on_schedule(int requested, std::size_t matrices, const Price& price) {
+  if (requested == kChosenChunks)
+    return detail::cheapest_chunks(matrices, [&](int c) { return price(c).first; });
+  const auto [seconds, chunks] = price(detail::unpriced_chunks(requested, matrices));
+  return {static_cast<int>(chunks), seconds};
+}
+
 }  // namespace
 
 OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
@@ -134,6 +145,7 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
       if (r != o) send[r] += bytes[i] / g;
   }
   out.compute = *std::max_element(load.begin(), load.end());
+  out.chunks = detail::unpriced_chunks(schedule.chunks, n);
   if (profile == nullptr) return out;
   // The schedule: per chunk, the gather (every rank sends the owner row its shard of each
   // weight, its own included, and the owner copies the full matrix out of its staging), the
@@ -167,9 +179,9 @@ OwnerBucketEstimate estimate_owner_bucket(std::span<const AutoKey> keys,
     return std::pair{detail::schedule_seconds(times, true), times.size()};
   };
   out.comm_s = price(1).first - out.compute;
-  const auto [seconds, chunks] = price(schedule.chunks);
-  out.seconds = seconds;
-  out.chunks = static_cast<int>(chunks);
+  const detail::ChunkChoice run = on_schedule(schedule.chunks, n, price);
+  out.seconds = run.seconds;
+  out.chunks = run.chunks;
   return out;
 }
 
@@ -221,6 +233,7 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
   }
   out.compute = n == 0 ? 0.0 : *std::max_element(load.begin(), load.end());
   out.payload_bytes = n == 0 ? 0.0 : *std::max_element(send.begin(), send.end());
+  out.chunks = detail::unpriced_chunks(schedule.chunks, n);
   if (profile == nullptr || n == 0 || replicas == 1) return out;
   // The schedule: per chunk, the homes' NS (a bf16 wire: and the rounding of their results),
   // then the exchange: each home copies its results into its staging once per other replica
@@ -253,15 +266,15 @@ ReplicaBucketEstimate estimate_replica_bucket(std::span<const AutoKey> keys, int
     return std::pair{detail::schedule_seconds(times, false), times.size()};
   };
   out.comm_s = price(1).first - out.compute;
-  const auto [seconds, chunks] = price(schedule.chunks);
-  out.seconds = seconds;
-  out.chunks = static_cast<int>(chunks);
+  const detail::ChunkChoice run = on_schedule(schedule.chunks, n, price);
+  out.seconds = run.seconds;
+  out.chunks = run.chunks;
   return out;
 }
 
 BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,
                        CostModel model) {
-  return plan_bucket(keys, profile, model, {detail::OwnerOrthogonalizer::kDefaultPipeline, {}});
+  return plan_bucket(keys, profile, model, {kChosenChunks, {}});
 }
 
 BucketPlan plan_bucket(std::span<const AutoKey> keys, const HardwareProfile* profile,

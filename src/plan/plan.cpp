@@ -11,7 +11,6 @@
 #include "distmuon/error.h"
 #include "distmuon/memory_check.h"
 #include "distmuon/newton_schulz.h"
-#include "tp/owner_ns.h"
 
 namespace distmuon {
 namespace {
@@ -132,10 +131,9 @@ Plan make_plan(const std::vector<WeightShape>& weights, const PlanOptions& opts)
         k.algorithm = NsAlgorithm::kStandard;
       unsharded.insert(unsharded.end(), static_cast<std::size_t>(row.count / row.batch), k);
     }
-    // On the schedule the optimizer runs the homes on (pipelined, as owner buckets).
-    plan.replicated =
-        estimate_replica_bucket(unsharded, opts.replicas, opts.crosses_domain, profile, opts.model,
-                                4.0, {detail::OwnerOrthogonalizer::kDefaultPipeline, {}});
+    // On the schedule the optimizer runs the homes on (pipelined, the cost model's chunks).
+    plan.replicated = estimate_replica_bucket(unsharded, opts.replicas, opts.crosses_domain,
+                                              profile, opts.model, 4.0, {kChosenChunks, {}});
   }
   return plan;
 }

@@ -451,12 +451,25 @@ const OwnerPlan& OwnerOrthogonalizer::plan_for(std::span<const OwnerItem> items,
   const ShardLayout& first = *items.front().layout;
   const Grid grid = grid_of(first, dp != nullptr);
   Key key = key_of(items, tp, gtp, dp);
-  const std::string& composition = std::get<3>(key);
-  // Every call: every rank of the grid must see the same composition and sit where its layout
-  // says (agree_on_tp_grid: all throw or none does). Only the plan is cached: skipping the
-  // check on a rank that saw its composition before would leave a rank holding a different, new
-  // composition waiting in it.
+  const auto cached = cache_.find(key);
+  // The chunks: the cached plan's, else this composition's count (choose_, once; no collective).
   std::string reason;
+  int chunks = chunks_;
+  if (cached != cache_.end()) {
+    chunks = cached->second.chunks;
+  } else if (choose_) {
+    try {
+      chunks = choose_(items, dp != nullptr);
+    } catch (const Error& e) {
+      reason = fmt::format("choosing its chunks: {}", e.what());
+    }
+  }
+  chunks = std::max(chunks, 1);
+  // Every call: every rank of the grid must see the same composition and chunk count and sit
+  // where its layout says (agree_on_tp_grid: all throw or none does). Only the plan is cached:
+  // skipping the check on a rank that saw its composition before would leave a rank holding a
+  // different, new composition waiting in it.
+  const std::string composition = fmt::format("{};chunks {}", std::get<3>(key), chunks);
   if (first.tp_on() && (tp.size() != grid.T || tp.rank() != grid.t)) {
     reason = fmt::format("TP group has rank {} of {}, the layouts say {} of {}", tp.rank(),
                          tp.size(), grid.t, grid.T);
@@ -474,12 +487,14 @@ const OwnerPlan& OwnerOrthogonalizer::plan_for(std::span<const OwnerItem> items,
       grid.T > 1 ? tp : one, grid.G > 1 ? gtp : one, grid.D > 1 ? *dp : one,
       fnv1a64(composition.data(), composition.size()), reason.empty(),
       fmt::format("owner mode: the composition of a bucket of {} weights", items.size()), reason);
-  if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
+  if (cached != cache_.end()) return cached->second;
   std::vector<double> costs;
   costs.reserve(items.size());
   for (const OwnerItem& it : items)
     costs.push_back(cost_(*it.layout, it.algorithm));
-  return cache_.emplace(std::move(key), plan_owners(costs, grid.homes())).first->second;
+  OwnerPlan plan = plan_owners(costs, grid.homes());
+  plan.chunks = chunks;
+  return cache_.emplace(std::move(key), std::move(plan)).first->second;
 }
 
 std::vector<OwnerOrthogonalizer::Bucket> OwnerOrthogonalizer::buckets_of(
@@ -530,7 +545,7 @@ std::optional<OwnerOrthogonalizer::CachedPlan> OwnerOrthogonalizer::cached_plan(
     // result's place in the first other replica's part.
     const Grid grid = grid_of(*items.front().layout, b.dp != nullptr);
     if (grid.T == 1 && grid.G == 1 && grid.D > 1) {
-      const std::vector<std::size_t> starts = chunk_starts(plan, chunks_);
+      const std::vector<std::size_t> starts = chunk_starts(plan, plan.chunks);
       for (std::size_t c = 0; c + 1 < starts.size(); ++c) {
         std::vector<std::size_t> homed;  // the chunk's items homed here, in the chunk's order
         std::size_t n = 0;
@@ -554,7 +569,7 @@ std::optional<OwnerOrthogonalizer::CachedPlan> OwnerOrthogonalizer::cached_plan(
         }
       }
     }
-    first_slot += staging_slots(chunks_);
+    first_slot += staging_slots(plan.chunks);
   }
   return out;
 }
@@ -586,9 +601,9 @@ void OwnerOrthogonalizer::run(std::span<const Weight> weights, const NsOptions& 
     const OwnerPlan& plan = plan_for(items, *b.tp, *b.gtp, b.dp);
     for (std::size_t k = 0; k < b.index.size(); ++k)
       last_owners_[b.index[k]] = plan.owners[k];
-    orthogonalize_owned(items, plan, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces, chunks_,
-                        bf16_replicas_, results, first_slot);
-    first_slot += staging_slots(chunks_);
+    orthogonalize_owned(items, plan, *b.tp, *b.gtp, b.dp, ns, scale, compute, workspaces,
+                        plan.chunks, bf16_replicas_, results, first_slot);
+    first_slot += staging_slots(plan.chunks);
   }
 }
 

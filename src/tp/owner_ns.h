@@ -34,7 +34,7 @@
 //
 // Owners are assigned by LPT (longest processing time first) on a per-weight cost estimate, ties
 // broken by weight index then by owner index, so every rank computes the same assignment; it is
-// decided, with the chunks' order, once per bucket composition and cached (OwnerPlan).
+// decided, with the chunks' order and count, once per bucket composition and cached (OwnerPlan).
 
 #include <functional>
 #include <map>
@@ -72,12 +72,21 @@ struct OwnerItem {
 // LPT's order (largest cost first, ties by index), the order the pipelined chunks take them in:
 // LPT gives the first weights one to each owner, the next ones to the least loaded, so
 // consecutive runs of that order keep the owners about as balanced in each chunk as over the
-// bucket. costs: each item's cost estimate (OwnerCostFn).
+// bucket. costs: each item's cost estimate (OwnerCostFn). chunks: the chunks the bucket runs in
+// (OwnerOrthogonalizer: its fixed count, or its OwnerChunksFn's choice for the composition).
 struct OwnerPlan {
   std::vector<int> owners;
   std::vector<std::size_t> order;
   std::vector<double> costs;
+  int chunks = 1;
 };
+
+// The chunks a bucket runs in, chosen once per bucket composition (the plan's chunks): its
+// items, and whether its homes span the replicas (orthogonalize_owned's dp). A function of what
+// every rank of the bucket agrees on (the composition, the options), never of rank-local timing:
+// the count decides which collectives run. The optimizer's is the cost model's choice
+// (src/optim/muon_chunks.cpp: the cheapest pipelined schedule, as tp_mode=auto prices it).
+using OwnerChunksFn = std::function<int(std::span<const OwnerItem>, bool replicas)>;
 // lpt_assign(costs, homes) and the order of its items.
 OwnerPlan plan_owners(std::span<const double> costs, int homes);
 
@@ -122,13 +131,17 @@ void orthogonalize_owned(std::span<const OwnerItem> items, const OwnerPlan& plan
 // replicas run the local NS.
 class OwnerOrthogonalizer {
  public:
-  // pipeline: orthogonalize_owned's chunks for every bucket (1: serial).
-  // bf16_replicas: orthogonalize_owned's bf16_wire for replicated buckets.
+  // pipeline: orthogonalize_owned's chunks for every bucket (1: serial), unless choose is given:
+  // then choose(items, replicas) decides each composition's count (its first run; a count below
+  // 1 is 1). bf16_replicas: orthogonalize_owned's bf16_wire for replicated buckets.
   explicit OwnerOrthogonalizer(OwnerCostFn cost, int pipeline = kDefaultPipeline,
-                               bool bf16_replicas = false)
-      : cost_(std::move(cost)), chunks_(pipeline), bf16_replicas_(bf16_replicas) {}
-  // Buckets go in 4 chunks by default: most of the exchanges hide behind the NS of the other
-  // chunks, at 3 more all-to-all latencies per stage.
+                               bool bf16_replicas = false, OwnerChunksFn choose = {})
+      : cost_(std::move(cost)),
+        chunks_(pipeline),
+        bf16_replicas_(bf16_replicas),
+        choose_(std::move(choose)) {}
+  // The fixed count where nothing chooses (no profile to price the schedule with): most of the
+  // exchanges hide behind the NS of the other chunks, at 3 more all-to-all latencies per stage.
   static constexpr int kDefaultPipeline = 4;
 
   struct Weight {
@@ -181,6 +194,7 @@ class OwnerOrthogonalizer {
   OwnerCostFn cost_;
   int chunks_ = 1;
   bool bf16_replicas_ = false;
+  OwnerChunksFn choose_;
   using Key = std::tuple<std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>, std::weak_ptr<CommImpl>,
                          std::string>;
   // A bucket's cache key: its groups and its composition.

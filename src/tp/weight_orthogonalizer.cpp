@@ -188,7 +188,7 @@ void WeightOrthogonalizer::run(std::span<const ShardedWeight> weights, const NsO
   if (!owned_.empty()) {
     if (!owner_) {
       owner_.emplace(cost_ ? cost_ : ns_flops_cost(ns), OwnerOrthogonalizer::kDefaultPipeline,
-                     bf16_replicas_);
+                     bf16_replicas_, chunks_);
     }
     owner_->run(owned_, ns, scale, compute, &ws);
   }

@@ -60,8 +60,11 @@ class WeightOrthogonalizer {
   // cost: owner mode's per-weight estimate for LPT; empty: ns_flops_cost of the ns of the first
   // run with an owner weight.
   // bf16_replicas: homes send their results to the other replicas in bf16 (OwnerOrthogonalizer).
-  explicit WeightOrthogonalizer(OwnerCostFn cost = {}, bool bf16_replicas = false)
-      : cost_(std::move(cost)), bf16_replicas_(bf16_replicas) {}
+  // chunks: the chunk count of each owner bucket composition (OwnerChunksFn); empty: every
+  // bucket in OwnerOrthogonalizer::kDefaultPipeline chunks.
+  explicit WeightOrthogonalizer(OwnerCostFn cost = {}, bool bf16_replicas = false,
+                                OwnerChunksFn chunks = {})
+      : cost_(std::move(cost)), bf16_replicas_(bf16_replicas), chunks_(std::move(chunks)) {}
 
   // Orthogonalises and scales every weight in place (see the header for the order). Collective
   // over each weight's groups; every rank of them passes its weights in the same order. NS
@@ -82,6 +85,7 @@ class WeightOrthogonalizer {
  private:
   OwnerCostFn cost_;
   bool bf16_replicas_ = false;
+  OwnerChunksFn chunks_;
   std::optional<OwnerOrthogonalizer> owner_;        // from the first run with an owner weight
   std::vector<OwnerOrthogonalizer::Weight> owned_;  // the owner weights of a run
   std::vector<int> last_owners_;

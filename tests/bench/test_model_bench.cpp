@@ -38,9 +38,24 @@ void expect_sum(double actual, double expected) {
   EXPECT_NEAR(actual, expected, 1e-12 * std::max(1e-30, std::abs(expected)));
 }
 
+// --pipeline 0 (the default): each owner run in the cost model's chunk count, as the optimizer
+// chooses it: these four tiny weights on the h100 profile are latency-bound, so one chunk, and no
+// serial run beside it (it would be the same schedule).
+TEST(ModelBench, DefaultPipelineIsTheCostModelsChunkCount) {
+  const Communicator& w = world();
+  if (w.size() == 1) GTEST_SKIP() << "no owner runs on one rank";
+  const ModelBenchReport r = run_model_bench(w, tiny_config(), cpu_compute());
+  ASSERT_FALSE(r.owner.empty());
+  for (const ModelBenchOwner& o : r.owner) {
+    EXPECT_FALSE(o.serial) << o.label;
+    EXPECT_EQ(o.chunks, 1) << o.label;
+  }
+}
+
 TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
   const Communicator& w = world();
-  const ModelBenchConfig c = tiny_config();
+  ModelBenchConfig c = tiny_config();
+  c.pipeline = 4;  // forced: the cost model would run these tiny weights in one chunk
   const ModelBenchReport r = run_model_bench(w, c, cpu_compute());
   EXPECT_EQ(r.group_size, w.size());
   EXPECT_EQ(r.profile, "h100");
@@ -110,6 +125,8 @@ TEST(ModelBench, OneRowPerShapeWithConsistentTotals) {
     EXPECT_TRUE(r.owner.back().serial);
     EXPECT_EQ(r.owner.back().algorithms, r.owner.front().algorithms);
     EXPECT_FALSE(r.owner.front().serial);
+    for (const ModelBenchOwner& o : r.owner)
+      EXPECT_EQ(o.chunks, o.serial ? 1 : 4) << o.label;
   }
   std::vector<NsAlgorithm> planned;
   for (const ModelBenchShape& s : r.shapes)

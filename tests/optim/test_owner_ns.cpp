@@ -9,15 +9,20 @@
 // copy. Any difference is a bug, not rounding.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
+#include <string_view>
 
 #include "distmuon/cost_model.h"
 #include "distmuon/error.h"
+#include "distmuon/hardware_profile.h"
 #include "optim_test_util.h"
 #include "tp/owner_ns.h"
 #include "tp/sharded_ns.h"
@@ -340,13 +345,18 @@ struct MuonRun {
 };
 
 // Three Muon steps on the cases; after_second(groups) runs after the second step, with the
-// groups' counts of that step alone.
+// groups' counts of that step alone. profile: the options' (auto prices with it, refined model).
 MuonRun run_muon(const std::vector<Case>& cases, TpMode mode, NsAlgorithm algorithm,
-                 const std::function<void(Groups&)>& after_second = {}) {
+                 const std::function<void(Groups&)>& after_second = {},
+                 const char* profile = "none") {
   MuonOptions o;
   o.lr = 0.5;
   o.tp_mode = mode;
   o.ns_algorithm = algorithm;
+  if (std::string_view(profile) != "none") {
+    o.cost_model = "refined";
+    o.profile = profile;
+  }
   Muon opt(o, test::world(), cpu_compute());
   Groups groups;
   MuonRun r;
@@ -440,6 +450,36 @@ TEST(MuonOwner, OneAllToAllPerStagePerChunk) {
     EXPECT_EQ(gtp_only.gtp_stats->all_to_all.calls, 0u);
     EXPECT_GE(gtp_only.gtp_stats->all_gather.calls, 4u);  // the bucket's four weights
   });
+}
+
+// tp_mode=auto on the h100 profile over eight tiny weights split by rows over the world: owner,
+// whose estimate (plan_bucket, the optimizer's schedule) prices the bucket in one chunk, and the
+// optimizer runs that one chunk: one gather and one scatter per step (the fixed 4 chunks: 8).
+TEST(MuonOwner, AutoRunsTheChunkCountItPriced) {
+  const int w = test::world().size();
+  if (w == 1) GTEST_SKIP() << "no bucket on one rank";
+  std::vector<Case> cases;
+  for (int i = 0; i < 8; ++i)
+    cases.push_back({{.label = fmt::format("tiny {}", i), .m = 64, .n = 32, .gtp = w}});
+  const std::optional<HardwareProfile> h100 = resolve_profile("h100");
+  ASSERT_TRUE(h100.has_value());
+  // The optimizer's key of each (auto_key of its layout with the default options).
+  const AutoKey key = auto_key(ShardLayout{.m = 64, .n = 32, .gtp_size = w},
+                               MuonOptions{}.ns_options(), NsAlgorithm::kAuto, false);
+  const std::vector<AutoKey> keys(8, key);
+  const BucketPlan plan = plan_bucket(keys, &*h100, CostModel::kRefined);
+  ASSERT_TRUE(plan.owner.has_value());
+  EXPECT_EQ(plan.owner->chunks, 1);
+  const MuonRun r = run_muon(
+      cases, TpMode::kAuto, NsAlgorithm::kAuto,
+      [&](Groups& groups) {
+        const Groups::Entry& e = groups.map.at({1, w});
+        EXPECT_EQ(e.gtp_stats->all_to_all.calls, 2u * static_cast<std::size_t>(plan.owner->chunks));
+        EXPECT_EQ(e.gtp_stats->all_gather.calls, 0u);
+      },
+      "h100");
+  for (const ParamInfo& p : r.info)
+    EXPECT_EQ(p.mode, TpMode::kOwner) << p.name;
 }
 
 }  // namespace

@@ -63,8 +63,9 @@ struct Counted {
 // buffers kept from the first (so a stage that read a buffer before its data arrived would see
 // the first step's values); returns this rank's shards after it. chunks 0: duplicated mode on
 // the same shards instead (each weight all-gathered and orthogonalised on every rank), the
-// reference.
-std::vector<Matrix> run(const GridSize& g, int chunks, const LinkModel* link, Counted& counted) {
+// reference. choose: the orthogonalizer's OwnerChunksFn (then it decides the chunks).
+std::vector<Matrix> run(const GridSize& g, int chunks, const LinkModel* link, Counted& counted,
+                        detail::OwnerChunksFn choose = {}) {
   const Communicator& world = test::world();
   const ProcessGroups pg = make_process_groups(world, g.T, g.G);
   auto wrap = [&](const Communicator& c, const std::shared_ptr<CommStats>& stats) {
@@ -96,7 +97,7 @@ std::vector<Matrix> run(const GridSize& g, int chunks, const LinkModel* link, Co
     layouts.push_back(s);
   }
   NsOptions ns;
-  detail::OwnerOrthogonalizer orth(detail::ns_flops_cost(ns), chunks);
+  detail::OwnerOrthogonalizer orth(detail::ns_flops_cost(ns), chunks, false, std::move(choose));
   detail::NsWorkspaces workspaces;
   const detail::ScaleFn scale = [](Index m, Index n) {
     return muon_scale(ScaleMode::kSpectral, m, n);
@@ -166,6 +167,28 @@ TEST(OwnerPipeline, ChunksGiveTheSerialSchedulesBitsWithOneAllToAllPerStagePerCh
   }
   for (const GridSize& g : grids)
     check_grid(g);
+}
+
+// A chooser's count (the optimizer's: the cost model's choice) is what runs, asked once per
+// composition (both steps of run() share it) with the bucket's items and whether its homes span
+// the replicas; the bits stay duplicated's.
+TEST(OwnerPipeline, ChosenChunksRunOncePerComposition) {
+  const int w = test::world().size();
+  const GridSize g{1, w, 1};
+  Counted counted;
+  const std::vector<Matrix> duplicated = run(g, 0, nullptr, counted);
+  int asked = 0;
+  const std::vector<Matrix> got =
+      run(g, 100, nullptr, counted, [&](std::span<const detail::OwnerItem> items, bool replicas) {
+        ++asked;
+        EXPECT_EQ(items.size(), duplicated.size());
+        EXPECT_FALSE(replicas);
+        return 3;
+      });
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(counted.gtp->all_to_all.calls, 2u * 3u);  // gather and scatter per chunk
+  for (std::size_t k = 0; k < got.size(); ++k)
+    EXPECT_TRUE(bit_equal(got[k], duplicated[k])) << "weight " << k;
 }
 
 // The chunks' order is cached with the owners: LPT's order of the costs (largest first, ties by

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "distmuon/cost_model.h"
@@ -179,9 +180,12 @@ TEST(BatchedCost, AutoPricesOwnerOnThePipelinedSchedule) {
     es.push_back(estimate(k, &p, CostModel::kRefined));
   const BucketPlan plan = plan_bucket(keys, &p, CostModel::kRefined);
   ASSERT_TRUE(plan.owner.has_value());
-  const OwnerBucketEstimate pipelined = estimate_owner_bucket(keys, es, &p, {4, {}});
-  EXPECT_EQ(plan.owner->chunks, 4);
+  // The optimizer's schedule: the cost model's chunk count (test_chunk_choice), here pipelined.
+  const OwnerBucketEstimate pipelined = estimate_owner_bucket(keys, es, &p, {kChosenChunks, {}});
+  EXPECT_GT(pipelined.chunks, 1);
+  EXPECT_EQ(plan.owner->chunks, pipelined.chunks);
   EXPECT_EQ(plan.owner->seconds, pipelined.seconds);
+  EXPECT_EQ(pipelined.seconds, estimate_owner_bucket(keys, es, &p, {pipelined.chunks, {}}).seconds);
   EXPECT_LT(pipelined.seconds, estimate_owner_bucket(keys, es, &p, {1, {}}).seconds);
   EXPECT_EQ(plan.choices.size(), keys.size());  // one choice per parameter
   // plan --replicas prices the homes on the same schedule.
@@ -192,7 +196,21 @@ TEST(BatchedCost, AutoPricesOwnerOnThePipelinedSchedule) {
   o.profile = p;
   const Plan replicated = make_plan({{"w", 512, 256, 8, false}, {"v", 256, 256, 3, false}}, o);
   ASSERT_TRUE(replicated.replicated.has_value());
-  EXPECT_EQ(replicated.replicated->chunks, 4);
+  // Its chunks: the homes' estimate's choice on plan's keys (each weight unsharded).
+  std::vector<AutoKey> unsharded;
+  for (const auto& [m, n, count] : {std::tuple<Index, Index, int>{512, 256, 8}, {256, 256, 3}}) {
+    AutoKey k = o.key(m, n, 1);
+    k.group_size = 1;
+    k.second_group_size = 1;
+    k.partition_dim = 0;
+    k.crosses_domain = false;
+    unsharded.insert(unsharded.end(), static_cast<std::size_t>(count), k);
+  }
+  EXPECT_EQ(replicated.replicated->chunks,
+            estimate_replica_bucket(unsharded, 2, false, &p, CostModel::kRefined, 4.0,
+                                    {kChosenChunks, {}})
+                .chunks);
+  EXPECT_GT(replicated.replicated->chunks, 1);
 }
 
 TEST(BatchedCost, PlanCountsABatchedWeightOncePerParameter) {

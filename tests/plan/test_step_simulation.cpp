@@ -62,14 +62,16 @@ TEST(StepSimulation, ModesArePricedByTheCostModel) {
 TEST(StepSimulation, OneGroupIsThePlan) {
   SimulationOptions o = gb200();
   o.elem_size = 4;
-  o.buckets = 4;  // owner's schedule in the optimizer, which the plan prices
-  const Placement pl(layered_weights(train_default_weights()), parse_parallelism("dp=2,gtp=2"), 2);
-  const StepSimulation sim = simulate_step(pl, o);
   PlanOptions po;
   po.group_size = 2;
   po.elem_size = 4;
   po.profile = o.profile;
   const Plan plan = make_plan(train_default_weights(), po);
+  ASSERT_TRUE(plan.owner.has_value());
+  // Owner's schedule in the optimizer, which the plan prices: the cost model's chunk count.
+  o.buckets = plan.owner->chunks;
+  const Placement pl(layered_weights(train_default_weights()), parse_parallelism("dp=2,gtp=2"), 2);
+  const StepSimulation sim = simulate_step(pl, o);
   expect_close(sim.of(StepMode::kDuplicated).seconds(), plan.total_duplicated, "duplicated");
   expect_close(sim.of(StepMode::kDistributed).seconds(), plan.total_distributed, "distributed");
   ASSERT_TRUE(plan.owner.has_value());
