@@ -3,8 +3,9 @@
 // in them. The captured and replayed calls must give bit for bit the results of the plain calls
 // of the same backend (tolerance 0: a graph replays the very kernels and cuBLAS calls with the
 // same arguments, and the backend keeps one cuBLAS workspace for both paths, so cuBLAS chooses
-// the same algorithms); a new key (another shape, other coefficients) captures a new graph, a key
-// seen before replays. Skipped ("no CUDA device: skipped") without a CUDA device.
+// the same algorithms). A key's first call runs uncaptured (a warm-up), its second is captured
+// and launched, later ones replay; a new key (another shape, other coefficients) captures a new
+// graph, and an older key still replays. Skipped ("no CUDA device: skipped") without a CUDA device.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -106,20 +107,29 @@ TEST(CudaGraphs, ReplaysGiveThePlainPathsBitsAndNewKeysCapture) {
     const cuda::GraphStats none = cuda_graph_stats(*cuda);
     const auto plain1 = g->run(*cuda, 10, kQuintic);
     const auto plain2 = g->run(*cuda, 20, kQuintic);
-    EXPECT_EQ(cuda_graph_stats(*cuda).captures, none.captures) << what << ": graphs off";
+    const auto plain3 = g->run(*cuda, 30, kQuintic);
+    const cuda::GraphStats off = cuda_graph_stats(*cuda);
+    EXPECT_EQ(off.warmups + off.captures + off.replays, none.warmups + none.captures + none.replays)
+        << what << ": graphs off";
     set_cuda_graphs(*cuda, true);
-    const auto graph1 = g->run(*cuda, 10, kQuintic);  // a new key: captured, then launched
+    const auto graph1 = g->run(*cuda, 10, kQuintic);  // a new key: the plain calls, remembered
     const cuda::GraphStats first = cuda_graph_stats(*cuda);
-    EXPECT_EQ(first.captures, none.captures + 1) << what;
-    const auto graph2 = g->run(*cuda, 20, kQuintic);  // the same buffers, new values: replayed
+    EXPECT_EQ(first.warmups, none.warmups + 1) << what;
+    EXPECT_EQ(first.captures, none.captures) << what;
+    const auto graph2 = g->run(*cuda, 20, kQuintic);  // its second call: captured, launched
     const cuda::GraphStats second = cuda_graph_stats(*cuda);
-    EXPECT_EQ(second.captures, first.captures) << what;
-    EXPECT_EQ(second.replays, first.replays + 1) << what;
-    expect_bit_equal(graph1, plain1, what + ", first (captured) call");
-    expect_bit_equal(graph2, plain2, what + ", second (replayed) call");
+    EXPECT_EQ(second.captures, none.captures + 1) << what;
+    EXPECT_EQ(second.replays, none.replays) << what;
+    const auto graph3 = g->run(*cuda, 30, kQuintic);  // the same buffers, new values: replayed
+    const cuda::GraphStats third = cuda_graph_stats(*cuda);
+    EXPECT_EQ(third.captures, second.captures) << what;
+    EXPECT_EQ(third.replays, second.replays + 1) << what;
+    expect_bit_equal(graph1, plain1, what + ", first call (warm-up)");
+    expect_bit_equal(graph2, plain2, what + ", second call (captured)");
+    expect_bit_equal(graph3, plain3, what + ", third call (replayed)");
     // The replay really ran the new values: different inputs, different results.
-    EXPECT_NE(std::bit_cast<std::uint32_t>(graph1[0].data()[0]),
-              std::bit_cast<std::uint32_t>(graph2[0].data()[0]))
+    EXPECT_NE(std::bit_cast<std::uint32_t>(graph2[0].data()[0]),
+              std::bit_cast<std::uint32_t>(graph3[0].data()[0]))
         << what;
   }
   const cuda::GraphStats both = cuda_graph_stats(*cuda);
@@ -128,9 +138,11 @@ TEST(CudaGraphs, ReplaysGiveThePlainPathsBitsAndNewKeysCapture) {
   // Other coefficients are another key; the first shape's graph is still cached.
   const std::vector<NsStep> cubic = {{1.5f, -0.5f, 0.0f}, {1.5f, -0.5f, 0.0f}};
   set_cuda_graphs(*cuda, false);
-  const auto plain_cubic = batch.run(*cuda, 30, cubic);
+  const auto plain_cubic1 = batch.run(*cuda, 50, cubic);
+  const auto plain_cubic2 = batch.run(*cuda, 60, cubic);
   set_cuda_graphs(*cuda, true);
-  expect_bit_equal(batch.run(*cuda, 30, cubic), plain_cubic, "cubic steps");
+  expect_bit_equal(batch.run(*cuda, 50, cubic), plain_cubic1, "cubic steps, warm-up");
+  expect_bit_equal(batch.run(*cuda, 60, cubic), plain_cubic2, "cubic steps, captured");
   EXPECT_EQ(cuda_graph_stats(*cuda).captures, 3u);
   const std::size_t replays = cuda_graph_stats(*cuda).replays;
   batch.run(*cuda, 40, kQuintic);
@@ -143,6 +155,8 @@ TEST(CudaGraphs, OffByDefaultAndABadValueIsRefused) {
   auto off = backend_with("0");
   Group g(*off, 64, 96, 1, false);
   g.run(*off, 1, kQuintic);
+  g.run(*off, 2, kQuintic);
+  EXPECT_EQ(cuda_graph_stats(*off).warmups, 0u);
   EXPECT_EQ(cuda_graph_stats(*off).captures, 0u);
   EXPECT_EQ(cuda_graph_stats(*off).replays, 0u);
   try {

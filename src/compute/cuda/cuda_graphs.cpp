@@ -19,7 +19,7 @@ bool cuda_graphs_option() {
 }
 
 std::size_t graph_blas_workspace_bytes(int compute_major) {
-  return std::size_t{compute_major >= 9 ? 32 : 4} << 20;
+  return (compute_major >= 9 ? std::size_t{32} : std::size_t{4}) << 20;
 }
 
 NsGraphs::NsGraphs()
@@ -28,7 +28,7 @@ NsGraphs::NsGraphs()
       }) {}
 
 GraphStats NsGraphs::stats() const {
-  return {captures_, replays_, cache_.evictions(), cache_.size()};
+  return {warmups_, captures_, replays_, cache_.evictions(), cache_.size()};
 }
 
 bool NsGraphs::run(cudaStream_t stream, const NsGraphKey& key, const std::function<void()>& work,
@@ -37,8 +37,16 @@ bool NsGraphs::run(cudaStream_t stream, const NsGraphKey& key, const std::functi
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing", what);
   if (status != cudaStreamCaptureStatusNone) return false;
-  if (cudaGraphExec_t* g = cache_.find(key)) {
-    check(cudaGraphLaunch(*g, stream), "cudaGraphLaunch", what);
+  cudaGraphExec_t* slot = cache_.find(key);
+  if (slot == nullptr) {
+    // First sight of this key: the plain calls run once (a warm-up, as before any capture: the
+    // kernels and cuBLAS's choices are loaded outside it); the second call captures.
+    cache_.insert(key, nullptr);
+    ++warmups_;
+    return false;
+  }
+  if (*slot != nullptr) {
+    check(cudaGraphLaunch(*slot, stream), "cudaGraphLaunch", what);
     ++replays_;
     return true;
   }
@@ -80,12 +88,7 @@ bool NsGraphs::run(cudaStream_t stream, const NsGraphKey& key, const std::functi
     cudaGraphExecDestroy(exec);
     check(freed, "cudaGraphDestroy", what);
   }
-  try {
-    cache_.insert(key, exec);
-  } catch (...) {
-    cudaGraphExecDestroy(exec);  // an eviction failed: this graph is not kept either
-    throw;
-  }
+  *slot = exec;  // the cache's entry (std::list: stable while the capture ran)
   ++captures_;
   check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch", what);
   return true;

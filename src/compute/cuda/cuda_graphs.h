@@ -19,8 +19,9 @@ bool cuda_graphs_option();
 // compute capability major.
 std::size_t graph_blas_workspace_bytes(int compute_major);
 
-// One backend's graphs: at most kCapacity, least recently used destroyed first, all destroyed
-// with it (the caller makes its device current first and its stream idle).
+// One backend's graphs: at most kCapacity keys (captured or seen once), least recently used
+// destroyed first, all destroyed with it (the caller makes its device current first and its stream
+// idle).
 class NsGraphs {
  public:
   static constexpr std::size_t kCapacity = 64;
@@ -29,12 +30,13 @@ class NsGraphs {
   NsGraphs& operator=(const NsGraphs&) = delete;
 
   // Queues `work` (calls that queue onto `stream` and nothing else: no host wait, allocation or
-  // read-back) on `stream` as the graph of `key`: replayed when captured before, else captured
-  // (cudaStreamBeginCapture, thread-local mode) and launched. Returns false, having queued
-  // nothing, where the stream cannot be captured here: the legacy default stream, or a stream
-  // already being captured (the caller's own graph, which then records the plain calls); the
-  // caller runs `work` itself. A failed capture throws distmuon::Error naming `what`, the capture
-  // ended first so that the stream stays usable.
+  // read-back) on `stream` as the graph of `key`: replayed when captured before; captured
+  // (cudaStreamBeginCapture, thread-local mode) and launched at the key's second call. Returns
+  // false, having queued nothing, where the caller runs `work` itself, uncaptured: the key's
+  // first call (a warm-up, remembered in the cache), the legacy default stream (it cannot be
+  // captured), a stream already being captured (the caller's own graph then records the plain
+  // calls). A failed capture throws distmuon::Error naming `what`, the capture ended first so
+  // that the stream stays usable.
   bool run(cudaStream_t stream, const NsGraphKey& key, const std::function<void()>& work,
            const char* what);
   GraphStats stats() const;
@@ -42,7 +44,7 @@ class NsGraphs {
 
  private:
   LruCache<NsGraphKey, cudaGraphExec_t> cache_;
-  std::size_t captures_ = 0, replays_ = 0;
+  std::size_t warmups_ = 0, captures_ = 0, replays_ = 0;
 };
 
 }  // namespace distmuon::cuda

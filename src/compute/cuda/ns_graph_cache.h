@@ -38,9 +38,10 @@ struct NsGraphKey {
   bool operator==(const NsGraphKey&) const = default;
 };
 
-// How often a backend's graphs were captured, replayed and evicted, and how many it holds.
+// A backend's graphs: the keys run uncaptured at their first call (warm-ups), the captures, the
+// replays, the entries evicted and held.
 struct GraphStats {
-  std::size_t captures = 0, replays = 0, evictions = 0, cached = 0;
+  std::size_t warmups = 0, captures = 0, replays = 0, evictions = 0, cached = 0;
 };
 
 inline NsGraphKey ns_graph_key(std::span<const MatrixView> xs, bool rows,
