@@ -29,22 +29,21 @@ const std::vector<NsStep> kQuintic = {{4.0848f, -6.8946f, 2.9270f},
                                       {2.8769f, -3.1427f, 1.2046f},
                                       {2.8366f, -3.0525f, 1.2012f}};
 
-// A backend made with DISTMUON_CUDA_GRAPHS set to `value` (restored after).
+// A backend made with DISTMUON_CUDA_GRAPHS set to `value` (the variable restored after).
 std::unique_ptr<Compute> backend_with(const char* value) {
-  const char* old = std::getenv("DISTMUON_CUDA_GRAPHS");
-  const std::string saved = old != nullptr ? old : "";
-  ::setenv("DISTMUON_CUDA_GRAPHS", value, 1);
-  std::unique_ptr<Compute> out;
-  try {
-    out = make_cuda_compute();
-  } catch (...) {
-    old != nullptr ? ::setenv("DISTMUON_CUDA_GRAPHS", saved.c_str(), 1)
-                   : ::unsetenv("DISTMUON_CUDA_GRAPHS");
-    throw;
-  }
-  old != nullptr ? ::setenv("DISTMUON_CUDA_GRAPHS", saved.c_str(), 1)
-                 : ::unsetenv("DISTMUON_CUDA_GRAPHS");
-  return out;
+  struct Restore {
+    const char* old = std::getenv("DISTMUON_CUDA_GRAPHS");
+    std::string saved = old != nullptr ? old : "";
+    ~Restore() {
+      if (old != nullptr) {
+        ::setenv("DISTMUON_CUDA_GRAPHS", saved.c_str(), 1);
+      } else {
+        ::unsetenv("DISTMUON_CUDA_GRAPHS");
+      }
+    }
+  } restore;
+  if (::setenv("DISTMUON_CUDA_GRAPHS", value, 1) != 0) throw Error("setenv failed");
+  return make_cuda_compute();
 }
 
 // One equal-shape group's buffers on the device, kept across calls as the optimizer keeps them.
