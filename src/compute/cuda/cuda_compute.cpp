@@ -420,7 +420,8 @@ class CudaCompute final : public Compute {
   }
   cuda::GraphStats graph_stats() const { return graphs_.stats(); }
   // Graph capture on or off; on: cuBLAS gets its workspace of this backend first (once, kept
-  // for the backend's life), so that nothing in a capture allocates one.
+  // for the backend's life), so that nothing in a capture allocates one. cublasSetStream would
+  // reset it to cuBLAS's own pool: the handle's stream is set once, in the constructor, before.
   void set_graphs(bool on) {
     make_current("set_cuda_graphs");
     if (on && blas_workspace_.data == nullptr) {
