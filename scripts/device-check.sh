@@ -20,7 +20,8 @@
 #   3. distmuon's tests: ctest (labels compute and gpu; a test that skips while a GPU is present
 #      is a failure; test_cuda_ns includes bf16 storage NS, Compute::newton_schulz_bf16, against
 #      the CPU's emulation of its rounding order: bit-equal with no step, >= 95% of the elements
-#      bit-equal after one, within 2e-2 after five, the strided batch too), then the Python CUDA tests (pytest: CUDA tensors, FSDP2 on CUDA at world
+#      bit-equal after one, within 2e-2 after five, the strided batch too; test_cuda_graphs:
+#      DISTMUON_CUDA_GRAPHS=1's captured and replayed NS bit-equal to the plain calls), then the Python CUDA tests (pytest: CUDA tensors, FSDP2 on CUDA at world
 #      size 1), then the multi-rank GPU path under torchrun: two ranks sharing one GPU (gloo,
 #      the host-staged data plane), and with two or more GPUs two ranks over NCCL (owner,
 #      distributed, auto; a skip while a GPU is present is a failure);
@@ -224,7 +225,7 @@ build_ok=1
     -DBLAS_LIBRARIES="$blas_dir/libopenblas.so" -DLAPACK_LIBRARIES="$blas_dir/libopenblas.so" \
     -DDISTMUON_LAPACKE_LIBRARY="$lib/liblapacke.so" &&
     timeout "$(cap 200)" cmake --build "$build" --parallel "$jobs" --target \
-      test_cuda_libraries test_cuda_compute test_cuda_ns test_cuda_accounting bench_cuda_ns
+      test_cuda_libraries test_cuda_compute test_cuda_ns test_cuda_accounting test_cuda_graphs bench_cuda_ns
 } >"$out/build.txt" 2>&1 || build_ok=0
 grep -E "^-- distmuon:" "$out/build.txt" | sed 's/^/  /' | tee -a "$summary"
 if [[ "$build_ok" != 1 ]]; then

@@ -21,6 +21,7 @@
 
 #include "comm/nccl/nccl_comm.h"
 #include "compute/cuda/cuda_check.h"
+#include "compute/cuda/cuda_graphs.h"
 #include "compute/cuda/cuda_kernels.h"
 #include "compute/cuda/cuda_libraries.h"
 #include "compute/cuda/cuda_nccl_device.h"
@@ -62,6 +63,7 @@ class CudaCompute final : public Compute {
   CudaCompute(int device, std::optional<Precision> override,
               std::optional<cudaStream_t> external = std::nullopt)
       : device_(device), override_(override), owns_stream_(!external) {
+    const bool graphs = cuda::cuda_graphs_option();  // throws on a bad value before anything
     check(cudaSetDevice(device_), "cudaSetDevice", fmt::format("device {}", device_));
     cuda::cublas();  // loads cuBLAS (or throws) before anything needs releasing
     if (external) {
@@ -76,17 +78,31 @@ class CudaCompute final : public Compute {
     }
     check(cuda::cublas().set_stream(blas_, stream_), "cublasSetStream", "");
     make_pool();
+    if (graphs) {
+      try {
+        set_graphs(true);
+      } catch (...) {  // the destructor does not run: release what is made
+        release_scratch(blas_workspace_);
+        cudaStreamSynchronize(stream_);
+        cudaMemPoolDestroy(pool_);
+        cuda::cublas().destroy(blas_);
+        if (owns_stream_) cudaStreamDestroy(stream_);
+        throw;
+      }
+    }
   }
   ~CudaCompute() override {
     // Errors are ignored: at process exit the CUDA runtime may already be gone.
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
+    graphs_.clear();  // before the memory they use goes
     if (host_results_ != nullptr) cudaFreeHost(host_results_);
     release_scratch(results_);
     release_scratch(norm_slot_);
     release_scratch(block_pointers_);
     for (auto& buf : bf16_)
       release_scratch(buf);
+    release_scratch(blas_workspace_);
     cudaStreamSynchronize(stream_);
     // Memory still allocated from the pool (a DeviceMatrix outliving its backend) keeps it
     // until released (cudaMemPoolDestroy defers).
@@ -388,7 +404,36 @@ class CudaCompute final : public Compute {
       Compute::newton_schulz_bf16(xs, rows, steps, use_syrk, work);
       return;
     }
-    cuda::newton_schulz_bf16({blas_, stream_}, block_pointers(), xs, rows, steps, use_syrk, work);
+    void** pointers = block_pointers();
+    const auto plain = [&] {
+      cuda::newton_schulz_bf16({blas_, stream_}, pointers, xs, rows, steps, use_syrk, work);
+    };
+    // The graph path (DISTMUON_CUDA_GRAPHS=1): argument errors thrown before any capture.
+    detail::check_ns_bf16_args("newton_schulz_bf16", xs, rows, work);
+    if (!graphs_on_ || xs.empty() || xs[0].size() == 0 ||
+        !graphs_.run(
+            stream_,
+            cuda::ns_graph_key(xs, rows, steps, use_syrk, Precision::kBf16, work, pointers), plain,
+            "newton_schulz_bf16")) {
+      plain();
+    }
+  }
+  cuda::GraphStats graph_stats() const { return graphs_.stats(); }
+  // Graph capture on or off; on: cuBLAS gets its workspace of this backend first (once, kept
+  // for the backend's life), so that nothing in a capture allocates one. cublasSetStream would
+  // reset it to cuBLAS's own pool: the handle's stream is set once, in the constructor, before.
+  void set_graphs(bool on) {
+    make_current("set_cuda_graphs");
+    if (on && blas_workspace_.data == nullptr) {
+      int major = 0;
+      check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_),
+            "cudaDeviceGetAttribute", "the compute capability");
+      const std::size_t bytes = cuda::graph_blas_workspace_bytes(major);
+      void* ws = scratch(blas_workspace_, bytes, "the cuBLAS workspace of CUDA graphs");
+      check(cuda::cublas().set_workspace(blas_, ws, bytes), "cublasSetWorkspace",
+            fmt::format("{} bytes", bytes));
+    }
+    graphs_on_ = on;
   }
   void fill(MatrixView a, float value) override {
     make_current("fill");
@@ -619,6 +664,9 @@ class CudaCompute final : public Compute {
   Scratch norm_slot_;             // normalize's sum of squares (one double, made on first use)
   Scratch block_pointers_;        // upper_triangle_product's pointer arrays (made on first use)
   Scratch bf16_[2];               // Precision::kBf16: the bf16 copies of a product's operands
+  Scratch blas_workspace_;        // cuBLAS's workspace once graphs were on (set_graphs)
+  bool graphs_on_ = false;        // DISTMUON_CUDA_GRAPHS=1: newton_schulz_bf16 captured
+  cuda::NsGraphs graphs_;         // its graphs (cuda_graphs.h)
   std::mutex comm_mutex_;
   std::map<const CommImpl*, std::weak_ptr<CommImpl>> comms_;
   std::shared_ptr<NcclDevice> nccl_device_;  // its NCCL communicators' (made with the first)
@@ -700,12 +748,24 @@ Compute& cuda_compute_on_stream(int device, std::uintptr_t stream) {
   return *slot;
 }
 
-cudaStream_t cuda_stream(Compute& compute) {
+namespace {
+CudaCompute& as_cuda(Compute& compute, const char* op) {
   auto* cuda = dynamic_cast<CudaCompute*>(&compute);
-  if (cuda == nullptr) {
-    throw Error(fmt::format("cuda_stream: {} is not a CUDA backend", compute.name()));
-  }
-  return cuda->stream();
+  if (cuda == nullptr) throw Error(fmt::format("{}: {} is not a CUDA backend", op, compute.name()));
+  return *cuda;
+}
+}  // namespace
+
+cudaStream_t cuda_stream(Compute& compute) {
+  return as_cuda(compute, "cuda_stream").stream();
+}
+
+cuda::GraphStats cuda_graph_stats(Compute& compute) {
+  return as_cuda(compute, "cuda_graph_stats").graph_stats();
+}
+
+void set_cuda_graphs(Compute& compute, bool on) {
+  as_cuda(compute, "set_cuda_graphs").set_graphs(on);
 }
 
 }  // namespace distmuon

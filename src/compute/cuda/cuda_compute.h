@@ -9,6 +9,7 @@
 #include <optional>
 #include <string_view>
 
+#include "compute/cuda/ns_graph_cache.h"
 #include "distmuon/compute.h"
 
 namespace distmuon {
@@ -45,6 +46,14 @@ Compute& cuda_compute_on_stream(int device, std::uintptr_t stream);
 Compute& cuda_compute();
 // The stream all of a CUDA backend's work is queued on (compute must be a CUDA backend).
 cudaStream_t cuda_stream(Compute& compute);
+// The CUDA graphs of a CUDA backend's newton_schulz_bf16 (DISTMUON_CUDA_GRAPHS=1, read when the
+// backend is made; docs/gpu.md "CUDA graphs"): how often they were captured, replayed and
+// evicted. compute must be a CUDA backend.
+cuda::GraphStats cuda_graph_stats(Compute& compute);
+// Turns a CUDA backend's graph capture on or off (tests: the uncaptured path of a backend that
+// has the graphs' cuBLAS workspace). Turning it on gives cuBLAS the workspace first when the
+// backend has none yet. compute must be a CUDA backend.
+void set_cuda_graphs(Compute& compute, bool on);
 // compute_backend("cuda"): makes this rank's GPU current, then cuda_compute(). The GPU is
 // DISTMUON_CUDA_DEVICE when set, else the node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, ...)
 // modulo the node's device count: one GPU per rank under mpirun. Throws without a device.

@@ -27,6 +27,7 @@ CublasApi load_cublas() {
   resolve(api.create, lib, soname, "cublasCreate_v2");
   resolve(api.destroy, lib, soname, "cublasDestroy_v2");
   resolve(api.set_stream, lib, soname, "cublasSetStream_v2");
+  resolve(api.set_workspace, lib, soname, "cublasSetWorkspace_v2");
   resolve(api.ssyrk, lib, soname, "cublasSsyrk_v2");
   resolve(api.gemm_ex, lib, soname, "cublasGemmEx");
   resolve(api.gemm_batched_ex, lib, soname, "cublasGemmBatchedEx");

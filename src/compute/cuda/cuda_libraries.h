@@ -18,6 +18,7 @@ struct CublasApi {
   decltype(&::cublasCreate_v2) create;
   decltype(&::cublasDestroy_v2) destroy;
   decltype(&::cublasSetStream_v2) set_stream;
+  decltype(&::cublasSetWorkspace_v2) set_workspace;
   decltype(&::cublasSsyrk_v2) ssyrk;
   // cublas_api.h overloads cublasGemmEx in C++ (an inline wrapper taking a cudaDataType compute
   // type): this is the library's function, with a cublasComputeType_t.
