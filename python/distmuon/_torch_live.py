@@ -44,10 +44,10 @@ def _dtensor_view(e, p, t):
 
 def _views(entry, core):
     """{name: view} of entry's state in core (a distmuon.Muon), or None where none can be."""
-    if not core.backend.host_memory or len(entry.indices) != 1 or \
+    if not core.backend.host_memory or entry.index is None or \
             (entry.dt is not None and entry.dt.batch):
         return None
-    mats = core.state_tensors(entry.indices[0])
+    mats = core.state_tensors(entry.index)
     out = {}
     for k, name in enumerate(state_names(entry)):
         t = state_tensor(mats[k])  # the core's memory (the array keeps the core alive)

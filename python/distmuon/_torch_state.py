@@ -26,39 +26,32 @@ def _state_names(entry):
 
 def param_state(entry, core):
     """The state of one parameter: tensors shaped like it (copies; float32, or bfloat16 for a
-    momentum kept in the parameter's dtype) and the step."""
-    per_matrix = [core.state_tensors(i) for i in entry.indices]
+    momentum kept in the parameter's dtype) and the step (empty ones for a 3-D parameter of no
+    matrices, which is not registered and keeps none)."""
     st = {"step": torch.tensor(float(core.step_count))}
+    mats = core.state_tensors(entry.index) if entry.index is not None else None
     for k, name in enumerate(_state_names(entry)):
-        mats = [m[k] for m in per_matrix]
+        local = state_tensor(mats[k].copy()) if mats is not None else torch.zeros(0)
         if entry.dt is not None:  # DTensor: state as a DTensor like the parameter
-            local = np.stack(mats) if len(mats) > 1 else mats[0].copy()  # a batch: stacked by rows
-            st[name] = _dtensor.wrap_state(entry.dt, entry.p, state_tensor(local))
+            st[name] = _dtensor.wrap_state(entry.dt, entry.p, local)  # a batch: stacked by rows
             continue
-        full = np.stack(mats) if len(mats) > 1 else mats[0].copy()
-        st[name] = state_tensor(np.ascontiguousarray(full).reshape(entry.logical_shape)).to(
+        st[name] = local.reshape(entry.logical_shape).to(
             entry.p.device)  # a CUDA parameter's state on its device
     return st
 
 
 def set_param_state(entry, core, st):
     """Writes a checked state (check_param_state) into the C++ optimizer's tensors."""
-    per_matrix = [core.state_tensors(i) for i in entry.indices]
+    if entry.index is None:
+        return  # a 3-D parameter of no matrices: nothing registered, nothing kept
+    shapes = [m.shape for m in core.state_tensors(entry.index)]
     for k, name in enumerate(_state_names(entry)):
         if entry.dt is not None:  # DTensor: its local state, padded as registered
-            local = _dtensor.unwrap_state(entry.dt, entry.p, st[name], _WHAT).numpy()
-            parts = [local.reshape(per_matrix[0][k].shape)] if len(entry.indices) == 1 else \
-                list(local)  # one parameter (a batch: its matrices stacked by rows)
-            for i, part in zip(entry.indices, parts):
-                core._core.write_state(i, k, np.ascontiguousarray(part))
-            continue
-        src = st[name].detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
-        if len(per_matrix) > 1:
-            parts = [src[s] for s in range(src.shape[0])]
+            src = _dtensor.unwrap_state(entry.dt, entry.p, st[name], _WHAT).numpy()
         else:
-            parts = [src.reshape(per_matrix[0][k].shape)]
-        for i, part in zip(entry.indices, parts):  # through the core: any backend's memory
-            core._core.write_state(i, k, np.ascontiguousarray(part))
+            src = st[name].detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+        # Through the core: any backend's memory (a batch: its matrices stacked by rows).
+        core._core.write_state(entry.index, k, np.ascontiguousarray(src.reshape(shapes[k])))
 
 
 def check_param_state(entry, st, where):

@@ -21,7 +21,7 @@ options (tp_mode, ns_algorithm, profile, ...) are fixed at construction.
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -87,14 +87,16 @@ class _Param:
     batch stacked by rows: one C++ parameter of that batch), its layout, and its index in the
     group's core."""
 
-    def __init__(self, p, layout, matrices, work, dt=None):
+    def __init__(self, p, layout, matrix, work, dt=None):
         self.p = p
         self.layout = layout
-        self.matrices = matrices  # 2-D float32 NumPy views the C++ updates in place
-        self.work = work          # float32 copy of a low-precision parameter, else None
-        self.dt = dt              # a DTensor parameter's _dtensor.Entry, else None
+        self.matrix = matrix  # the 2-D view (NumPy, or a tensor: CUDA, bfloat16) the C++ updates
+        self.work = work      # float32 copy of a low-precision parameter, else None
+        self.dt = dt          # a DTensor parameter's _dtensor.Entry, else None
         self.address = p.data_ptr() if dt is None else dt.local.data_ptr()
-        self.indices: List[int] = []
+        # Its C++ parameter's index in the group's core; None for a 3-D parameter of no matrices
+        # (a batch of 0 holds nothing to update and is not registered).
+        self.index: Optional[int] = None
         self.muon = False
         # Matrices in the C++ parameter: a 3-D parameter's (its local) batch, else 1.
         local = p if dt is None else dt.local
@@ -123,16 +125,18 @@ def _matrix_shape(p):
     return tuple(p.shape) if p.dim() == 2 else (max(p.numel(), 0), 1)
 
 
-def _as_matrices(t):
+def _as_matrix(t):
     """The 2-D view of a contiguous float32 tensor t the C++ optimizer takes (NumPy for a CPU
-    tensor, the tensor's own for a CUDA one), in a list: a 3-D batch [E, m, n] stacked by rows,
-    (E m) x n (one batched parameter)."""
-    a = t.detach() if t.device.type == "cuda" else t.detach().numpy()
+    tensor, the tensor's own for a CUDA one; a bfloat16 one stays a tensor, which
+    distmuon.Muon.add_parameter takes as a bfloat16 weight): a 3-D batch [E, m, n] stacked by
+    rows, (E m) x n (one batched parameter)."""
+    a = t.detach() if t.device.type == "cuda" or t.dtype == torch.bfloat16 else \
+        t.detach().numpy()
     if t.dim() == 3:
-        return [a.reshape(-1, a.shape[-1])]
+        return a.reshape(-1, a.shape[-1])
     if t.dim() >= 4:
-        return [a.reshape(a.shape[0], -1)]
-    return [a.reshape(-1, 1) if t.dim() <= 1 else a]
+        return a.reshape(a.shape[0], -1)
+    return a.reshape(-1, 1) if t.dim() <= 1 else a
 
 
 def _on_meta(p):
@@ -157,15 +161,13 @@ def _check_layout(layout):
 
 
 def _to_local(p, layout):
-    """(1) A parameter as the C++ optimizer takes it: its float32 matrices and layout.
+    """(1) A parameter as the C++ optimizer takes it: its float32 matrix and layout.
     Rank-local checks; raises Error on a parameter distmuon cannot update."""
     if layout is not None:
         _check_layout(layout)
     if _dtensor.is_dtensor(p):  # FSDP2 / TP: layout and updated tensor from the placements
         dt = _dtensor.entry(p, layout, Layout)
-        work = dt.work
-        return _Param(p, dt.layout, [_bf16_matrix(work)] if work.dtype == torch.bfloat16 else
-                      _as_matrices(work), None, dt)
+        return _Param(p, dt.layout, _as_matrix(dt.work), None, dt)
     if p.device.type == "meta":
         raise Error("a parameter still on the meta device at the first step (materialise it in "
                     "place first: torch.__future__.set_swap_module_params_on_conversion(True) "
@@ -173,26 +175,19 @@ def _to_local(p, layout):
     if p.device.type not in ("cpu", "cuda"):
         raise Error(f"a parameter on {p.device}; distmuon.torch runs on CPU and CUDA parameters")
     if p.dtype == torch.float32 and p.is_contiguous():
-        return _Param(p, layout, _as_matrices(p.data), None)
+        return _Param(p, layout, _as_matrix(p.data), None)
     if p.dtype == torch.bfloat16 and p.is_contiguous():
         # Updated where it lies: the C++ optimizer unpacks it into a float32 copy for each step
         # only (device "opaque", which computes on its own copies, gets a working copy instead:
         # _working_copies).
-        return _Param(p, layout, [_bf16_matrix(p)], None)
+        return _Param(p, layout, _as_matrix(p.data), None)
     # Low precision or strided (a transposed or channels_last parameter): a contiguous float32
     # working copy, on the parameter's device, copied in before and back after each step.
     if p.dtype in _LOW_PRECISION or p.dtype == torch.float32:
         work = torch.empty(p.shape, dtype=torch.float32, device=p.device)
-        return _Param(p, layout, _as_matrices(work), work)
+        return _Param(p, layout, _as_matrix(work), work)
     raise Error(f"a parameter of {p.dtype}; distmuon.torch updates float32, bfloat16 and "
                 "float16 parameters")
-
-
-def _bf16_matrix(t):
-    """A contiguous bfloat16 tensor as the 2-D view the C++ optimizer takes (as _as_matrices)."""
-    t = t.detach()
-    return t.view(-1, t.shape[-1]) if t.dim() == 3 else t.view(t.shape[0], -1) if t.dim() >= 4 \
-        else t.view(-1, 1) if t.dim() <= 1 else t
 
 
 def _working_copies(entries):
@@ -200,14 +195,14 @@ def _working_copies(entries):
     for e in entries:
         if e.dt is not None and e.dt.work.dtype == torch.bfloat16:
             _dtensor.stage(e.dt)
-            e.matrices = _as_matrices(e.dt.work)
+            e.matrix = _as_matrix(e.dt.work)
         elif e.dt is None and e.work is None and e.p.dtype == torch.bfloat16:
             e.work = torch.empty(e.p.shape, dtype=torch.float32, device=e.p.device)
-            e.matrices = _as_matrices(e.work)
+            e.matrix = _as_matrix(e.work)
 
 
 def _read_grad(entry):
-    """(2) This rank's gradient of a parameter as float32 matrices shaped like its own (None:
+    """(2) This rank's gradient of a parameter as a float32 matrix shaped like its own (None:
     no gradient). Raises Error, completing "the gradient ... is", on one that cannot be."""
     p, g = entry.p, entry.p.grad
     if g is None:
@@ -216,10 +211,10 @@ def _read_grad(entry):
         a, why = _dtensor.read_grad(entry.dt, p)
         if why:
             raise Error(why)
-        return [a.reshape(-1, a.shape[-1])] if a.ndim == 3 else [a]  # a batch: stacked
+        return a.reshape(-1, a.shape[-1]) if a.ndim == 3 else a  # a batch: stacked
     if g.dtype is torch.float32 and p.dtype is torch.float32 and g.layout is torch.strided and \
             g.device == p.device and g.shape == p.shape and g.is_contiguous():
-        return _as_matrices(g)  # the common case: read where it lies
+        return _as_matrix(g)  # the common case: read where it lies
     if g.shape != p.shape:
         raise Error(f"{tuple(g.shape)}, the parameter {tuple(p.shape)}")
     if g.device != p.device or g.is_sparse or g.dtype != p.dtype:
@@ -228,7 +223,7 @@ def _read_grad(entry):
                     f"({p.device})")
     if g.dtype != torch.float32 or not g.is_contiguous():
         g = g.to(torch.float32).contiguous()  # low precision or strided: one converted copy
-    return _as_matrices(g)
+    return _as_matrix(g)
 
 
 def _first_nonfinite(checks):
@@ -526,16 +521,16 @@ class Muon(torch.optim.Optimizer):
             for k, (e, (tp, gtp, dp)) in enumerate(zip(entries, groups)):
                 lo = e.layout
                 base = lo.name or f"group{gi}.param{k}"
-                for m in e.matrices if e.batch > 0 else []:  # a 3-D one: one batch
-                    e.indices.append(core.add_parameter(
-                        m, base, lo.rows, lo.cols, role=lo.role,
+                if e.batch > 0:  # a 3-D one: one batch
+                    e.index = core.add_parameter(
+                        e.matrix, base, lo.rows, lo.cols, role=lo.role,
                         use_muon=lo.use_muon and bool(group["use_muon"]), tp_dim=lo.tp_dim,
                         tp_group=tp, gtp_group=gtp, pad=lo.pad, expert=lo.expert,
                         expert_rank=lo.expert_rank, qkv_split=lo.qkv_split, tp_pad=lo.tp_pad,
-                        data_parallel_group=dp, batch=e.batch))
+                        data_parallel_group=dp, batch=e.batch)
             infos = core.parameters()
             for e in entries:
-                e.muon = bool(e.indices) and bool(infos[e.indices[0]]["muon"])
+                e.muon = e.index is not None and bool(infos[e.index]["muon"])
         except Exception as e:
             failure = describe_exception(e)
         self._world.agree_or_throw(not failure, what, failure)
@@ -556,15 +551,16 @@ class Muon(torch.optim.Optimizer):
             if moved:
                 return None, None, f"parameter {k} of group {gi} {moved}"
             try:
-                mats = _read_grad(e)
+                grad = _read_grad(e)
             except Error as err:
                 return None, None, (f"DTensor parameter {k} of group {gi} {err}" if e.dt else
                                     f"the gradient of parameter {k} of group {gi} is {err}")
-            if mats is not None and finite is not None:
+            if grad is not None and finite is not None:
                 finite.append((f"the gradient of parameter {k} of group {gi} has a non-finite "
-                               "value", mats))
-            grads.extend(mats if mats is not None else [None] * len(e.indices))
-            active.extend([0 if mats is None else 1] * len(e.indices))
+                               "value", [grad]))
+            if e.index is not None:  # one per C++ parameter, in their order
+                grads.append(grad)
+                active.append(0 if grad is None else 1)
         try:
             key = _group_key(group)  # cheap; the options are rebuilt only when a key changed
             if key != self._pushed_keys[gi]:
@@ -634,7 +630,7 @@ class Muon(torch.optim.Optimizer):
         for e in entries:
             if e.work is not None:
                 e.p.detach().copy_(e.work)
-            elif e.dt is not None and e.indices and active[e.indices[0]]:
+            elif e.dt is not None and e.index is not None and active[e.index]:
                 _dtensor.write_back([e.dt])  # DTensor: a staged update into its local tensor
 
     def _check_made(self, what):

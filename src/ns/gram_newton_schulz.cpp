@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "distmuon/error.h"
 #include "ns/ns_names.h"
@@ -76,37 +77,37 @@ namespace detail {
 namespace {
 
 // out = Q X_0 (row side) or X_0 Q^T (column side).
-void apply_q(Compute& compute, bool rows, Precision precision, ConstMatrixView q,
-             ConstMatrixView x0, MatrixView out) {
+void apply_q(Compute& compute, bool rows, Precision precision, NsViews q, NsViews x0, NsViews out) {
   if (rows) {
-    compute.gemm(Trans::kNo, Trans::kNo, 1.0f, q, x0, 0.0f, out, precision);
+    multiply(compute, Trans::kNo, Trans::kNo, precision, q, x0, out);
   } else {
-    compute.gemm(Trans::kNo, Trans::kYes, 1.0f, x0, q, 0.0f, out, precision);
+    multiply(compute, Trans::kNo, Trans::kYes, precision, x0, q, out);
   }
 }
 
 }  // namespace
 
-void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
-                                const Communicator* group, NsWorkspace* ws, NormCheck check) {
-  const auto start = start_newton_schulz(x, opts, compute, group, "gram newton_schulz", check);
-  if (!start) return;
-  const GramSide side = start->side;
+void gram_iteration(NsViews xs, NsViews out, const NsOptions& opts, Compute& compute,
+                    const NsStart& start, NsWorkspace& w) {
+  const std::size_t count = xs.size();
+  const auto n = static_cast<Index>(count);
+  const GramSide side = start.side;
   const bool rows = side == GramSide::kRows;
-  const Index s = start->s;
-  const Communicator* reduce_over = start->reduce_over;
-
-  NsWorkspace local_ws;
-  NsWorkspace& w = ws != nullptr ? *ws : local_ws;
+  const Index s = start.s;
+  const Communicator* reduce_over = start.reduce_over;
   for (DeviceMatrix* m : {&w.gram, &w.poly, &w.gram_q, &w.gram_t, &w.gram_u})
-    ensure_shape(*m, compute, s, s);
-  ensure_shape(w.next, compute, x.rows, x.cols);
-  apply_input_scaling(x, opts, compute, *start, w.gram.view());
+    ensure_shape(*m, compute, n * s, s);
+  ensure_shape(w.next, compute, n * xs[0].rows, xs[0].cols);
+  std::vector<MatrixView> r = stacked_blocks(w.gram, count, s);
+  std::vector<MatrixView> p = stacked_blocks(w.poly, count, s);
+  std::vector<MatrixView> q = stacked_blocks(w.gram_q, count, s);
+  std::vector<MatrixView> t = stacked_blocks(w.gram_t, count, s);
+  std::vector<MatrixView> u = stacked_blocks(w.gram_u, count, s);
+  for (std::size_t i = 0; i < count; ++i)
+    apply_input_scaling(xs[i], opts, compute, start, r[i]);
 
-  MatrixView x0 = x;                 // the iterate Q applies to
-  MatrixView spare = w.next.view();  // where X = Q X_0 is formed
-  MatrixView r = w.gram.view(), p = w.poly.view(), q = w.gram_q.view();
-  MatrixView t = w.gram_t.view(), u = w.gram_u.view();
+  std::vector<MatrixView> x0(xs.begin(), xs.end());  // the iterate Q applies to
+  std::vector<MatrixView> spare = stacked_blocks(w.next, count, xs[0].rows);  // X = Q X_0
   const Precision precision = opts.precision;
   form_gram(compute, side, opts.use_syrk, precision, x0, r, reduce_over);
   bool q_is_identity = true;
@@ -114,22 +115,27 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
     const NsCoefficients& k = opts.coefficients.at(step);
     // P = c R^2 + b R + a I.
     if (k.c != 0.0) {
-      compute.round(r, precision);  // both terms see one R, as in standard NS (newton_schulz.cpp)
+      // Both terms see one R, as in standard NS (newton_schulz.cpp).
+      for (const MatrixView& ri : r)
+        compute.round(ri, precision);
       symmetric_square(compute, opts.use_syrk, precision, static_cast<float>(k.c), r, p);
-      compute.axpby(static_cast<float>(k.b), r, 1.0f, p);
+      for (std::size_t i = 0; i < count; ++i)
+        compute.axpby(static_cast<float>(k.b), r[i], 1.0f, p[i]);
     } else {
-      compute.axpby(static_cast<float>(k.b), r, 0.0f, p);
+      for (std::size_t i = 0; i < count; ++i)
+        compute.axpby(static_cast<float>(k.b), r[i], 0.0f, p[i]);
     }
-    compute.add_diagonal(p, static_cast<float>(k.a));
+    for (const MatrixView& pi : p)
+      compute.add_diagonal(pi, static_cast<float>(k.a));
     // Q <- P Q. On the first step (or after a restart) Q = P: P's buffer becomes Q's and P's
     // next buffer is the old Q's.
-    MatrixView p_now = p;
+    NsViews p_now = p;
     if (q_is_identity) {
       std::swap(q, p);
       p_now = q;
       q_is_identity = false;
     } else {
-      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, p, q, 0.0f, u, precision);
+      multiply(compute, Trans::kNo, Trans::kNo, precision, p, q, u);
       std::swap(q, u);
     }
     if (step + 1 == opts.steps) break;
@@ -142,11 +148,22 @@ void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& co
     }
     // R <- R P^2 (all commute; P^2 = P P^T since P is symmetric).
     symmetric_square(compute, opts.use_syrk, precision, 1.0f, p_now, t);
-    compute.gemm(Trans::kNo, Trans::kNo, 1.0f, r, t, 0.0f, u, precision);
+    multiply(compute, Trans::kNo, Trans::kNo, precision, r, t, u);
     std::swap(r, u);
   }
   apply_q(compute, rows, precision, q, x0, spare);
-  if (spare.data != x.data) compute.copy(spare, x);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (spare[i].data != out[i].data) compute.copy(spare[i], out[i]);
+  }
+}
+
+void gram_newton_schulz_inplace(MatrixView x, const NsOptions& opts, Compute& compute,
+                                const Communicator* group, NsWorkspace* ws, NormCheck check) {
+  const auto start = start_newton_schulz(x, opts, compute, group, "gram newton_schulz", check);
+  if (!start) return;
+  NsWorkspace local_ws;
+  const NsViews one(&x, 1);
+  gram_iteration(one, one, opts, compute, *start, ws != nullptr ? *ws : local_ws);
 }
 
 double gram_ns_flops(Index m, Index n, const NsOptions& opts) {

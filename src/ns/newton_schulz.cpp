@@ -15,6 +15,74 @@
 namespace distmuon {
 namespace detail {
 
+void standard_iteration(NsViews xs, NsViews out, const NsOptions& opts, Compute& compute,
+                        const NsStart& start, NsWorkspace& w) {
+  const std::size_t count = xs.size();
+  const auto n = static_cast<Index>(count);
+  const GramSide side = start.side;
+  const Index s = start.s, rows = xs[0].rows, cols = xs[0].cols;
+  if (opts.precision == Precision::kBf16 && start.reduce_over == nullptr) {
+    // Local bf16: the iterate stored in bf16 across the steps, each product writing bf16 with
+    // the polynomial in its epilogue (Compute::newton_schulz_bf16: one call for the whole
+    // iteration of the whole batch; docs/precision.md, "bf16 storage").
+    std::vector<NsStep> steps(static_cast<std::size_t>(opts.steps));
+    for (int step = 0; step < opts.steps; ++step) {
+      const NsCoefficients& k = opts.coefficients.at(step);
+      steps[static_cast<std::size_t>(step)] = {static_cast<float>(k.a), static_cast<float>(k.b),
+                                               static_cast<float>(k.c)};
+    }
+    const bool on_rows = side == GramSide::kRows;
+    ensure_shape(w.bf16, compute, 1, ns_bf16_scratch_floats(n, rows, cols, on_rows));
+    compute.newton_schulz_bf16(xs, on_rows, steps, opts.use_syrk, w.bf16.view());
+    return;
+  }
+  ensure_shape(w.gram, compute, n * s, s);
+  ensure_shape(w.next, compute, n * rows, cols);
+  const std::vector<MatrixView> a = stacked_blocks(w.gram, count, s);
+  for (std::size_t i = 0; i < count; ++i)
+    apply_input_scaling(xs[i], opts, compute, start, a[i]);
+
+  std::vector<MatrixView> cur(xs.begin(), xs.end());
+  std::vector<MatrixView> nxt = stacked_blocks(w.next, count, rows);
+  std::vector<MatrixView> poly;
+  for (int step = 0; step < opts.steps; ++step) {
+    const NsCoefficients& k = opts.coefficients.at(step);
+    form_gram(compute, side, opts.use_syrk, opts.precision, cur, a, start.reduce_over);
+    // B = c A A + b A + a I, so that the update a X + (b A + c A A) X is one product B X.
+    NsViews b = a;
+    if (k.c != 0.0) {
+      // At a reduced precision A is rounded first, so that b A and c A A see the same matrix:
+      // the polynomial is flat near its fixed point, so a consistently rounded A barely moves B,
+      // while A rounded in one term only does (half the error in bf16; docs/precision.md).
+      for (const MatrixView& ai : a)
+        compute.round(ai, opts.precision);
+      if (poly.empty()) {
+        ensure_shape(w.poly, compute, n * s, s);
+        poly = stacked_blocks(w.poly, count, s);
+      }
+      symmetric_square(compute, opts.use_syrk, opts.precision, static_cast<float>(k.c), a, poly);
+      // (b A + c A A) + a I: one fused pass on the GPU, the same rounding everywhere.
+      for (std::size_t i = 0; i < count; ++i)
+        compute.ns_polynomial(static_cast<float>(k.a), static_cast<float>(k.b), a[i], poly[i]);
+      b = poly;
+    } else {
+      for (const MatrixView& ai : a) {
+        compute.scale(ai, static_cast<float>(k.b));
+        compute.add_diagonal(ai, static_cast<float>(k.a));
+      }
+    }
+    if (side == GramSide::kRows) {
+      multiply(compute, Trans::kNo, Trans::kNo, opts.precision, b, cur, nxt);
+    } else {
+      multiply(compute, Trans::kNo, Trans::kNo, opts.precision, cur, b, nxt);
+    }
+    std::swap(cur, nxt);
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    if (cur[i].data != out[i].data) compute.copy(cur[i], out[i]);
+  }
+}
+
 void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
                        const Communicator* group, NsWorkspace* ws, NormCheck check) {
   if (opts.algorithm == NsAlgorithm::kGram) {
@@ -23,62 +91,9 @@ void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
   }
   const auto start = start_newton_schulz(x, opts, compute, group, "newton_schulz", check);
   if (!start) return;
-  const GramSide side = start->side;
-  const Index s = start->s;
-
   NsWorkspace local_ws;
-  NsWorkspace& w = ws != nullptr ? *ws : local_ws;
-  if (opts.precision == Precision::kBf16 && start->reduce_over == nullptr) {
-    // Local bf16: the iterate stored in bf16 across the steps, each product writing bf16 with
-    // the polynomial in its epilogue (Compute::newton_schulz_bf16: one call for the whole
-    // iteration; docs/precision.md, "bf16 storage").
-    std::vector<NsStep> steps(static_cast<std::size_t>(opts.steps));
-    for (int step = 0; step < opts.steps; ++step) {
-      const NsCoefficients& k = opts.coefficients.at(step);
-      steps[static_cast<std::size_t>(step)] = {static_cast<float>(k.a), static_cast<float>(k.b),
-                                               static_cast<float>(k.c)};
-    }
-    const bool rows = side == GramSide::kRows;
-    detail::ensure_shape(w.bf16, compute, 1, ns_bf16_scratch_floats(1, x.rows, x.cols, rows));
-    compute.newton_schulz_bf16(std::span<const MatrixView>(&x, 1), rows, steps, opts.use_syrk,
-                               w.bf16.view());
-    return;
-  }
-  detail::ensure_shape(w.gram, compute, s, s);
-  detail::ensure_shape(w.next, compute, x.rows, x.cols);
-  detail::apply_input_scaling(x, opts, compute, *start, w.gram.view());
-
-  MatrixView cur = x;
-  MatrixView nxt = w.next.view();
-  MatrixView a = w.gram.view();
-  for (int step = 0; step < opts.steps; ++step) {
-    const NsCoefficients& k = opts.coefficients.at(step);
-    detail::form_gram(compute, side, opts.use_syrk, opts.precision, cur, a, start->reduce_over);
-    // B = c A A + b A + a I, so that the update a X + (b A + c A A) X is one product B X.
-    MatrixView b = a;
-    if (k.c != 0.0) {
-      // At a reduced precision A is rounded first, so that b A and c A A see the same matrix:
-      // the polynomial is flat near its fixed point, so a consistently rounded A barely moves B,
-      // while A rounded in one term only does (half the error in bf16; docs/precision.md).
-      compute.round(a, opts.precision);
-      detail::ensure_shape(w.poly, compute, s, s);
-      b = w.poly.view();
-      detail::symmetric_square(compute, opts.use_syrk, opts.precision, static_cast<float>(k.c), a,
-                               b);
-      // (b A + c A A) + a I: one fused pass on the GPU, the same rounding everywhere.
-      compute.ns_polynomial(static_cast<float>(k.a), static_cast<float>(k.b), a, b);
-    } else {
-      compute.scale(b, static_cast<float>(k.b));
-      compute.add_diagonal(b, static_cast<float>(k.a));
-    }
-    if (side == GramSide::kRows) {
-      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, b, cur, 0.0f, nxt, opts.precision);
-    } else {
-      compute.gemm(Trans::kNo, Trans::kNo, 1.0f, cur, b, 0.0f, nxt, opts.precision);
-    }
-    std::swap(cur, nxt);
-  }
-  if (cur.data != x.data) compute.copy(cur, x);
+  const NsViews one(&x, 1);
+  standard_iteration(one, one, opts, compute, *start, ws != nullptr ? *ws : local_ws);
 }
 
 }  // namespace detail

@@ -62,7 +62,8 @@ void apply_input_scaling(MatrixView x, const NsOptions& opts, Compute& compute,
                          const NsStart& start, MatrixView gram) {
   if (opts.coefficients.input_scaling != CoefficientSet::InputScaling::kAol) return;
   const bool rows = start.side == GramSide::kRows;
-  form_gram(compute, start.side, opts.use_syrk, Precision::kFp32, x, gram, start.reduce_over);
+  form_gram(compute, start.side, opts.use_syrk, Precision::kFp32, NsViews(&x, 1), NsViews(&gram, 1),
+            start.reduce_over);
   Matrix a = to_host(compute, gram);
   for (Index i = 0; i < start.s; ++i) {
     double sum = 0;
@@ -75,27 +76,70 @@ void apply_input_scaling(MatrixView x, const NsOptions& opts, Compute& compute,
   }
 }
 
-void form_gram(Compute& compute, GramSide side, bool use_syrk, Precision precision,
-               ConstMatrixView x, MatrixView a, const Communicator* group) {
+std::vector<MatrixView> stacked_blocks(DeviceMatrix& m, std::size_t count, Index rows) {
+  std::vector<MatrixView> out;
+  out.reserve(count);
+  for (std::size_t i = 0; i < count; ++i)
+    out.push_back(m.view().row_block(static_cast<Index>(i) * rows, rows));
+  return out;
+}
+
+namespace {
+
+std::vector<ConstMatrixView> consts(NsViews v) {
+  return {v.begin(), v.end()};
+}
+
+}  // namespace
+
+void form_gram(Compute& compute, GramSide side, bool use_syrk, Precision precision, NsViews x,
+               NsViews a, const Communicator* group) {
   const bool rows = side == GramSide::kRows;
   const Trans t = rows ? Trans::kNo : Trans::kYes;
+  if (x.size() > 1) {
+    DISTMUON_ASSERT(group == nullptr, "a batch of Newton-Schulz iterations is local");
+    const auto xc = consts(x);
+    if (use_syrk) {
+      compute.syrk_batched(t, 1.0f, xc, 0.0f, a, precision);
+    } else {
+      compute.gemm_batched(t, rows ? Trans::kYes : Trans::kNo, 1.0f, xc, xc, 0.0f, a, precision);
+    }
+    return;
+  }
   if (use_syrk) {
-    compute.syrk(t, 1.0f, x, 0.0f, a, precision);
+    compute.syrk(t, 1.0f, x[0], 0.0f, a[0], precision);
   } else {
-    compute.gemm(t, rows ? Trans::kYes : Trans::kNo, 1.0f, x, x, 0.0f, a, precision);
+    compute.gemm(t, rows ? Trans::kYes : Trans::kNo, 1.0f, x[0], x[0], 0.0f, a[0], precision);
   }
   if (group != nullptr) {
-    DISTMUON_ASSERT(a.contiguous(), "a Gram matrix is a contiguous workspace");
-    group->data().all_reduce(std::span<float>(a.data, static_cast<std::size_t>(a.size())));
+    DISTMUON_ASSERT(a[0].contiguous(), "a Gram matrix is a contiguous workspace");
+    group->data().all_reduce(std::span<float>(a[0].data, static_cast<std::size_t>(a[0].size())));
   }
 }
 
-void symmetric_square(Compute& compute, bool use_syrk, Precision precision, float alpha,
-                      ConstMatrixView a, MatrixView out) {
-  if (use_syrk) {
-    compute.syrk(Trans::kNo, alpha, a, 0.0f, out, precision);  // a symmetric: a a^T = a a
+void symmetric_square(Compute& compute, bool use_syrk, Precision precision, float alpha, NsViews a,
+                      NsViews out) {
+  // a symmetric: a a^T = a a.
+  if (a.size() > 1) {
+    const auto ac = consts(a);
+    if (use_syrk) {
+      compute.syrk_batched(Trans::kNo, alpha, ac, 0.0f, out, precision);
+    } else {
+      compute.gemm_batched(Trans::kNo, Trans::kNo, alpha, ac, ac, 0.0f, out, precision);
+    }
+  } else if (use_syrk) {
+    compute.syrk(Trans::kNo, alpha, a[0], 0.0f, out[0], precision);
   } else {
-    compute.gemm(Trans::kNo, Trans::kNo, alpha, a, a, 0.0f, out, precision);
+    compute.gemm(Trans::kNo, Trans::kNo, alpha, a[0], a[0], 0.0f, out[0], precision);
+  }
+}
+
+void multiply(Compute& compute, Trans ta, Trans tb, Precision precision, NsViews a, NsViews b,
+              NsViews out) {
+  if (a.size() > 1) {
+    compute.gemm_batched(ta, tb, 1.0f, consts(a), consts(b), 0.0f, out, precision);
+  } else {
+    compute.gemm(ta, tb, 1.0f, a[0], b[0], 0.0f, out[0], precision);
   }
 }
 

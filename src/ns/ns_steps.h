@@ -1,10 +1,13 @@
 #pragma once
 // The pieces both Newton-Schulz algorithms (standard: newton_schulz.cpp, Gram:
 // gram_newton_schulz.cpp) are built from: the prologue (checks, Gram side, normalisation), the
-// Gram matrix of an iterate and the square of a symmetric matrix.
+// Gram matrix of an iterate, the square of a symmetric matrix and the other products, each on one
+// matrix or on a batch of equal shapes (batched_newton_schulz.h).
 
 #include <optional>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "distmuon/comm.h"
 #include "distmuon/compute.h"
@@ -58,13 +61,33 @@ void apply_input_scaling(MatrixView x, const NsOptions& opts, Compute& compute,
 void run_newton_schulz(MatrixView x, const NsOptions& opts, Compute& compute,
                        const Communicator* group, NsWorkspace* ws, NormCheck check);
 
+// The matrices an NS product works on: one matrix (the single-matrix path: Compute's plain
+// products, a Gram matrix summed over the group) or a local batch of equal shapes, one view per
+// matrix (batched_newton_schulz.h: Compute's batched products, one call for the whole batch).
+// Both iterations are written once over them (standard_iteration, gram_iteration), so that a
+// matrix of a batch gets the operations its own run gets, in the same order.
+using NsViews = std::span<const MatrixView>;
+
+// count blocks of rows x m.cols stacked by rows in m (a batch's workspace; m itself for one).
+std::vector<MatrixView> stacked_blocks(DeviceMatrix& m, std::size_t count, Index rows);
+
 // a = x x^T (kRows) or x^T x (kCols), full symmetric, by syrk or gemm at `precision`; summed over
-// group's data plane when group is not null.
-void form_gram(Compute& compute, GramSide side, bool use_syrk, Precision precision,
-               ConstMatrixView x, MatrixView a, const Communicator* group);
+// group's data plane when group is not null (one matrix only: a batch is local).
+void form_gram(Compute& compute, GramSide side, bool use_syrk, Precision precision, NsViews x,
+               NsViews a, const Communicator* group);
 
 // out = alpha a a^T for a symmetric s x s a (that is, alpha a^2), by syrk or gemm at `precision`.
-void symmetric_square(Compute& compute, bool use_syrk, Precision precision, float alpha,
-                      ConstMatrixView a, MatrixView out);
+void symmetric_square(Compute& compute, bool use_syrk, Precision precision, float alpha, NsViews a,
+                      NsViews out);
+
+// out = op(a) op(b) at `precision`, by gemm.
+void multiply(Compute& compute, Trans ta, Trans tb, Precision precision, NsViews a, NsViews b,
+              NsViews out);
+
+// The standard iteration after the prologue (start_newton_schulz; the bf16 storage path when
+// local) on xs: one matrix (reduced over start.reduce_over) or a local batch. Its results are
+// left in out: xs itself, or the matrices xs were staged from (the last iterate copied there).
+void standard_iteration(NsViews xs, NsViews out, const NsOptions& opts, Compute& compute,
+                        const NsStart& start, NsWorkspace& w);
 
 }  // namespace distmuon::detail

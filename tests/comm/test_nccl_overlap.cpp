@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +30,7 @@
 #include "distmuon/compute.h"
 #include "distmuon/layout.h"
 #include "distmuon/tp.h"
+#include "test_layout.h"
 #include "test_util.h"
 #include "tp/owner_ns.h"
 #include "tp/sharded_ns.h"
@@ -121,70 +121,47 @@ class CountStarts final : public detail::ForwardingComm {
   bool probe_;
 };
 
-struct GridSize {
-  int T, G, D;
-};
+using test::GridSize;
+using test::TestLayout;
 
 // Weights of different sizes (LPT's order is not the index order) split along both TP
 // dimensions, every split even. full: the same values on every replica.
-struct Weight {
-  Index m, n;
-  int tp_dim;
-};
-std::vector<Weight> weights_for(const GridSize& g) {
+std::vector<TestLayout> layouts_for(const GridSize& g) {
   const Index T = g.T, G = g.G;
-  return {{16 * T * G, 24, 0},
-          {8 * G, 12 * T, 1},
-          {24 * T * G, 8, 0},
-          {4 * G, 20 * T, 1},
-          {12 * T * G, 16, 0}};
-}
-
-// This rank's shard of w: its TP block (along tp_dim), then its GTP row block of that.
-Matrix shard_of(const Matrix& full, const Weight& w, const GridSize& g, int t, int gr) {
-  const Index r_tp = w.tp_dim == 0 ? w.m / g.T : w.m, n_tp = w.tp_dim == 1 ? w.n / g.T : w.n;
-  const Index rows = r_tp / g.G;
-  Matrix s(rows, n_tp);
-  for (Index i = 0; i < rows; ++i)
-    for (Index j = 0; j < n_tp; ++j)
-      s(i, j) =
-          full((w.tp_dim == 0 ? t * r_tp : 0) + gr * rows + i, (w.tp_dim == 1 ? t * n_tp : 0) + j);
-  return s;
+  std::vector<TestLayout> out = {{.m = 16 * T * G, .n = 24, .tp_dim = 0},
+                                 {.m = 8 * G, .n = 12 * T, .tp_dim = 1},
+                                 {.m = 24 * T * G, .n = 8, .tp_dim = 0},
+                                 {.m = 4 * G, .n = 20 * T, .tp_dim = 1},
+                                 {.m = 12 * T * G, .n = 16, .tp_dim = 0}};
+  for (TestLayout& l : out) {
+    l.tp = g.T;
+    l.gtp = g.G;
+  }
+  return out;
 }
 
 // OwnerOrthogonalizer over `compute`'s data plane (4 chunks), as the optimizer runs it: a first
 // run on other values, then the run returned, its buffers kept from the first.
 std::vector<Matrix> owner_pipeline(const GridSize& g, Compute& compute,
                                    const std::shared_ptr<Starts>& starts, bool probe) {
-  const Communicator& world = test::world();
-  const ProcessGroups pg = make_process_groups(world, g.T, g.G);
-  const int position = pg.tp.rank() + g.T * pg.gtp.rank();
+  const auto [pg, replicas] = test::grid_groups(g);
   auto plane = [&](const Communicator& host) {
     const Communicator c = compute.data_communicator(host);
     return c.with_data(std::make_shared<CountStarts>(c.data().impl_ptr(), starts, probe));
   };
-  const Communicator tp = plane(pg.tp), gtp = plane(pg.gtp);
-  const Communicator dp = plane(world.split(position, world.rank()));
-  const std::vector<Weight> ws = weights_for(g);
+  const Communicator tp = plane(pg.tp), gtp = plane(pg.gtp), dp = plane(replicas);
+  const std::vector<TestLayout> ls = layouts_for(g);
   std::vector<ShardLayout> layouts;
   std::vector<DeviceMatrix> first, second;
-  for (std::size_t k = 0; k < ws.size(); ++k) {
-    const Weight& w = ws[k];
-    ShardLayout l{.m = w.m, .n = w.n};
-    if (g.T > 1) {
-      l.tp_dim = w.tp_dim;
-      l.tp_size = g.T;
-      l.tp_rank = pg.tp.rank();
-    }
-    l.gtp_size = g.G;
-    l.gtp_rank = pg.gtp.rank();
-    l.dp_size = g.D;
-    l.dp_rank = dp.rank();
-    layouts.push_back(l);
-    const Matrix a = test::random_matrix(w.m, w.n, 90 + k),
-                 b = test::random_matrix(w.m, w.n, 50 + k);
-    first.push_back(to_device(compute, shard_of(a, w, g, pg.tp.rank(), pg.gtp.rank()).view()));
-    second.push_back(to_device(compute, shard_of(b, w, g, pg.tp.rank(), pg.gtp.rank()).view()));
+  for (std::size_t k = 0; k < ls.size(); ++k) {
+    const TestLayout& l = ls[k];
+    layouts.push_back(test::shard_layout(l, pg, &dp));
+    const Matrix a = test::random_matrix(l.m, l.n, 90 + k),
+                 b = test::random_matrix(l.m, l.n, 50 + k);
+    first.push_back(
+        to_device(compute, test::shard_for(a.view(), l, pg.tp.rank(), pg.gtp.rank()).view()));
+    second.push_back(
+        to_device(compute, test::shard_for(b.view(), l, pg.tp.rank(), pg.gtp.rank()).view()));
   }
   NsOptions ns;
   detail::OwnerOrthogonalizer orth(detail::ns_flops_cost(ns), 4);
@@ -194,7 +171,7 @@ std::vector<Matrix> owner_pipeline(const GridSize& g, Compute& compute,
   };
   for (std::vector<DeviceMatrix>* run : {&first, &second}) {
     std::vector<detail::OwnerOrthogonalizer::Weight> weights;
-    for (std::size_t k = 0; k < ws.size(); ++k) {
+    for (std::size_t k = 0; k < ls.size(); ++k) {
       weights.push_back({(*run)[k].view(), &layouts[k], &tp, &gtp,
                          k % 2 == 0 ? NsAlgorithm::kStandard : NsAlgorithm::kGram,
                          g.D > 1 ? &dp : nullptr});
@@ -208,13 +185,9 @@ std::vector<Matrix> owner_pipeline(const GridSize& g, Compute& compute,
 }
 
 TEST(NcclOverlap, OwnerPipelineBitEqualToMpiWithExchangesInFlight) {
-  const int w = test::world().size();
-  std::vector<GridSize> grids = {{w, 1, 1}, {1, w, 1}};
-  if (w == 4) {
-    grids.push_back({2, 2, 1});  // two gather stages per chunk
-    grids.push_back({2, 1, 2});  // TP, the replicas' exchange, TP
+  std::vector<GridSize> grids = test::world_grids();
+  if (test::world().size() == 4)
     grids.push_back({1, 1, 4});  // replicated weights: the homes' results to every replica
-  }
   ASSERT_EQ(setenv("DISTMUON_STANDIN_DELAY_US", "5000", 1), 0);
   struct Unset {
     ~Unset() { unsetenv("DISTMUON_STANDIN_DELAY_US"); }
@@ -228,12 +201,7 @@ TEST(NcclOverlap, OwnerPipelineBitEqualToMpiWithExchangesInFlight) {
     auto mpi_starts = std::make_shared<Starts>(), nccl_starts = std::make_shared<Starts>();
     const std::vector<Matrix> a = owner_pipeline(g, *over_mpi, mpi_starts, false);
     const std::vector<Matrix> b = owner_pipeline(g, *over_nccl, nccl_starts, true);
-    ASSERT_EQ(a.size(), b.size());
-    for (std::size_t k = 0; k < a.size(); ++k) {
-      ASSERT_EQ(a[k].size(), b[k].size());
-      EXPECT_EQ(std::memcmp(a[k].data(), b[k].data(), sizeof(float) * a[k].size()), 0)
-          << "weight " << k;
-    }
+    test::expect_same_bits(b, a, "the NCCL data plane", "weight", "differs from the MPI one");
     // Every stage of every chunk started on both planes, the same number of times.
     EXPECT_GT(nccl_starts->started, 0);
     EXPECT_EQ(nccl_starts->started, mpi_starts->started);

@@ -1,35 +1,10 @@
 #include "optim_test_util.h"
 
 #include <fmt/format.h>
-#include <gtest/gtest.h>
 
-#include <cstring>
 #include <numeric>
 
 namespace distmuon::test {
-
-Index TestLayout::global_row(int tp_rank, int gtp_rank, Index j) const {
-  const Index i = gtp_rank * shard_rows() + j;  // row of the padded TP-local tensor
-  if (i >= m_tp()) return -1;
-  const Index row = tp_dim == 0 ? tp_rank * m_tp() + i : i;
-  return row < m ? row : -1;  // tp_pad's rows
-}
-
-Matrix shard_for(ConstMatrixView full, const TestLayout& l, int tp_rank, int gtp_rank,
-                 float pad_fill) {
-  Matrix extended(full.rows + (l.tp_dim == 0 ? l.tp_pad : 0),
-                  full.cols + (l.tp_dim == 1 ? l.tp_pad : 0));  // zero-initialised
-  copy(full, extended.view().block(0, 0, full.rows, full.cols));
-  const Matrix tp_local = l.tp_dim == kNoPartition
-                              ? Matrix::from(full)
-                              : shard_of(extended.view(), l.tp_dim, l.tp, tp_rank);
-  Matrix padded(tp_local.rows() + l.pad, tp_local.cols());
-  copy(tp_local.view(), padded.view().row_block(0, tp_local.rows()));
-  for (Index i = tp_local.rows(); i < padded.rows(); ++i)
-    for (Index j = 0; j < padded.cols(); ++j)
-      padded(i, j) = pad_fill;
-  return shard_of(padded.view(), 0, l.gtp, gtp_rank);
-}
 
 Matrix reference_orthogonalize(ConstMatrixView u, const std::vector<Index>& ids,
                                const std::vector<Index>& qkv, const NsOptions& ns,
@@ -217,19 +192,6 @@ std::vector<TestLayout> layouts_for(int w) {
                    .qkv = {4, 4, 2, 2}});
   }
   return out;
-}
-
-void expect_same_bits(const std::vector<Matrix>& a, const std::vector<Matrix>& b,
-                      const std::string& what, const std::string& noun,
-                      const std::string& differs) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    ASSERT_EQ(a[k].size(), b[k].size()) << what;
-    EXPECT_EQ(std::memcmp(a[k].data(), b[k].data(),
-                          sizeof(float) * static_cast<std::size_t>(a[k].size())),
-              0)
-        << what << ": " << noun << " " << k << " " << differs;
-  }
 }
 
 }  // namespace distmuon::test

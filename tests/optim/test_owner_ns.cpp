@@ -197,18 +197,6 @@ Matrix gradient(const Case& c, std::size_t i, int step, const ProcessGroups& pg)
   return test::shard_for(full.view(), c.l, pg.tp.rank(), pg.gtp.rank(), 3.0f);
 }
 
-detail::ShardLayout shard_layout(const TestLayout& l, const ProcessGroups& pg) {
-  detail::ShardLayout s{.m = l.m, .n = l.n, .pad = l.pad, .qkv = l.qkv};
-  if (l.tp_dim != kNoPartition && l.tp > 1) {
-    s.tp_dim = l.tp_dim;
-    s.tp_size = l.tp;
-    s.tp_rank = pg.tp.rank();
-  }
-  s.gtp_size = l.gtp;
-  s.gtp_rank = l.gtp > 1 ? pg.gtp.rank() : 0;
-  return s;
-}
-
 double spectral(Index m, Index n) {
   return muon_scale(ScaleMode::kSpectral, m, n);
 }
@@ -224,7 +212,7 @@ Shards shards_of(const std::vector<Case>& cases, Groups& groups) {
   Shards out;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const ProcessGroups& pg = groups.get(cases[i].l).pg;
-    out.layouts.push_back(shard_layout(cases[i].l, pg));
+    out.layouts.push_back(test::shard_layout(cases[i].l, pg));
     out.run.push_back(gradient(cases[i], i, 0, pg));
     out.reference.push_back(Matrix::from(out.run.back().view()));
   }

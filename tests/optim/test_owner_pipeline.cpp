@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,12 +25,8 @@
 namespace distmuon {
 namespace {
 
+using test::GridSize;
 using test::TestLayout;
-
-// A T x G x D grid of the world (T G D = world size).
-struct GridSize {
-  int T, G, D;
-};
 
 // Weights of different sizes (so that LPT's order is not the index order), split along both TP
 // dimensions, with GTP padding rows where the rows do not split evenly.
@@ -66,15 +61,13 @@ struct Counted {
 // reference. choose: the orthogonalizer's OwnerChunksFn (then it decides the chunks).
 std::vector<Matrix> run(const GridSize& g, int chunks, const LinkModel* link, Counted& counted,
                         detail::OwnerChunksFn choose = {}) {
-  const Communicator& world = test::world();
-  const ProcessGroups pg = make_process_groups(world, g.T, g.G);
+  const auto [pg, replicas] = test::grid_groups(g);
   auto wrap = [&](const Communicator& c, const std::shared_ptr<CommStats>& stats) {
     const Communicator counting = counting_communicator(c, stats);
     return link != nullptr ? emulated_link_communicator(counting, *link) : counting;
   };
   const Communicator tp = wrap(pg.tp, counted.tp), gtp = wrap(pg.gtp, counted.gtp);
-  const int position = pg.tp.rank() + g.T * pg.gtp.rank();
-  const Communicator dp = wrap(world.split(position, world.rank()), counted.dp);
+  const Communicator dp = wrap(replicas, counted.dp);
   const std::vector<TestLayout> ls = layouts_for(g);
   std::vector<ShardLayout> layouts;
   std::vector<Matrix> shards, first;
@@ -84,17 +77,7 @@ std::vector<Matrix> run(const GridSize& g, int chunks, const LinkModel* link, Co
     shards.push_back(test::shard_for(full.view(), ls[k], pg.tp.rank(), pg.gtp.rank()));
     const Matrix other = test::random_matrix(ls[k].m, ls[k].n, 90 + k);
     first.push_back(test::shard_for(other.view(), ls[k], pg.tp.rank(), pg.gtp.rank()));
-    ShardLayout s{.m = ls[k].m, .n = ls[k].n, .pad = ls[k].pad, .tp_pad = ls[k].tp_pad};
-    if (g.T > 1) {
-      s.tp_dim = ls[k].tp_dim;
-      s.tp_size = g.T;
-      s.tp_rank = pg.tp.rank();
-    }
-    s.gtp_size = g.G;
-    s.gtp_rank = pg.gtp.rank();
-    s.dp_size = g.D;
-    s.dp_rank = dp.rank();
-    layouts.push_back(s);
+    layouts.push_back(test::shard_layout(ls[k], pg, &dp));
   }
   NsOptions ns;
   detail::OwnerOrthogonalizer orth(detail::ns_flops_cost(ns), chunks, false, std::move(choose));
@@ -128,11 +111,6 @@ std::vector<Matrix> run(const GridSize& g, int chunks, const LinkModel* link, Co
   return shards;
 }
 
-bool bit_equal(const Matrix& a, const Matrix& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() &&
-         std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<std::size_t>(a.size())) == 0;
-}
-
 void check_grid(const GridSize& g) {
   SCOPED_TRACE("grid T " + std::to_string(g.T) + " x G " + std::to_string(g.G) + " x D " +
                std::to_string(g.D));
@@ -144,8 +122,8 @@ void check_grid(const GridSize& g) {
     for (const LinkModel* link : {static_cast<const LinkModel*>(nullptr), &slow}) {
       SCOPED_TRACE(std::to_string(chunks) + " chunks" + (link ? ", emulated link" : ""));
       const std::vector<Matrix> got = run(g, chunks, link, counted);
-      for (std::size_t k = 0; k < weights; ++k)
-        EXPECT_TRUE(bit_equal(got[k], duplicated[k])) << "weight " << k;
+      test::expect_same_bits(got, duplicated, "owner mode", "weight",
+                             "differs from duplicated mode");
       // One all-to-all per stage per chunk in each direction, on every rank (ranks that hold
       // nothing of a chunk enter its exchanges too): gather and scatter over TP and GTP, the
       // replicas' exchange once.
@@ -158,13 +136,8 @@ void check_grid(const GridSize& g) {
 }
 
 TEST(OwnerPipeline, ChunksGiveTheSerialSchedulesBitsWithOneAllToAllPerStagePerChunk) {
-  const int w = test::world().size();
-  std::vector<GridSize> grids = {{w, 1, 1}, {1, w, 1}};
-  if (w == 4) {
-    grids.push_back({2, 2, 1});  // two gather stages per chunk
-    grids.push_back({2, 1, 2});  // TP, the replicas' exchange, TP
-    grids.push_back({1, 2, 2});  // GTP, the replicas' exchange, GTP
-  }
+  std::vector<GridSize> grids = test::world_grids();
+  if (test::world().size() == 4) grids.push_back({1, 2, 2});  // GTP, the replicas' exchange, GTP
   for (const GridSize& g : grids)
     check_grid(g);
 }

@@ -252,6 +252,28 @@ def test_3d_parameter_is_a_batch_of_matrices():
     assert live.shape == (3, 16, 24) and torch.equal(live, st)
 
 
+def test_3d_parameter_of_no_matrices_is_left_alone():
+    """A batch of 0 matrices holds nothing to update: it is not registered, the weight beside it
+    steps bit for bit as without it, and its state is empty and round-trips."""
+    w = _weights(8, [(16, 24)])[0]
+    alone = torch.nn.Parameter(w.detach().clone())
+    empty = torch.nn.Parameter(torch.zeros(0, 16, 24))
+    opt, ref = dmt.Muon([w, empty], lr=0.02), dmt.Muon([alone], lr=0.02)
+    for s in range(2):
+        g = _grads(s, [w])[0]
+        w.grad, alone.grad, empty.grad = g.clone(), g.clone(), torch.zeros(0, 16, 24)
+        opt.step()
+        ref.step()
+    assert torch.equal(w, alone)
+    assert [(i["rows"], i["cols"], i["batch"]) for i in opt.plan()] == [(16, 24, 1)]
+    sd = opt.state_dict()
+    kept = {k: tuple(t.shape) for k, t in sd["state"][1].items() if k != "step"}
+    assert kept and all(shape == (0, 16, 24) for shape in kept.values())
+    opt.load_state_dict(sd)
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"],
+                       sd["state"][0]["momentum_buffer"])
+
+
 def test_expert_tp_mode_applies_to_expert_layouts():
     experts = torch.nn.Parameter(_weights(6, [(4, 8, 12)])[0].detach())
     dense = torch.nn.Parameter(_weights(7, [(8, 12)])[0].detach())
