@@ -34,13 +34,6 @@ struct Experts {
   bool expert = false;  // ParamSpec::expert (MuonOptions::expert_tp_mode applies)
 };
 
-// The world as T x G (T = 2 when the world is even, else 1): TP over T, GTP over G.
-ProcessGroups groups_of_world() {
-  const Communicator& w = test::world();
-  const int t = w.size() % 2 == 0 ? 2 : 1;
-  return make_process_groups(w, t, w.size() / t);
-}
-
 // The expert batches of a run on groups: a TP-row batch, a TP-column batch with GTP padding,
 // an unsharded batch (local NS in every mode).
 std::vector<Experts> experts_for(const ProcessGroups& g) {
@@ -154,7 +147,7 @@ MuonOptions options(TpMode mode) {
 }
 
 TEST(BatchedExperts, EveryModeEqualsSeparateParameters) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const auto experts = experts_for(groups);
   for (const TpMode mode :
        {TpMode::kBlockwise, TpMode::kDuplicated, TpMode::kDistributed, TpMode::kOwner}) {
@@ -229,7 +222,7 @@ TEST(BatchedExperts, OpaqueBackendBatchesEveryProduct) {
 TEST(BatchedExperts, ExpertsSpreadOverOwnersAndHomes) {
   const Communicator& w = test::world();
   if (w.size() == 1) GTEST_SKIP() << "owners and homes need ranks";
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const auto experts = experts_for(groups);
   const StepResult owner = run(experts, true, options(TpMode::kOwner), groups, cpu_compute());
   // 8 equal slices over T x G owners: every owner index gets 8 / (T G) of them.
@@ -275,7 +268,7 @@ TEST(BatchedExperts, ExpertTpModeAppliesToExpertWeights) {
   EXPECT_FALSE(same.get<MuonOptions>().expert_tp_mode.has_value());
   same["expert_tp_mode"] = "sideways";
   EXPECT_THROW((void)same.get<MuonOptions>(), Error);
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   auto experts = experts_for(groups);
   experts[0].expert = true;
   const StepResult mixed = run(experts, true, o, groups, cpu_compute());
@@ -298,7 +291,7 @@ TEST(BatchedExperts, ExpertTpModeAppliesToExpertWeights) {
 // their bits, distributed its own rounding): compared within 1e-5 relative (fp32 NS's rounding
 // over two steps, as test_muon_auto compares auto with duplicated).
 TEST(BatchedExperts, AutoPlansBatchedParameters) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const auto experts = experts_for(groups);
   const StepResult reference =
       run(experts, false, options(TpMode::kDuplicated), groups, cpu_compute());
@@ -323,7 +316,7 @@ TEST(BatchedExperts, AutoPlansBatchedParameters) {
 
 TEST(BatchedExperts, CheckpointRoundTrip) {
   const Communicator& w = test::world();
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const auto experts = experts_for(groups);
   std::string name;
   if (w.rank() == 0) {
@@ -390,7 +383,7 @@ TEST(BatchedExperts, CheckpointRoundTrip) {
 // matrix's own rows is refused on every rank, naming the matrix.
 TEST(BatchedExperts, EachMatrixsPaddingRowsAreIgnoredAndItsOwnRowsChecked) {
   const Communicator& w = test::world();
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const Experts padded = experts_for(groups)[1];  // 8 matrices, GTP padding
   const TestLayout& l = padded.layout;
   const int t = l.tp > 1 ? groups.tp.rank() : 0, g = l.gtp > 1 ? groups.gtp.rank() : 0;

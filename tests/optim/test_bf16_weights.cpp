@@ -31,12 +31,6 @@ namespace {
 
 using test::TestLayout;
 
-ProcessGroups groups_of_world() {
-  const Communicator& w = test::world();
-  const int t = w.size() % 2 == 0 ? 2 : 1;
-  return make_process_groups(w, t, w.size() / t);
-}
-
 // Two TP-row weights, one TP-column weight, a batch of 2 and an AdamW matrix.
 struct Weight {
   TestLayout layout;
@@ -178,7 +172,7 @@ MuonOptions options(TpMode mode) {
 }
 
 TEST(Bf16Weights, StepAsFloat32WeightsRoundedAfterEachStep) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const auto model = model_for(groups.tp_size, groups.gtp_size);
   for (const TpMode mode :
        {TpMode::kDuplicated, TpMode::kOwner, TpMode::kDistributed, TpMode::kBlockwise}) {
@@ -208,7 +202,7 @@ TEST(Bf16Weights, StepAsFloat32WeightsRoundedAfterEachStep) {
 // AdamW parameter's moments and a float32 weight's momentum stay float32. Through a checkpoint
 // (saved in float32, loaded rounded back: exactly) the next step is the same.
 TEST(Bf16Weights, MomentumInTheWeightsDtype) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const auto model = model_for(groups.tp_size, groups.gtp_size);
   MuonOptions o = options(TpMode::kOwner);
   o.momentum_dtype = MomentumDtype::kParam;
@@ -241,7 +235,7 @@ TEST(Bf16Weights, MomentumInTheWeightsDtype) {
 // backend holds exactly what it holds for float32 weights, less those weights and plus their
 // bfloat16 storage: no float32 copy outlives a step.
 TEST(Bf16Weights, NoFloat32CopyBetweenSteps) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const auto model = model_for(groups.tp_size, groups.gtp_size);
   const MuonOptions o = options(TpMode::kOwner);
   auto opaque_bf16 = make_opaque_compute();

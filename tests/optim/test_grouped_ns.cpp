@@ -28,13 +28,6 @@ namespace {
 
 using test::TestLayout;
 
-// The world as T x G (T = 2 when the world is even): TP over T, GTP over G.
-ProcessGroups groups_of_world() {
-  const Communicator& w = test::world();
-  const int t = w.size() % 2 == 0 ? 2 : 1;
-  return make_process_groups(w, t, w.size() / t);
-}
-
 // Eight weights of three shapes, the equal shapes not adjacent: four attention-like 64 x 48
 // (TP rows), three MLP-like 96 x 32 (TP columns), one 32 x 80. group[i]: weight i's shape.
 struct Model {
@@ -158,7 +151,7 @@ std::size_t owner_groups(const Model& model, const Result& r, const MuonOptions&
 // Duplicated: every rank gathers and runs every weight's NS, in three groups; blockwise runs
 // its blocks' NS locally, in three groups as well.
 TEST(GroupedNs, DuplicatedRunsOneBatchPerShape) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const Model model = model_for(groups.tp_size, groups.gtp_size);
   for (const TpMode mode : {TpMode::kDuplicated, TpMode::kBlockwise}) {
     SCOPED_TRACE(to_string(mode));
@@ -174,7 +167,7 @@ TEST(GroupedNs, DuplicatedRunsOneBatchPerShape) {
 // A batched parameter's slices (ParamSpec::batch) join the 2-D weights of their shape: one
 // group of 3 + 3 matrices, bit-equal to their own NS.
 TEST(GroupedNs, BatchedParameterJoinsItsShape) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   Model model = model_for(groups.tp_size, groups.gtp_size);
   model.batch.assign(model.layouts.size(), 1);
   model.batch[2] = 3;  // weights 0, 4, 6 and the three slices of weight 2: 64 x 48
@@ -189,7 +182,7 @@ TEST(GroupedNs, BatchedParameterJoinsItsShape) {
 // Both algorithms at every precision (the scattered matrices staged equally strided, or at
 // bf16 storage in newton_schulz_bf16's scratch): each weight's own bits.
 TEST(GroupedNs, AlgorithmsAndPrecisions) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const Model model = model_for(groups.tp_size, groups.gtp_size);
   for (const NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
     for (const Precision precision : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
@@ -207,7 +200,7 @@ TEST(GroupedNs, AlgorithmsAndPrecisions) {
 // Owner mode over the T x G grid: each owner runs its weights of each pipelined chunk in
 // groups of equal shape.
 TEST(GroupedNs, OwnerRunsOneBatchPerShapeAndChunk) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const Model model = model_for(groups.tp_size, groups.gtp_size);
   const MuonOptions o = options(TpMode::kOwner);
   auto opaque = make_opaque_compute();
@@ -250,7 +243,7 @@ TEST(GroupedNs, ReplicatedHomesAndEveryRank) {
 // A non-finite NS input in one weight of a group (rank 0's momentum of w4) ends the step on
 // every rank, naming that weight, as for a weight run on its own.
 TEST(GroupedNs, NonFiniteInputNamesItsWeight) {
-  const ProcessGroups groups = groups_of_world();
+  const ProcessGroups groups = test::tp_gtp_world();
   const Model model = model_for(groups.tp_size, groups.gtp_size);
   auto opaque = make_opaque_compute();
   Muon muon(options(TpMode::kDuplicated), test::world(), *opaque);

@@ -160,8 +160,8 @@ TEST(OwnerPipeline, ChosenChunksRunOncePerComposition) {
       });
   EXPECT_EQ(asked, 1);
   EXPECT_EQ(counted.gtp->all_to_all.calls, 2u * 3u);  // gather and scatter per chunk
-  for (std::size_t k = 0; k < got.size(); ++k)
-    EXPECT_TRUE(bit_equal(got[k], duplicated[k])) << "weight " << k;
+  test::expect_same_bits(got, duplicated, "3 chosen chunks", "weight",
+                         "differs from duplicated mode");
 }
 
 // The chunks' order is cached with the owners: LPT's order of the costs (largest first, ties by

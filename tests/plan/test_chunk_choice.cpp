@@ -19,14 +19,9 @@
 namespace distmuon {
 namespace {
 
+// A weight auto may give either algorithm (steps 5, syrk, fp32: AutoKey's defaults).
 AutoKey chunk_key(Index m, Index n, int g) {
-  return AutoKey{.m = m,
-                 .n = n,
-                 .group_size = g,
-                 .steps = 5,
-                 .use_syrk = true,
-                 .elem_size = 4,
-                 .algorithm = NsAlgorithm::kAuto};
+  return AutoKey{.m = m, .n = n, .group_size = g, .algorithm = NsAlgorithm::kAuto};
 }
 
 std::vector<CostEstimate> estimates_of(const std::vector<AutoKey>& keys, const HardwareProfile& p) {

@@ -80,4 +80,10 @@ void expect_same_bits(const std::vector<Matrix>& a, const std::vector<Matrix>& b
   }
 }
 
+ProcessGroups tp_gtp_world() {
+  const Communicator& w = world();
+  const int t = w.size() % 2 == 0 ? 2 : 1;
+  return make_process_groups(w, t, w.size() / t);
+}
+
 }  // namespace distmuon::test

@@ -65,6 +65,9 @@ struct GridGroups {
 };
 GridGroups grid_groups(const GridSize& g);
 
+// The world as T x G (T = 2 when the world is even, else 1): TP over T, GTP over G.
+ProcessGroups tp_gtp_world();
+
 // a and b hold the same matrices bit for bit (tolerance 0: the same operations in the same order
 // give the same bits); a failure names `what` and the matrix: "<noun> k <differs>".
 void expect_same_bits(const std::vector<Matrix>& a, const std::vector<Matrix>& b,

@@ -647,7 +647,7 @@ class CudaCompute final : public Compute {
     }
     if (rc != cudaSuccess) {  // the constructor throws: nothing else releases these
       cuda::cublas().destroy(blas_);
-      cudaStreamDestroy(stream_);
+      if (owns_stream_) cudaStreamDestroy(stream_);  // never the caller's stream
       check(rc, "cudaMemPoolCreate", fmt::format("the memory pool of device {}", device_));
     }
   }
