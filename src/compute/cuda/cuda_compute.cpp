@@ -571,7 +571,6 @@ class CudaCompute final : public Compute {
                       shape_str(k, n), shape_str(m, n)));
   }
 
-  // The device slots of a batched reduction (grown when needed, set to `byte`).
   // The device slots of a batched reduction (scratch grown when needed, set to `byte`), and
   // their pinned host twin (grown with them; host memory, so not in memory_stats()).
   void* results(std::size_t bytes, int byte) {
