@@ -21,7 +21,8 @@ namespace distmuon::detail {
 namespace {
 
 constexpr const char* kPoints[] = {
-    "optim-step", "checkpoint-between-files", "collective", "file-write", "measure-reset", "nccl"};
+    "optim-step", "checkpoint-between-files", "collective", "file-write", "measure-reset", "nccl",
+    "bf16-hold"};
 constexpr const char* kActions[] = {"throw", "exit", "kill", "oom", "nan", "stall", "stop"};
 
 struct FaultSpec {

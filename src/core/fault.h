@@ -16,11 +16,12 @@
 // not yet), "collective" (every MPI collective: all-gather, all-reduce, reduce-scatter,
 // broadcast, all-to-all, barrier, split), "file-write" (write_file_atomic, half of the temporary
 // file written), "nccl" (every operation of an NCCL communicator, before it is queued:
-// src/comm/nccl) and "measure-reset" (a timed candidate's reset before its run, in the one runner
-// of plan=measure and `bench --model`: plan/candidate_runner.h). The world rank comes from the
-// launcher's environment (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; 0 without one). Without
-// the variable fault_point() costs one atomic load; a malformed value is an Error naming the
-// variable.
+// src/comm/nccl), "measure-reset" (a timed candidate's reset before its run, in the one runner
+// of plan=measure and `bench --model`: plan/candidate_runner.h) and "bf16-hold" (Muon::step's
+// float32 copy of each bfloat16 weight, before the step's first collective). The world rank comes
+// from the launcher's environment (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK; 0 without one).
+// Without the variable fault_point() costs one atomic load; a malformed value is an Error naming
+// the variable.
 
 #include <string>
 #include <string_view>

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 
 #include "core/fault.h"
 #include "distmuon/agreement.h"
@@ -105,7 +106,10 @@ nlohmann::json Muon::Impl::config() const {
                     {"dp_size", p.layout.dp_size},
                     {"expert", s.expert},
                     {"qkv_split", s.qkv_split},
-                    {"batch", p.layout.batch}});
+                    {"batch", p.layout.batch},
+                    // How the weight is stored (ParamSpec::bf16): a rank that stores it otherwise
+                    // would round it otherwise, so the ranks agree on it.
+                    {"weight_dtype", s.bf16 != nullptr ? "bf16" : "fp32"}});
   }
   // The precision NS runs at, resolved on this rank (options.precision auto: the backend's),
   // agreed with the rest: it decides Gram NS's restarts, so the count of its collectives.
@@ -330,6 +334,8 @@ void Muon::step(std::span<const ConstMatrixView> grads, std::string_view failure
   std::string held;
   try {
     s.hold_bf16_weights();
+  } catch (const std::bad_alloc&) {
+    held = "out of memory making the float32 copies of the bfloat16 weights for the step";
   } catch (const Error& e) {
     held = e.what();
   }

@@ -2,6 +2,7 @@
 // MomentumDtype::kParam), held in float32 for each step, and every state tensor's access.
 #include <fmt/format.h>
 
+#include "core/fault.h"
 #include "distmuon/error.h"
 #include "optim/muon_impl.h"
 
@@ -10,6 +11,7 @@ namespace distmuon {
 void Muon::Impl::hold_bf16_weights() {
   for (ParamState& p : params) {
     if (p.spec.bf16 == nullptr) continue;
+    detail::fault_point("bf16-hold");  // docs/reliability.md
     p.weight32 = DeviceMatrix(*compute, p.spec.local.rows, p.spec.local.cols);
     if (p.weight32.size() > 0) compute->unpack_bf16(p.spec.bf16, p.weight32.view());
     p.spec.local = p.weight32.view();

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fault.h"
 #include "distmuon/adamw.h"
 #include "distmuon/compute.h"
 #include "distmuon/error.h"
@@ -313,6 +314,53 @@ TEST(Bf16Weights, RefusedStepsStoreNothing) {
     EXPECT_NE(std::string(e.what()).find("bfloat16's range"), std::string::npos) << e.what();
   }
   EXPECT_EQ(edge_storage, edge_before);
+}
+
+// A failure making the float32 copies on one rank (an allocation, before the step's first
+// collective) ends the step on every rank with the same error naming that rank, and nothing is
+// stored; so does a rank that stores a weight in another dtype than the others (the
+// configuration the ranks agree on holds each weight's dtype). A hang fails the test's timeout.
+TEST(Bf16Weights, OneRanksFailureEndsEveryRanksStep) {
+  const Communicator& world = test::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int last = world.size() - 1;
+  Matrix w = rounded(test::random_matrix(16, 8, 7));
+  std::vector<float> storage = packed(w);
+  const ParamSpec s{
+      .name = "w", .local = {nullptr, 16, 8, 8}, .bf16 = storage.data(), .rows = 16, .cols = 8};
+  const Matrix g = test::random_matrix(16, 8, 8);
+  const std::vector<ConstMatrixView> grads{g.view()};
+  for (const char* action : {"oom", "throw"}) {
+    SCOPED_TRACE(action);
+    Muon muon(options(TpMode::kDuplicated), world, cpu_compute());
+    muon.add_parameter(s);
+    detail::arm_fault(fmt::format("{}:bf16-hold:{}", last, action));
+    const std::vector<float> before = storage;
+    try {
+      muon.step(grads);
+      ADD_FAILURE() << "the step went on";
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("failed on rank(s) {} of", last)),
+                std::string::npos)
+          << e.what();
+    }
+    detail::disarm_fault();
+    EXPECT_EQ(storage, before);
+  }
+  // The last rank holds the weight in float32, the others in bfloat16.
+  Muon mixed(options(TpMode::kDuplicated), world, cpu_compute());
+  ParamSpec m = s;
+  if (world.rank() == last) {
+    m.local = w.view();
+    m.bf16 = nullptr;
+  }
+  mixed.add_parameter(m);
+  try {
+    mixed.step(grads);
+    ADD_FAILURE() << "ranks storing the weight in different dtypes stepped";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("weight_dtype"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Bf16Weights, BadStorageRefused) {
