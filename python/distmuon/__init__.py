@@ -312,32 +312,35 @@ class Muon:
             cols = shape[2] if cols is None else cols
             shard = _stacked(shard, what)
         batch = 1 if batch is None else batch
-        if _is_torch(shard) and str(shard.dtype) == "torch.bfloat16":
-            return self._add_bf16(shard, name, what, rows, cols, role, use_muon, tp_dim,
-                                  tp_group, gtp_group, pad, expert, expert_rank, qkv_split,
-                                  tp_pad, data_parallel_group, batch)
-        if self._cuda is not None:
+        bf16 = _is_torch(shard) and str(shard.dtype) == "torch.bfloat16"
+        if bf16:  # updated where it lies (docs/python.md)
+            keep, arr = shard, self._bf16_matrix(shard, what)
+            rows = arr.shape[0] if rows is None else rows
+            cols = arr.shape[1] if cols is None else cols
+        elif self._cuda is not None:
             arr = shard.reshape(-1, 1) if shard.dim() == 1 else shard
             rows = arr.shape[0] if rows is None else rows
             cols = arr.shape[1] if cols is None and arr.dim() == 2 else cols
-            arr = core_matrix(arr.detach(), what)
+            arr = keep = core_matrix(arr.detach(), what)
         else:
             arr = as_array(shard, what)
             if arr.ndim == 1:
                 arr = arr.reshape(-1, 1)
             rows = arr.shape[0] if rows is None else rows
             cols = arr.shape[1] if cols is None and arr.ndim == 2 else cols
+            keep = arr
         i = self._core.add_parameter(
             arr, name, rows, cols, role, use_muon, tp_dim,
             self._group(tp_group), self._group(gtp_group), pad, expert, expert_rank,
             list(qkv_split), tp_pad,
-            self._group(data_parallel_group), batch)
-        self._shards.append(arr)
+            self._group(data_parallel_group), batch, bf16=bf16)
+        self._shards.append(keep)  # its memory stays alive with the optimizer
         return i
 
-    def _add_bf16(self, shard, name, what, rows, cols, *args):
-        """A bfloat16 tensor: updated where it lies, without a float32 copy between steps (each
-        step unpacks it into one, steps that and rounds the new weight back; docs/python.md)."""
+    def _bf16_matrix(self, shard, what):
+        """A bfloat16 tensor's memory as the core takes a bfloat16 weight, updated where it lies
+        without a float32 copy between steps (each step unpacks it into one, steps that and
+        rounds the new weight back): its 2-D bits (int16) on the CPU, a DeviceTensor on CUDA."""
         if self.device == "opaque":
             raise Error(f"{what}: a bfloat16 tensor for device 'opaque' (which computes on its own "
                         "copies only; pass a float32 tensor)")
@@ -347,21 +350,10 @@ class Muon:
 
         t = shard.detach()
         t = t.view(-1, 1) if t.dim() <= 1 else t if t.dim() == 2 else t.view(t.shape[0], -1)
-        rows = t.shape[0] if rows is None else rows
-        cols = t.shape[1] if cols is None else cols
         if self._cuda is not None:
-            arr = _core.DeviceTensor(t.data_ptr(), t.shape[0], t.shape[1], t.shape[1],
-                                     t.device.index)
-        else:
-            arr = t.view(torch.int16).numpy()  # the bf16 bits, in place
-        (role, use_muon, tp_dim, tp_group, gtp_group, pad, expert, expert_rank, qkv_split, tp_pad,
-         data_parallel_group, batch) = args
-        i = self._core.add_parameter(
-            arr, name, rows, cols, role, use_muon, tp_dim,
-            self._group(tp_group), self._group(gtp_group), pad, expert, expert_rank,
-            list(qkv_split), tp_pad, self._group(data_parallel_group), batch, bf16=True)
-        self._shards.append((shard, arr))  # the tensor's memory stays alive with the optimizer
-        return i
+            return _core.DeviceTensor(t.data_ptr(), t.shape[0], t.shape[1], t.shape[1],
+                                      t.device.index)
+        return t.view(torch.int16).numpy()  # the bf16 bits, in place
 
     def step(self, grads, failure=""):
         """One step; grads[i] is the gradient of shard i (same shape, float32). Collective: a
